@@ -1,0 +1,264 @@
+"""The `pipeline` command. Exit codes: 0 ok, 1 a run or check failed, 2 bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from .context import console
+from .errors import PipelineError, RecipeError, UserInputError
+from .store import Store
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Distil, prune, quantize and export Transformer translation models from one recipe.")
+artifacts_app = typer.Typer(no_args_is_help=True, help="Inspect, verify and clean the artifact store.")
+app.add_typer(artifacts_app, name="artifacts")
+
+StoreOpt = Annotated[Optional[Path], typer.Option(
+    "--store", help="Artifact store folder (default: $PIPELINE_ARTIFACTS or ./artifacts).")]
+SetOpt = Annotated[Optional[list[str]], typer.Option(
+    "--set", help="Override a recipe value, e.g. --set teacher.train.max_epochs=2 (repeatable).")]
+RecipeArg = Annotated[Path, typer.Argument(help="Recipe YAML file.")]
+
+
+def _store(path: Optional[Path]) -> Store:
+    return Store(path)
+
+
+# ---------------------------------------------------------------------------------- run
+@app.command()
+def run(recipe: RecipeArg, set_: SetOpt = None, until: Annotated[Optional[str], typer.Option(
+        help="Stop after this stage (a stage kind such as 'evaluate', or a node such as 'evaluate.teacher').")] = None,
+        force: Annotated[Optional[list[str]], typer.Option(
+            help="Rebuild this stage (and what depends on it) even if cached (repeatable).")] = None,
+        wait: Annotated[bool, typer.Option(help="Wait for the store lock instead of failing.")] = False,
+        nproc: Annotated[int, typer.Option(
+            min=1, help="Processes for training and corpus translation (torchrun; gloo on CPU, nccl on GPU).")] = 1,
+        store: StoreOpt = None) -> None:
+    """Build every artifact of the recipe that is not already in the store."""
+    from .runner import make_plan, run as run_plan, summary_table
+
+    started = time.monotonic()
+    plan = make_plan(recipe, set_ or [])
+    st = _store(store)
+    console.print(f"recipe [bold]{plan.name}[/bold] ({recipe}), store {st.root}"
+                  + (f", overrides: {' '.join(set_)}" if set_ else ""))
+    result = run_plan(plan, st, until=until, force=force or [], wait=wait, nproc=nproc)
+    console.print(summary_table(result, time.monotonic() - started))
+
+
+@app.command()
+def status(recipe: RecipeArg, set_: SetOpt = None, store: StoreOpt = None,
+           json_out: Annotated[bool, typer.Option("--json", help="One JSON object per stage.")] = False) -> None:
+    """Per stage: cached, stale (with the reason) or missing."""
+    from .runner import make_plan, node_status
+
+    plan = make_plan(recipe, set_ or [])
+    rows = node_status(_store(store), plan)
+    if json_out:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    table = Table(title=f"{plan.name}: {sum(r['state'] == 'cached' for r in rows)}/{len(rows)} cached",
+                  title_justify="left")
+    for col in ("stage", "state", "artifact", "reason"):
+        table.add_column(col)
+    colour = {"cached": "green", "stale": "yellow", "missing": "red"}
+    for row in rows:
+        table.add_row(row["node"], f"[{colour[row['state']]}]{row['state']}[/]", row["id"], row["reason"])
+    console.print(table)
+
+
+@app.command()
+def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
+    """Check a recipe without running anything."""
+    from .runner import make_plan
+
+    plan = make_plan(recipe, set_ or [])
+    print(f"{recipe}: ok ({len(plan.nodes)} stages: {', '.join(n.name for n in plan.nodes)})")
+
+
+# ---------------------------------------------------------------------------- artifacts
+@artifacts_app.command("list")
+def artifacts_list(store: StoreOpt = None,
+                   json_out: Annotated[bool, typer.Option("--json", help="One JSON object per artifact.")] = False
+                   ) -> None:
+    """Every artifact in the store."""
+    st = _store(store)
+    rows = []
+    for path in st.list_dirs():
+        complete = (path / "manifest.json").is_file()
+        manifest = {}
+        if complete:
+            try:
+                manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                complete = False
+        rows.append({"id": path.name, "stage": manifest.get("stage", path.name.rsplit("-", 1)[0]),
+                     "path": str(path), "created": manifest.get("created"), "complete": complete,
+                     "bytes": manifest.get("bytes"), "duration_s": manifest.get("duration_s")})
+    if json_out:
+        for row in rows:
+            print(json.dumps(row))
+        return
+    table = Table(title=f"{len(rows)} artifacts in {st.root}", title_justify="left")
+    for col in ("id", "created", "size", "build time"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["id"], row["created"] or "[red]incomplete[/red]", _bytes(row["bytes"]),
+                      f"{row['duration_s']:.1f} s" if row["duration_s"] is not None else "")
+    console.print(table)
+
+
+@artifacts_app.command("show")
+def artifacts_show(artifact: Annotated[str, typer.Argument(help="Artifact id (or unique prefix).")],
+                   store: StoreOpt = None) -> None:
+    """Print an artifact's manifest."""
+    print(json.dumps(_store(store).resolve(artifact).manifest, indent=2, sort_keys=True))
+
+
+@artifacts_app.command("verify")
+def artifacts_verify(artifact: Annotated[Optional[str], typer.Argument(
+        help="Artifact id; all artifacts if omitted.")] = None, store: StoreOpt = None) -> None:
+    """Check every file against its manifest's size and sha256. Exit 1 on any mismatch."""
+    st = _store(store)
+    ids = [st.resolve(artifact).id] if artifact else [p.name for p in st.list_dirs()]
+    bad = 0
+    for aid in ids:
+        problems = st.verify(aid) if st.exists(aid) else [f"{st.path_of(aid)}: no manifest (incomplete)"]
+        if problems:
+            bad += 1
+            console.print(f"[red]✗ {aid}[/red]")
+            for line in problems:
+                console.print(f"    {line}", markup=False)
+        else:
+            console.print(f"[green]✓[/green] {aid}")
+    console.print(f"{len(ids) - bad} ok, {bad} failed")
+    if bad:
+        raise typer.Exit(1)
+
+
+@artifacts_app.command("gc")
+def artifacts_gc(store: StoreOpt = None, dry_run: Annotated[bool, typer.Option(
+        help="Only list what would be removed.")] = False) -> None:
+    """Remove artifacts that no recipe's latest run uses (and leftovers of crashed runs)."""
+    st = _store(store)
+    with st.lock():
+        keep = {node["id"] for pointer in st.all_latest() for node in pointer.get("nodes", {}).values()}
+        doomed = [p for p in st.list_dirs() if p.name not in keep]
+        extra = [p for d in (st.quarantine, st.work) if d.is_dir() for p in d.iterdir()
+                 if d == st.quarantine or p.name not in keep]
+        freed = 0
+        for path in doomed + extra:
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+            freed += size
+            console.print(f"{'would remove' if dry_run else 'removed'} {path} ({_bytes(size)})")
+            if not dry_run:
+                shutil.rmtree(path, ignore_errors=True)
+        if not dry_run:
+            st.clean_tmp()
+    console.print(f"{len(doomed)} artifact(s), {_bytes(freed)} {'reclaimable' if dry_run else 'freed'}; "
+                  f"kept {len(keep)}")
+
+
+# ------------------------------------------------------------------------- use a model
+@app.command()
+def translate(model: Annotated[str, typer.Option(help="Model artifact id, artifact folder or exported package.")],
+              beam: Annotated[int, typer.Option(min=1, help="Beam size (1 = greedy).")] = 4,
+              batch_size: Annotated[int, typer.Option(min=1, help="Sentences per batch.")] = 32,
+              package: Annotated[Optional[str], typer.Option(
+                  help="Package inside an export/quantize artifact (fp32, fp16, int8_dynamic, int8_static).")] = None,
+              device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+              threads: Annotated[Optional[int], typer.Option(min=1, help="Intra-op threads.")] = None,
+              store: StoreOpt = None) -> None:
+    """Translate lines from stdin to stdout."""
+    from .translate import translate_stream
+
+    translate_stream(_store(store), model, beam=beam, batch_size=batch_size, package=package, device=device,
+                     threads=threads)
+
+
+@app.command("export-package")
+def export_package(artifact: Annotated[str, typer.Argument(help="An export or quantize artifact.")],
+                   dest: Annotated[Path, typer.Argument(help="Folder to create.")],
+                   package: Annotated[Optional[str], typer.Option(
+                       help="Which package (fp32, fp16, int8_dynamic, int8_static); all if omitted.")] = None,
+                   store: StoreOpt = None) -> None:
+    """Copy a shipped ONNX package out of the store."""
+    from .packaging import copy_packages
+
+    for path in copy_packages(_store(store).resolve(artifact), dest, package):
+        console.print(f"wrote {path}")
+
+
+@app.command()
+def report(recipe: Annotated[Optional[Path], typer.Argument(help="Recipe whose latest run to show.")] = None,
+           json_out: Annotated[bool, typer.Option("--json", help="Print report.json.")] = False,
+           compare: Annotated[Optional[tuple[str, str]], typer.Option(
+               help="Compare two runs: --compare RUN_A RUN_B.")] = None,
+           store: StoreOpt = None) -> None:
+    """Show the BLEU / latency table of a recipe's latest run, or compare two runs."""
+    from .report import compare_runs, show_latest
+
+    st = _store(store)
+    if compare:
+        compare_runs(st, *compare)
+    elif recipe is not None:
+        show_latest(st, recipe, json_out=json_out)
+    else:
+        raise UserInputError("give a recipe, or --compare RUN_A RUN_B")
+
+
+def _bytes(n: Optional[int]) -> str:
+    if n is None:
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def main() -> None:
+    import click
+    from rich.markup import escape
+
+    def fail(line: str, code: int) -> None:
+        console.print(f"[red]error:[/red] {escape(line)}")
+        sys.exit(code)
+
+    try:
+        code = app(standalone_mode=False)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        # Ctrl-C: half-written artifacts are removed, checkpoints are kept.
+        console.print("[yellow]interrupted: nothing half-written was kept (training checkpoints were); "
+                      "run the same command again to resume[/yellow]")
+        sys.exit(130)
+    except RecipeError as exc:
+        for line in exc.lines:
+            console.print(f"[red]error:[/red] {escape(line)}")
+        sys.exit(exc.exit_code)
+    except PipelineError as exc:
+        fail(str(exc), exc.exit_code)
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _install_sigterm() -> None:
+    # SIGTERM (e.g. a scheduler ending the job) is handled like Ctrl-C so temporary folders go.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+
+_install_sigterm()

@@ -1,0 +1,91 @@
+"""What a stage sees: its typed config, its input artifacts, a folder to write, and a way to
+report progress. Nothing about where the store keeps things."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+
+from .store import Artifact
+
+console = Console(stderr=True, highlight=False)
+
+
+class ProgressHandle:
+    """One bar. On a terminal it is a rich bar; in a log (CI, nohup) it prints a line now and then."""
+
+    def __init__(self, progress: Progress | None, task, description: str, total: float | None,
+                 unit: str, log_every_s: float = 30.0):
+        self._progress, self._task = progress, task
+        self.description, self.total, self.unit = description, total, unit
+        self.done = 0.0
+        self._start = self._last_log = time.monotonic()
+        self._log_every = log_every_s
+        self.postfix = ""
+
+    def advance(self, amount: float = 1.0, postfix: str | None = None) -> None:
+        self.done += amount
+        if postfix is not None:
+            self.postfix = postfix
+        if self._progress is not None:
+            self._progress.update(self._task, advance=amount,
+                                  description=f"{self.description} {self.postfix}".rstrip())
+        elif time.monotonic() - self._last_log >= self._log_every:
+            self._last_log = time.monotonic()
+            of = f"/{self.total:g}" if self.total else ""
+            console.print(f"  {self.description}: {self.done:g}{of} {self.unit} "
+                          f"({time.monotonic() - self._start:.0f} s) {self.postfix}".rstrip())
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self._start
+
+
+@contextlib.contextmanager
+def progress_bar(description: str, total: float | None = None, unit: str = "") -> Iterator[ProgressHandle]:
+    if not console.is_terminal:
+        yield ProgressHandle(None, None, description, total, unit)
+        return
+    columns = [TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn(unit), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task(description, total=total)
+        yield ProgressHandle(progress, task, description, total, unit)
+
+
+@dataclass
+class StageContext:
+    name: str  # the node: "teacher", "evaluate.pruned"
+    settings: Any  # typed config section (pydantic) or plain data
+    config: Any  # the plain config that was fingerprinted
+    inputs: dict[str, Artifact]
+    out: Path  # write the artifact's files here (a temporary folder, renamed when complete)
+    work: Path  # scratch that survives a crash (checkpoints); deleted after success
+    nproc: int = 1  # processes for stages that can use several (training, corpus translation)
+    events: list[dict] = field(default_factory=list)
+
+    def input(self, role: str) -> Artifact:
+        try:
+            return self.inputs[role]
+        except KeyError:
+            raise KeyError(f"stage {self.name} has no input {role!r} (has {sorted(self.inputs)})") from None
+
+    def log(self, message: str, **data: Any) -> None:
+        """A line for the user, also kept in the run log."""
+        console.print(f"  [dim]{self.name}:[/dim] {message}")
+        self.events.append({"time": time.time(), "message": message, **data})
+
+    def progress(self, description: str, total: float | None = None, unit: str = ""):
+        return progress_bar(description, total, unit)
+
+
+def is_interactive() -> bool:
+    return sys.stderr.isatty()

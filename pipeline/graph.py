@@ -1,0 +1,242 @@
+"""From a recipe to the DAG of stage runs (nodes), each declared by its inputs and config.
+
+A node is one artifact to build: its stage kind says which code runs, its config is exactly
+what that code reads, and its inputs name the upstream nodes. Fingerprints follow from these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import RecipeError, UserInputError
+from .recipe import Recipe, dump_config
+from .stages import STAGES
+from .store import artifact_id, fingerprint
+
+
+@dataclass
+class Node:
+    name: str  # unique in the graph: "teacher", "evaluate.int8_dynamic"
+    stage: str  # the code that runs: a key of STAGES
+    config: Any  # plain data (JSON-able); hashed into the fingerprint
+    inputs: dict[str, str] = field(default_factory=dict)  # role -> upstream node name
+    settings: Any = None  # the typed config object handed to the stage
+    fingerprint: str = ""
+
+    @property
+    def id(self) -> str:
+        return artifact_id(self.name, self.fingerprint)
+
+
+# Model variants and the artifact + package that holds each, in report order.
+MODEL_NODES = ("teacher", "student", "student_ref", "pruned")
+
+
+def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = None) -> list[Node]:
+    """All nodes the recipe asks for, in topological order, with fingerprints set.
+
+    `machine` (cpu, gpu) enters the fingerprints of machine-dependent stages (benchmark, GPU-only
+    evaluations) so that their numbers are never reused on another kind of machine.
+    """
+    where = str(recipe_path)
+    nodes: list[Node] = []
+
+    def add(name, stage, settings, inputs=None, extra=None):
+        config = dump_config(settings) if hasattr(settings, "model_dump") else settings
+        if extra:
+            config = {**(config or {}), **extra}
+        nodes.append(Node(name, stage, config, dict(inputs or {}), settings))
+
+    def need(section: str, by: str):
+        if getattr(recipe, section) is None:
+            raise RecipeError([f"{where}: {by}: needs a '{section}' section"])
+
+    data_extra = _data_content(recipe)
+    add("data", "data", recipe.data, extra=data_extra)
+    if recipe.tokenizer is not None:
+        add("tokenizer", "tokenizer", recipe.tokenizer, {"data": "data"})
+
+    models: list[str] = []
+    if recipe.teacher is not None:
+        need("tokenizer", "teacher")
+        add("teacher", "train", recipe.teacher, {"data": "data", "tokenizer": "tokenizer"},
+            extra={"role": "teacher"})
+        models.append("teacher")
+
+    if recipe.distill is not None:
+        need("teacher", "distill")
+        d = recipe.distill
+        add("kd_corpus", "kd_corpus", d.corpus, {"data": "data", "teacher": "teacher"})
+        inputs = {"data": "data", "tokenizer": "tokenizer", "kd_corpus": "kd_corpus"}
+        if d.student.word_level.enabled:
+            inputs["teacher"] = "teacher"
+        add("student", "train", d.student, inputs, extra={"role": "student"})
+        models.append("student")
+        if d.ablation:
+            reference_only = {"model": dump_config(d.student.model), "train": dump_config(d.student.train),
+                              "role": "student_ref"}
+            add("student_ref", "train", reference_only, {"data": "data", "tokenizer": "tokenizer"})
+            models.append("student_ref")
+
+    if recipe.prune is not None:
+        if not models:
+            raise RecipeError([f"{where}: prune: needs a model to prune (a 'teacher' or 'distill' section)"])
+        source = "student" if "student" in models else "teacher"
+        inputs = {"data": "data", "model": source}
+        if "kd_corpus" in _names(nodes):
+            inputs["kd_corpus"] = "kd_corpus"
+        add("pruned", "prune", recipe.prune, inputs)
+        models.append("pruned")
+
+    final_model = next((m for m in ("pruned", "student", "teacher") if m in models), None)
+
+    exports: list[str] = []
+    if recipe.export is not None:
+        if final_model is None:
+            raise RecipeError([f"{where}: export: needs a model (a 'teacher' section at least)"])
+        export_config = dump_config(recipe.export)
+        export_config.pop("also")
+        for model in [m for m in MODEL_NODES if m in recipe.export.also or m == final_model]:
+            if model not in models:
+                raise RecipeError([f"{where}: export.also: '{model}' is not built by this recipe"])
+            add(f"export.{model}", "export", export_config, {"data": "data", "model": model})
+            exports.append(model)
+
+    if recipe.quantize is not None:
+        need("export", "quantize")
+        add("quantize", "quantize", recipe.quantize,
+            {"data": "data", "export": f"export.{final_model}"})
+
+    has_cuda = bool((machine or {}).get("gpu"))
+    variants = _variants(recipe, models, exports, final_model, has_cuda)
+
+    if recipe.evaluate is not None:
+        if not models:
+            raise RecipeError([f"{where}: evaluate: needs a model (a 'teacher' section at least)"])
+        for variant in (v for v in variants if not v.get("skipped")):
+            extra = {"variant": variant["variant"], "package": variant["package"],
+                     "runtime": variant["runtime"], "device": variant["device"]}
+            if variant["device"] == "cuda":
+                extra["machine"] = machine
+            add(f"evaluate.{variant['name']}", "evaluate", recipe.evaluate,
+                {"data": "data", "model": variant["node"]}, extra=extra)
+
+    if recipe.benchmark is not None:
+        if not models:
+            raise RecipeError([f"{where}: benchmark: needs a model (a 'teacher' section at least)"])
+        inputs = {"data": "data"}
+        for variant in variants:
+            inputs[variant["name"]] = variant["node"]
+        add("benchmark", "benchmark", recipe.benchmark, inputs,
+            extra={"variants": variants, "final_model": final_model, "machine": machine})
+
+    if recipe.report is not None:
+        need("evaluate", "report")
+        need("benchmark", "report")
+        inputs = {"benchmark": "benchmark"}
+        for variant in (v for v in variants if not v.get("skipped")):
+            inputs[f"evaluate.{variant['name']}"] = f"evaluate.{variant['name']}"
+        add("report", "report", recipe.report, inputs, extra={"recipe": recipe.name})
+
+    _check_and_fingerprint(nodes, where)
+    return nodes
+
+
+def _variants(recipe, models, exports, final_model, has_cuda) -> list[dict]:
+    """What gets evaluated and benchmarked: each model in PyTorch, each ONNX package in ORT."""
+    out = []
+    for model in models:
+        out.append(dict(name=model, variant=model, node=model, package=None, runtime="torch",
+                        device="cpu", compute_type="float32"))
+    for model in exports:
+        out.append(dict(name=f"{model}_onnx", variant=model, node=f"export.{model}", package="fp32",
+                        runtime="onnxruntime", device="cpu", compute_type="float32"))
+    if recipe.export is not None and recipe.export.fp16:
+        out.append(dict(name="fp16", variant="fp16", node=f"export.{final_model}", package="fp16",
+                        runtime="onnxruntime", device="cuda", compute_type="float16",
+                        skipped=None if has_cuda else "no CUDA device on this machine"))
+    if recipe.quantize is not None:
+        for kind, on in (("int8_dynamic", recipe.quantize.dynamic), ("int8_static", recipe.quantize.static)):
+            if on:
+                out.append(dict(name=kind, variant=kind, node="quantize", package=kind,
+                                runtime="onnxruntime", device="cpu", compute_type="int8"))
+    # A GPU-only variant is evaluated only where a GPU is; elsewhere the report says why not.
+    return out
+
+
+def _names(nodes: list[Node]) -> set[str]:
+    return {n.name for n in nodes}
+
+
+def _check_and_fingerprint(nodes: list[Node], where: str) -> None:
+    by_name: dict[str, Node] = {}
+    for node in nodes:
+        if node.stage not in STAGES:
+            raise RecipeError([f"{where}: internal: unknown stage kind {node.stage!r}"])
+        for role, upstream in node.inputs.items():
+            if upstream not in by_name:
+                raise RecipeError([f"{where}: {node.name}: needs '{upstream}', which this recipe does not build"])
+        node.fingerprint = fingerprint(
+            node.name, STAGES[node.stage].version, node.config,
+            {role: by_name[up].fingerprint for role, up in node.inputs.items()})
+        by_name[node.name] = node
+
+
+def select(nodes: list[Node], until: str | None) -> list[Node]:
+    """`until` a node name (`evaluate.teacher`) or a stage kind/prefix (`evaluate`): those nodes
+    and everything they depend on."""
+    if until is None:
+        return list(nodes)
+    targets = [n for n in nodes if n.name == until or n.stage == until or n.name.startswith(until + ".")]
+    if not targets:
+        names = ", ".join(dict.fromkeys([n.name.split(".")[0] for n in nodes] + [n.name for n in nodes]))
+        raise UserInputError(f"--until {until}: no such stage in this recipe (stages: {names})")
+    by_name = {n.name: n for n in nodes}
+    wanted: set[str] = set()
+    stack = [t.name for t in targets]
+    while stack:
+        name = stack.pop()
+        if name not in wanted:
+            wanted.add(name)
+            stack.extend(by_name[name].inputs.values())
+    return [n for n in nodes if n.name in wanted]
+
+
+def _data_content(recipe: Recipe) -> dict:
+    """What identifies the data's content, so the fingerprint follows it and not its location."""
+    cfg = recipe.data
+    if cfg.source == "multi30k":
+        # The checksums pin the content; where the files were found does not matter.
+        return {"data_dir": None, "url": None}
+    digests = {}
+    for split, spec in _file_specs(cfg.files):
+        for key in ("src", "tgt", "tsv"):
+            name = getattr(spec, key)
+            if name is not None:
+                digests[f"{split}.{key}"] = _file_digest(Path(name))
+    return {"file_digests": digests}
+
+
+def _file_specs(files):
+    yield "train", files.train
+    yield "valid", files.valid
+    for name, spec in files.test.items():
+        yield f"test.{name}", spec
+
+
+def _file_digest(path: Path) -> str:
+    try:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+        return h.hexdigest()
+    except FileNotFoundError:
+        raise UserInputError(f"data file not found: {path}") from None
+    except IsADirectoryError:
+        raise UserInputError(f"data file is a directory: {path}") from None
+    except OSError as exc:
+        raise UserInputError(f"cannot read data file {path}: {exc.strerror}") from None

@@ -1,0 +1,472 @@
+"""Recipe files: YAML validated by a strict, typed schema.
+
+A recipe names the stages to run and configures each one. Unknown keys, wrong types and
+impossible values are rejected with one line per problem, naming the file and the dotted key.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import RecipeError
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+OpenFraction = Annotated[float, Field(ge=0, lt=1)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------------- data
+class FileSplit(Strict):
+    """One split of a user's own corpus: two aligned plain-text files, or one TSV file."""
+
+    src: str | None = None
+    tgt: str | None = None
+    tsv: str | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self):
+        if self.tsv is None and (self.src is None or self.tgt is None):
+            raise ValueError("give either 'tsv' or both 'src' and 'tgt'")
+        if self.tsv is not None and (self.src is not None or self.tgt is not None):
+            raise ValueError("give either 'tsv' or 'src'/'tgt', not both")
+        return self
+
+
+class FilesSource(Strict):
+    train: FileSplit
+    valid: FileSplit
+    test: dict[str, FileSplit] = {}
+
+
+class CleanConfig(Strict):
+    normalize_nfc: bool = True
+    max_words: PositiveInt = 100
+    max_ratio: Annotated[float, Field(ge=1)] = 3.0
+    dedup: bool = True
+
+
+class DataConfig(Strict):
+    source: Literal["multi30k", "files"] = "multi30k"
+    src_lang: str = "en"
+    tgt_lang: str = "fr"
+    # Where the multi30k files are looked up; else $PIPELINE_DATA, else downloaded (checksummed).
+    data_dir: str | None = None
+    url: str = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
+    test_sets: list[str] = ["test_2016_flickr", "test_2017_flickr"]
+    files: FilesSource | None = None
+    # Keep only the first N training / validation pairs (small recipes and tests).
+    max_train: PositiveInt | None = None
+    max_valid: PositiveInt | None = None
+    max_test: PositiveInt | None = None
+    clean: CleanConfig = CleanConfig()
+
+    @model_validator(mode="after")
+    def _files_given(self):
+        if self.source == "files" and self.files is None:
+            raise ValueError("source 'files' needs a 'files' section (train, valid, test)")
+        return self
+
+
+class TokenizerConfig(Strict):
+    kind: Literal["unigram", "bpe"] = "unigram"
+    vocab_size: Annotated[int, Field(ge=64)] = 8000
+    # Sentences sampled from the training split to train the tokenizer (all if null).
+    max_sentences: PositiveInt | None = None
+
+
+# -------------------------------------------------------------------------------- model
+class ModelSpec(Strict):
+    """Architecture. Heads and FFN width may be lists (one value per layer), as pruning leaves them."""
+
+    d_model: PositiveInt = 256
+    encoder_layers: PositiveInt = 3
+    decoder_layers: PositiveInt = 3
+    heads: PositiveInt = 4
+    head_dim: PositiveInt = 64
+    ffn_dim: PositiveInt = 1024
+    dropout: OpenFraction = 0.1
+    attention_dropout: OpenFraction = 0.0
+    activation: Literal["relu", "gelu"] = "relu"
+    pre_ln: bool = False
+    max_positions: PositiveInt = 256
+
+
+class TrainConfig(Strict):
+    lr: PositiveFloat = 1e-3  # peak learning rate, reached at the end of warmup
+    warmup_steps: NonNegInt = 800
+    batch_tokens: PositiveInt = 6000
+    label_smoothing: OpenFraction = 0.1
+    clip_norm: PositiveFloat | None = 1.0
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    # Budgets: training stops at the first one reached; at least one must be set.
+    max_epochs: PositiveInt | None = 20
+    max_steps: PositiveInt | None = None
+    max_minutes: PositiveFloat | None = None
+    seed: int = 1
+    # Validation each epoch: loss on all of valid, BLEU (greedy) on its first N sentences.
+    valid_bleu_sentences: NonNegInt = 400
+    # The saved model is the average of the best N epoch checkpoints by validation loss.
+    average_checkpoints: PositiveInt = 1
+    checkpoint_every_minutes: PositiveFloat = 2.0
+    num_threads: PositiveInt | None = None  # torch intra-op threads; all cores if null
+    bf16: Literal["auto", "on", "off"] = "auto"  # auto: bf16 autocast on CUDA only
+
+    @model_validator(mode="after")
+    def _some_budget(self):
+        if self.max_epochs is None and self.max_steps is None and self.max_minutes is None:
+            raise ValueError("set at least one budget: max_epochs, max_steps or max_minutes")
+        return self
+
+
+class TeacherConfig(Strict):
+    model: ModelSpec = ModelSpec()
+    train: TrainConfig = TrainConfig()
+
+
+# ---------------------------------------------------------------------------- distill
+class KDCorpusConfig(Strict):
+    """Sequence-level KD: the teacher translates the training sources once."""
+
+    beam: PositiveInt = 4
+    length_penalty: Annotated[float, Field(ge=0)] = 1.0
+    batch_tokens: PositiveInt = 6000
+    max_sentences: PositiveInt | None = None  # translate only the first N (small recipes)
+
+
+class WordLevelKD(Strict):
+    enabled: bool = False
+    alpha: Fraction = 0.5  # weight of the KL term; (1 - alpha) on the hard labels
+    temperature: PositiveFloat = 1.0
+
+
+class StudentConfig(Strict):
+    model: ModelSpec = ModelSpec(d_model=128, encoder_layers=4, decoder_layers=2, heads=4,
+                                 head_dim=32, ffn_dim=512)
+    train: TrainConfig = TrainConfig()
+    # Fraction of original reference pairs mixed into the distilled corpus (0 = KD only).
+    reference_mix: Fraction = 0.0
+    word_level: WordLevelKD = WordLevelKD()
+
+
+class DistillConfig(Strict):
+    corpus: KDCorpusConfig = KDCorpusConfig()
+    student: StudentConfig = StudentConfig()
+    # Also train the same student shape on the references only, to show what KD bought.
+    ablation: bool = True
+
+
+# ------------------------------------------------------------------------------- prune
+class PruneFinetune(Strict):
+    steps: PositiveInt = 300
+    lr: PositiveFloat = 3e-4
+    batch_tokens: PositiveInt = 4000
+    max_minutes: PositiveFloat | None = None
+
+
+class PruneConfig(Strict):
+    ranking: Literal["global", "uniform"] = "global"
+    # Prune to this fraction of all attention heads removed, in `steps` steps ...
+    target_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.5
+    steps: PositiveInt = 2
+    # ... but stop early if the validation BLEU drop would exceed this (null: no limit).
+    max_bleu_drop: Annotated[float, Field(ge=0)] | None = None
+    min_heads_per_layer: PositiveInt = 1
+    importance_batches: PositiveInt = 20
+    finetune: PruneFinetune = PruneFinetune()
+    # FFN neuron pruning with the same importance machinery (0 = off).
+    ffn_fraction: OpenFraction = 0.0
+    valid_bleu_sentences: PositiveInt = 500
+
+
+# ------------------------------------------------------------------------------ export
+class ParityConfig(Strict):
+    max_abs_diff: PositiveFloat = 1e-4
+    batch_sizes: list[PositiveInt] = [1, 3, 8]
+    decode_sentences: PositiveInt = 200
+
+
+class ExportConfig(Strict):
+    # Model artifacts to export besides the final one (the last of teacher, student, pruned),
+    # which is always exported because quantization and shipping start from it.
+    also: list[Literal["teacher", "student", "student_ref"]] = []
+    opset: Annotated[int, Field(ge=17, le=21)] = 17
+    optimize: bool = True
+    fp16: bool = True
+    parity: ParityConfig = ParityConfig()
+
+
+class QuantizeConfig(Strict):
+    dynamic: bool = True
+    per_channel: bool = True
+    static: bool = True
+    calibration: Literal["minmax", "entropy", "percentile"] = "minmax"
+    calibration_sentences: PositiveInt = 200
+    max_bleu_drop: Annotated[float, Field(ge=0)] = 0.5
+    guard_sentences: PositiveInt | None = None  # validation sentences scored by the guard (all if null)
+
+
+class EvaluateConfig(Strict):
+    test_sets: list[str] | None = None  # null: every test set the data stage produced
+    beam: PositiveInt = 4
+    length_penalty: Annotated[float, Field(ge=0)] = 1.0
+    batch_tokens: PositiveInt = 4000
+    greedy_too: bool = True  # also score greedy decoding (what batch-1 serving uses)
+
+
+class BenchmarkConfig(Strict):
+    test_set: str | None = None  # null: the first test set
+    sentences: PositiveInt = 100
+    batch_size: PositiveInt = 32
+    threads: list[Literal["one", "all"] | PositiveInt] = ["one", "all"]
+    runtimes: list[Literal["torch", "onnxruntime", "ctranslate2"]] = [
+        "torch", "onnxruntime", "ctranslate2"]
+    devices: list[Literal["cpu", "cuda"]] = ["cpu", "cuda"]
+    min_repeats: PositiveInt = 2
+    max_repeats: PositiveInt = 6
+    stable_within: PositiveFloat = 0.05  # stop repeating once the p50 moves less than this
+
+
+class ReportConfig(Strict):
+    max_bleu_loss: PositiveFloat = 1.0  # for the recommendation line
+
+
+class Recipe(Strict):
+    name: str | None = None  # defaults to the file's stem
+    data: DataConfig = DataConfig()
+    tokenizer: TokenizerConfig | None = None
+    teacher: TeacherConfig | None = None
+    distill: DistillConfig | None = None
+    prune: PruneConfig | None = None
+    export: ExportConfig | None = None
+    quantize: QuantizeConfig | None = None
+    evaluate: EvaluateConfig | None = None
+    benchmark: BenchmarkConfig | None = None
+    report: ReportConfig | None = None
+
+
+# ----------------------------------------------------------------------------- loading
+def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[Recipe, dict]:
+    """Read, merge (`extends:`), override (`a.b=c`) and validate a recipe.
+
+    Returns the validated recipe and the raw merged mapping (what the run log records).
+    Raises RecipeError with one line per problem.
+    """
+    path = Path(path)
+    raw = _load_with_extends(path, seen=())
+    for item in overrides:
+        _apply_override(raw, item, path)
+    raw.setdefault("name", path.stem)
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as exc:
+        raise RecipeError([f"{path}: {line}" for line in _explain(exc, raw)]) from None
+    return recipe, raw
+
+
+def _read_yaml(path: Path, referrer: Path | None) -> dict:
+    where = f"{referrer}: extends" if referrer else str(path)
+    if not path.exists():
+        raise RecipeError([f"{where}: file not found: {path}"])
+    if path.is_dir():
+        raise RecipeError([f"{where}: is a directory, not a recipe file: {path}"])
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecipeError([f"{path}: not UTF-8 text (byte {exc.start})"]) from None
+    except OSError as exc:
+        raise RecipeError([f"{path}: cannot read: {exc.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise RecipeError([f"{path}: {at}YAML syntax error: {problem}"]) from None
+    except RecursionError:
+        raise RecipeError([f"{path}: YAML nested too deeply"]) from None
+    if data is None:
+        raise RecipeError([f"{path}: empty recipe (expected a mapping of stage sections)"])
+    if not isinstance(data, dict):
+        raise RecipeError([f"{path}: top level must be a mapping, got {_kind(data)}"])
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise RecipeError([f"{path}: keys must be strings, got {bad[0]!r}"])
+    return data
+
+
+def _load_with_extends(path: Path, seen: tuple[Path, ...], referrer: Path | None = None) -> dict:
+    resolved = path.resolve()
+    if resolved in seen:
+        chain = " -> ".join(str(p) for p in (*seen, resolved))
+        raise RecipeError([f"{path}: extends: cycle: {chain}"])
+    data = _read_yaml(path, referrer)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise RecipeError([f"{path}: extends: must be a file path, got {_kind(parent)}"])
+    base = _load_with_extends(path.parent / parent, (*seen, resolved), referrer=path)
+    return _deep_merge(base, data)
+
+
+def _deep_merge(base: dict, top: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _apply_override(raw: dict, item: str, path: Path) -> None:
+    if "=" not in item:
+        raise RecipeError([f"{path}: --set {item!r}: expected KEY=VALUE, e.g. teacher.train.lr=0.001"])
+    dotted, _, text = item.partition("=")
+    keys = dotted.strip().split(".")
+    if not all(keys):
+        raise RecipeError([f"{path}: --set {item!r}: empty key"])
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    for i, key in enumerate(keys[:-1]):
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            where = ".".join(keys[: i + 1])
+            raise RecipeError([f"{path}: --set {dotted}: {where} is not a mapping"])
+        node = child
+    node[keys[-1]] = value
+
+
+# ------------------------------------------------------------------------ error messages
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _lookup(raw: Any, loc: tuple) -> Any:
+    node = raw
+    for key in loc:
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return node
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The schema class that the mapping at `loc` is validated against (for "did you mean")."""
+    model: Any = Recipe
+    for key in loc:
+        if isinstance(key, int):
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(key)
+        if field is None:
+            return None
+        model = _unwrap(field.annotation)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Optional[X], list[X], dict[str, X] -> X, so nested schemas can be found."""
+    for _ in range(4):
+        origin = get_origin(annotation)
+        if origin is None:
+            return annotation
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if models:
+            return models[0]
+        if not args:
+            return annotation
+        annotation = args[-1]
+    return annotation
+
+
+def _num(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+
+
+_MESSAGES = {
+    "greater_than": lambda c: f"must be > {_num(c.get('gt'))}",
+    "greater_than_equal": lambda c: f"must be >= {_num(c.get('ge'))}",
+    "less_than": lambda c: f"must be < {_num(c.get('lt'))}",
+    "less_than_equal": lambda c: f"must be <= {_num(c.get('le'))}",
+    "int_type": lambda c: "must be an integer",
+    "int_parsing": lambda c: "must be an integer",
+    "int_from_float": lambda c: "must be a whole number",
+    "float_type": lambda c: "must be a number",
+    "float_parsing": lambda c: "must be a number",
+    "bool_type": lambda c: "must be true or false",
+    "bool_parsing": lambda c: "must be true or false",
+    "string_type": lambda c: "must be a string",
+    "list_type": lambda c: "must be a list",
+    "dict_type": lambda c: "must be a mapping",
+    "model_type": lambda c: "must be a mapping",
+    "model_attributes_type": lambda c: "must be a mapping",
+    "literal_error": lambda c: f"must be one of {c.get('expected')}",
+    "missing": lambda c: "required key is missing",
+}
+
+
+def _explain(exc: ValidationError, raw: dict) -> list[str]:
+    lines: list[str] = []
+    seen_locs: set[tuple] = set()
+    for err in exc.errors(include_url=False):
+        loc = tuple(err["loc"])
+        # pydantic reports a value once per union member; keep the most specific (first) one.
+        loc = tuple(k for k in loc if not (isinstance(k, str) and ("[" in k or k.startswith("function-"))))
+        if loc in seen_locs:
+            continue
+        seen_locs.add(loc)
+        dotted = ".".join(str(k) for k in loc) or "(top level)"
+        etype = err["type"]
+        if etype == "extra_forbidden":
+            parent = _model_at(loc[:-1])
+            hint = ""
+            if parent is not None:
+                close = difflib.get_close_matches(str(loc[-1]), list(parent.model_fields), n=1, cutoff=0.6)
+                if close:
+                    hint = f" (did you mean '{close[0]}'?)"
+                else:
+                    hint = f" (known keys: {', '.join(parent.model_fields)})"
+            lines.append(f"{dotted}: unknown key{hint}")
+            continue
+        if etype in _MESSAGES:
+            message = _MESSAGES[etype](err.get("ctx") or {})
+        else:
+            message = err["msg"]
+            if message.startswith("Value error, "):
+                message = message[len("Value error, "):]
+        got = _lookup(raw, loc)
+        # A model-level check (e.g. "set at least one budget") concerns the whole mapping.
+        if etype != "missing" and not (etype == "value_error" and isinstance(got, dict)):
+            shown = _kind(got) if isinstance(got, (dict, list)) or got is None else repr(got)
+            if len(shown) > 60:
+                shown = shown[:57] + "..."
+            message = f"{message}, got {shown}"
+        lines.append(f"{dotted}: {message}")
+    return lines or [str(exc).splitlines()[0]]
+
+
+def dump_config(section: BaseModel | None) -> Any:
+    """Canonical plain-data form of a config section (what fingerprints hash)."""
+    return None if section is None else section.model_dump(mode="json")

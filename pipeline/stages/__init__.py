@@ -1,0 +1,46 @@
+"""The stage registry: stage kind -> the module whose `run(ctx)` builds its artifact.
+
+Bump a stage's `version` whenever a change to its code changes what it writes: the version is
+part of every fingerprint, so artifacts built by the old code are rebuilt, not reused.
+Modules are imported only when their stage runs, so planning a run never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import PipelineError
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    module: str
+    version: int
+    summary: str
+
+
+STAGES: dict[str, StageInfo] = {
+    "data": StageInfo("pipeline.stages.data", 1, "fetch, verify and clean the parallel corpus"),
+    "tokenizer": StageInfo("pipeline.stages.tokenizer", 1, "train the joint subword tokenizer"),
+    "train": StageInfo("pipeline.stages.train", 1, "train a Transformer (teacher, student, ablation)"),
+    "kd_corpus": StageInfo("pipeline.stages.kd_corpus", 1, "translate the training sources with the teacher"),
+    "prune": StageInfo("pipeline.stages.prune", 1, "remove attention heads (and FFN neurons), fine-tune"),
+    "export": StageInfo("pipeline.stages.export", 1, "export to ONNX, optimise, check parity"),
+    "quantize": StageInfo("pipeline.stages.quantize", 1, "int8 dynamic and static quantization with a guard"),
+    "evaluate": StageInfo("pipeline.stages.evaluate", 1, "translate the test sets, score BLEU and chrF"),
+    "benchmark": StageInfo("pipeline.stages.benchmark", 1, "latency and throughput of every variant"),
+    "report": StageInfo("pipeline.stages.report", 1, "BLEU against latency: table, JSON and plot"),
+}
+
+
+def load(stage: str) -> Callable:
+    info = STAGES[stage]
+    try:
+        module = importlib.import_module(info.module)
+    except ModuleNotFoundError as exc:
+        if exc.name == info.module:
+            raise PipelineError(f"stage '{stage}' is not implemented yet ({info.summary})") from None
+        raise
+    return module.run

@@ -1,0 +1,303 @@
+"""Data stage: find (or download) the parallel corpus, verify it, clean it, write plain text.
+
+Output files: train.src/.tgt, valid.src/.tgt, test.<name>.src/.tgt (UTF-8, one sentence a line).
+Only the training split is filtered and de-duplicated; valid and test keep every line, so that
+scores stay comparable with published ones.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import re
+import unicodedata
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+from ..context import StageContext
+from ..errors import DataError
+from ..recipe import CleanConfig, DataConfig, FileSplit
+
+# Digests of the files in multi30k/dataset data/task1/raw (the public download location).
+MULTI30K_SHA256 = {
+    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+    "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
+    "test_2017_flickr.de.gz": "a2c89666db00c495cd8513b9d708d5a3acc205d7de312ef2bf5fb7ebc1540aee",
+    "test_2017_flickr.en.gz": "76a444ee25172e72695cddb13ae4a3bda59430617be88e0bb46b60504f054074",
+    "test_2017_flickr.fr.gz": "3ba671ceb2299f3304ffafefea7a833d08632fbaf0ba18546f8a2ec2391af496",
+    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
+    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
+}
+MULTI30K_LANGS = ("en", "de", "fr")
+_SPACES = re.compile(r"\s+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def run(ctx: StageContext) -> dict:
+    cfg: DataConfig = ctx.settings
+    if cfg.source == "multi30k":
+        splits = _multi30k_splits(cfg, ctx)
+    else:
+        splits = _user_splits(cfg)
+
+    metrics: dict = {"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang, "source": cfg.source,
+                     "test_sets": [], "dropped": {}}
+    for split, (src_lines, tgt_lines, origin) in splits.items():
+        limit = {"train": cfg.max_train, "valid": cfg.max_valid}.get(split, cfg.max_test)
+        if limit is not None:
+            src_lines, tgt_lines = src_lines[:limit], tgt_lines[:limit]
+        if split == "train":
+            src_lines, tgt_lines, dropped = clean_pairs(src_lines, tgt_lines, cfg.clean)
+            metrics["dropped"] = dict(dropped)
+            metrics["train_raw_pairs"] = len(src_lines) + sum(dropped.values())
+        else:
+            src_lines = [normalize(s, cfg.clean.normalize_nfc) for s in src_lines]
+            tgt_lines = [normalize(s, cfg.clean.normalize_nfc) for s in tgt_lines]
+        if not src_lines:
+            raise DataError(f"{origin}: no sentence pairs left in split '{split}' after cleaning")
+        name = split if split in ("train", "valid") else f"test.{split}"
+        if name.startswith("test."):
+            metrics["test_sets"].append(split)
+        _write_lines(ctx.out / f"{name}.src", src_lines)
+        _write_lines(ctx.out / f"{name}.tgt", tgt_lines)
+        metrics[f"{split}_pairs"] = len(src_lines)
+    ctx.log(f"{metrics['train_pairs']} training pairs kept of {metrics['train_raw_pairs']} "
+            f"(dropped: {metrics['dropped'] or 'none'}); valid {metrics['valid_pairs']}; "
+            f"test {', '.join(metrics['test_sets']) or 'none'}")
+    return metrics
+
+
+# ---------------------------------------------------------------------------- cleaning
+def normalize(line: str, nfc: bool = True) -> str:
+    if nfc:
+        line = unicodedata.normalize("NFC", line)
+    # Control characters carry no meaning in text and confuse tokenizers; tabs become spaces.
+    line = _CONTROL.sub(" ", line)
+    return _SPACES.sub(" ", line).strip()
+
+
+def clean_pairs(src: list[str], tgt: list[str], cfg: CleanConfig) -> tuple[list[str], list[str], Counter]:
+    dropped: Counter = Counter()
+    seen: set[tuple[str, str]] = set()
+    out_src, out_tgt = [], []
+    for s, t in zip(src, tgt):
+        s, t = normalize(s, cfg.normalize_nfc), normalize(t, cfg.normalize_nfc)
+        if not s or not t:
+            dropped["empty"] += 1
+            continue
+        ns, nt = len(s.split()), len(t.split())
+        if ns > cfg.max_words or nt > cfg.max_words:
+            dropped["too_long"] += 1
+            continue
+        if max(ns, nt) > cfg.max_ratio * min(ns, nt) and max(ns, nt) > 3:
+            dropped["length_ratio"] += 1
+            continue
+        if cfg.dedup:
+            if (s, t) in seen:
+                dropped["duplicate"] += 1
+                continue
+            seen.add((s, t))
+        out_src.append(s)
+        out_tgt.append(t)
+    return out_src, out_tgt, dropped
+
+
+# ------------------------------------------------------------------------------ reading
+def read_text_lines(path: Path) -> list[str]:
+    """Lines of a UTF-8 text file (gzip if it ends in .gz); clear errors for bad files."""
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, expected a text file")
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                raw = f.read()
+        else:
+            raw = path.read_bytes()
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise DataError(f"{path}: cannot read ({exc})") from None
+    if not raw.strip():
+        raise DataError(f"{path}: file is empty")
+    if b"\x00" in raw[:65536]:
+        raise DataError(f"{path}: looks like binary data (NUL bytes), expected UTF-8 text")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_no = raw.count(b"\n", 0, exc.start) + 1
+        raise DataError(f"{path}: line {line_no}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
+                        f"{exc.start})") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.rstrip("\r") for line in lines]
+
+
+def read_pair(split: FileSplit) -> tuple[list[str], list[str], str]:
+    if split.tsv is not None:
+        path = Path(split.tsv)
+        src, tgt = [], []
+        for i, line in enumerate(read_text_lines(path), 1):
+            fields = line.split("\t")
+            if len(fields) != 2:
+                raise DataError(f"{path}: line {i}: expected 2 tab-separated fields, found {len(fields)}")
+            src.append(fields[0])
+            tgt.append(fields[1])
+        return src, tgt, str(path)
+    src_path, tgt_path = Path(split.src), Path(split.tgt)
+    src, tgt = read_text_lines(src_path), read_text_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
+                        "a parallel corpus needs the same number of lines in both")
+    return src, tgt, f"{src_path} / {tgt_path}"
+
+
+def _user_splits(cfg: DataConfig) -> dict:
+    files = cfg.files
+    splits = {"train": read_pair(files.train), "valid": read_pair(files.valid)}
+    for name, spec in files.test.items():
+        splits[name] = read_pair(spec)
+    return splits
+
+
+# ----------------------------------------------------------------------------- multi30k
+def _multi30k_splits(cfg: DataConfig, ctx: StageContext) -> dict:
+    for lang in (cfg.src_lang, cfg.tgt_lang):
+        if lang not in MULTI30K_LANGS:
+            raise DataError(f"multi30k has languages {', '.join(MULTI30K_LANGS)}; got '{lang}'")
+    names = {"train": "train", "valid": "val", **{t: t for t in cfg.test_sets}}
+    for test in cfg.test_sets:
+        if f"{test}.en.gz" not in MULTI30K_SHA256:
+            known = sorted({k.split(".")[0] for k in MULTI30K_SHA256} - {"train", "val"})
+            raise DataError(f"multi30k has no test set '{test}' (known: {', '.join(known)})")
+    wanted = [f"{names[s]}.{lang}.gz" for s in names for lang in (cfg.src_lang, cfg.tgt_lang)]
+    folder = locate_multi30k(cfg, wanted, ctx)
+    splits = {}
+    for split, stem in names.items():
+        src_path = folder / f"{stem}.{cfg.src_lang}.gz"
+        tgt_path = folder / f"{stem}.{cfg.tgt_lang}.gz"
+        src, tgt = read_text_lines(src_path), read_text_lines(tgt_path)
+        if len(src) != len(tgt):
+            raise DataError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}")
+        splits[split] = (src, tgt, f"{src_path}")
+    return splits
+
+
+def candidate_dirs(cfg: DataConfig) -> list[Path]:
+    dirs = []
+    for base in (cfg.data_dir, os.environ.get("PIPELINE_DATA")):
+        if base:
+            dirs += [Path(base) / "multi30k", Path(base)]
+    return dirs
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("PIPELINE_CACHE") or os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "mt-pipeline" / "multi30k"
+
+
+def locate_multi30k(cfg: DataConfig, wanted: list[str], ctx: StageContext | None = None) -> Path:
+    """A folder holding every wanted file with the right digest; downloads into the cache if needed."""
+    problems = []
+    for folder in candidate_dirs(cfg):
+        if all((folder / name).is_file() for name in wanted):
+            for name in wanted:
+                _check_digest(folder / name)
+            return folder
+    cache = cache_dir()
+    missing = [n for n in wanted if not _digest_ok(cache / n)]
+    if not missing:
+        return cache
+    cache.mkdir(parents=True, exist_ok=True)
+    for name in missing:
+        try:
+            download(f"{cfg.url.rstrip('/')}/{name}", cache / name, MULTI30K_SHA256[name], ctx)
+        except DataError:
+            raise
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            problems.append(f"{name}: {getattr(exc, 'reason', exc)}")
+            break
+    if problems:
+        looked = ", ".join(str(d) for d in candidate_dirs(cfg)) or "(no data_dir, PIPELINE_DATA unset)"
+        raise DataError(
+            f"Multi30k not found and the download failed ({problems[0]}). Put the files "
+            f"({', '.join(wanted[:2])}, ...) in a folder and set PIPELINE_DATA=<folder> or data.data_dir; "
+            f"looked in: {looked}")
+    return cache
+
+
+def _digest_ok(path: Path) -> bool:
+    return path.is_file() and _sha256(path) == MULTI30K_SHA256[path.name]
+
+
+def _check_digest(path: Path) -> None:
+    if not _digest_ok(path):
+        raise DataError(f"{path}: sha256 does not match the published Multi30k file "
+                        f"(expected {MULTI30K_SHA256[path.name][:16]}...): the file is damaged or different")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def download(url: str, dest: Path, sha256: str, ctx: StageContext | None = None, timeout: float = 30) -> None:
+    """Fetch to a .part file, check size and digest, then rename: a cut download never counts."""
+    part = dest.with_name(dest.name + ".part")
+    h = hashlib.sha256()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp, open(part, "wb") as out:
+            total = resp.headers.get("Content-Length")
+            total = int(total) if total and total.isdigit() else None
+            got = 0
+            desc = f"download {dest.name}"
+            bar = ctx.progress(desc, total, "bytes") if ctx else _null()
+            with bar as progress:
+                while block := resp.read(1 << 16):
+                    out.write(block)
+                    h.update(block)
+                    got += len(block)
+                    if progress:
+                        progress.advance(len(block))
+        if total is not None and got != total:
+            raise DataError(f"{url}: download truncated ({got} of {total} bytes)")
+        if h.hexdigest() != sha256:
+            raise DataError(f"{url}: sha256 mismatch after download (got {h.hexdigest()[:16]}..., expected "
+                            f"{sha256[:16]}...); not using it")
+        os.replace(part, dest)
+    finally:
+        part.unlink(missing_ok=True)
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _write_lines(path: Path, lines: list[str]) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for line in lines:
+            f.write(line + "\n")
+
+
+def read_split(folder: Path, name: str) -> tuple[list[str], list[str]]:
+    """Read a split written by this stage (e.g. 'train', 'valid', 'test.test_2016_flickr')."""
+    src = (folder / f"{name}.src").read_text(encoding="utf-8").split("\n")[:-1]
+    tgt = (folder / f"{name}.tgt").read_text(encoding="utf-8").split("\n")[:-1]
+    return src, tgt

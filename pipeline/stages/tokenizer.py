@@ -1,0 +1,34 @@
+"""Tokenizer stage: a joint subword vocabulary for source and target (embeddings are tied)."""
+
+from __future__ import annotations
+
+import random
+
+from model.tokenizer import SubwordTokenizer
+
+from ..context import StageContext
+from ..recipe import TokenizerConfig
+from .data import read_split
+
+
+def run(ctx: StageContext) -> dict:
+    cfg: TokenizerConfig = ctx.settings
+    data = ctx.input("data").path
+    src, tgt = read_split(data, "train")
+    sentences = src + tgt
+    if cfg.max_sentences is not None and len(sentences) > cfg.max_sentences:
+        sentences = random.Random(0).sample(sentences, cfg.max_sentences)
+    ctx.log(f"training a {cfg.kind} tokenizer ({cfg.vocab_size} pieces) on {len(sentences)} sentences")
+    tok = SubwordTokenizer.train(sentences, cfg.vocab_size, cfg.kind, count=len(sentences))
+    tok.save(ctx.out / "tokenizer.json")
+
+    valid_src, valid_tgt = read_split(data, "valid")
+    stats = {}
+    for side, lines in (("src", valid_src), ("tgt", valid_tgt)):
+        ids = tok.encode(lines)
+        pieces = sum(len(x) for x in ids)
+        stats[f"valid_{side}_tokens_per_sentence"] = round(pieces / max(1, len(ids)), 2)
+        stats[f"valid_{side}_unk_rate"] = round(sum(x.count(tok.unk_id) for x in ids) / max(1, pieces), 5)
+    round_trip = sum(tok.decode(tok.encode([s]))[0] == s for s in valid_tgt) / max(1, len(valid_tgt))
+    return {"vocab_size": tok.vocab_size, "kind": cfg.kind, "special_ids": tok.special_ids(),
+            "valid_round_trip_exact": round(round_trip, 4), **stats}
