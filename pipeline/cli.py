@@ -262,3 +262,7 @@ def _install_sigterm() -> None:
 
 
 _install_sigterm()
+
+
+if __name__ == "__main__":
+    main()

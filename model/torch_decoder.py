@@ -1,0 +1,75 @@
+"""The PyTorch model as an incremental decoder for model/search.py, and a text translator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .search import GenerationConfig, translate_sentences
+from .tokenizer import SubwordTokenizer
+from .transformer import Cache, Transformer, load_model
+
+
+class TorchDecoder:
+    def __init__(self, model: Transformer, device: str | torch.device = "cpu"):
+        self.model = model.eval()
+        self.device = torch.device(device)
+        self.cross: list = []
+        self.src_mask = None
+        self.past: Cache | None = None
+
+    @torch.inference_mode()
+    def encode(self, src: list[list[int]], beam: int) -> None:
+        pad = self.model.cfg.pad_id
+        width = max(len(s) for s in src)
+        batch = torch.full((len(src), width), pad, dtype=torch.long)
+        for i, s in enumerate(src):
+            batch[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        memory, src_mask = self.model.encode(batch.to(self.device))
+        cross = self.model.cross_kv(memory)
+        if beam > 1:
+            cross = [(k.repeat_interleave(beam, 0), v.repeat_interleave(beam, 0)) for k, v in cross]
+            src_mask = src_mask.repeat_interleave(beam, 0)
+        self.cross, self.src_mask, self.past = cross, src_mask, None
+
+    @torch.inference_mode()
+    def step(self, tokens: np.ndarray, parents: np.ndarray | None) -> np.ndarray:
+        if parents is not None and self.past is not None:
+            index = torch.from_numpy(parents).to(self.device)
+            self.past = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.past]
+        x = torch.from_numpy(tokens).to(self.device).view(-1, 1)
+        logits, self.past = self.model.decode_step(x, self.cross, self.src_mask, self.past)
+        return F.log_softmax(logits.float(), dim=-1).cpu().numpy()
+
+
+class TorchTranslator:
+    """Text in, text out, with a PyTorch model. `translate` is what the evaluate stage calls."""
+
+    runtime = "torch"
+
+    def __init__(self, model: Transformer, tokenizer: SubwordTokenizer, device: str = "cpu",
+                 threads: int | None = None):
+        if threads:
+            torch.set_num_threads(threads)
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.device = device
+        self.decoder = TorchDecoder(self.model, device)
+
+    @classmethod
+    def load(cls, folder: Path, device: str = "cpu", threads: int | None = None) -> "TorchTranslator":
+        return cls(load_model(folder, device), SubwordTokenizer.load(folder / "tokenizer.json"), device, threads)
+
+    def generation(self, beam: int, length_penalty: float = 1.0) -> GenerationConfig:
+        cfg = self.model.cfg
+        return GenerationConfig(beam=beam, length_penalty=length_penalty, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
+                                pad_id=cfg.pad_id, max_positions=cfg.max_positions)
+
+    def translate(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,
+                  batch_tokens: int = 4000, max_batch: int = 256, on_batch=None) -> list[str]:
+        return translate_sentences(self.decoder, self.tokenizer, sentences, self.generation(beam, length_penalty),
+                                   batch_tokens=batch_tokens, max_batch=max_batch, on_batch=on_batch)

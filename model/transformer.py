@@ -1,0 +1,306 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need", written plainly.
+
+Heads per layer and head size are explicit config fields, and so is each layer's FFN width,
+so a pruned model (uneven heads, narrower FFNs) saves, loads, trains, decodes and exports like
+any other. Incremental decoding keeps a key/value cache: the self-attention cache grows by one
+position a step; cross-attention keys/values are computed once from the encoder output.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# A decoder cache: per layer (self_k, self_v), each [batch, heads, past_len, head_dim].
+Cache = list[tuple[Tensor, Tensor]]
+
+
+@dataclass
+class TransformerConfig:
+    vocab_size: int
+    d_model: int = 256
+    head_dim: int = 64
+    enc_heads: list[int] = field(default_factory=lambda: [4, 4, 4])
+    dec_self_heads: list[int] = field(default_factory=lambda: [4, 4, 4])
+    dec_cross_heads: list[int] = field(default_factory=lambda: [4, 4, 4])
+    enc_ffn: list[int] = field(default_factory=lambda: [1024, 1024, 1024])
+    dec_ffn: list[int] = field(default_factory=lambda: [1024, 1024, 1024])
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation: str = "relu"
+    pre_ln: bool = False
+    max_positions: int = 256
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def __post_init__(self):
+        if not (len(self.dec_self_heads) == len(self.dec_cross_heads) == len(self.dec_ffn)):
+            raise ValueError("decoder per-layer lists differ in length")
+        if len(self.enc_heads) != len(self.enc_ffn):
+            raise ValueError("encoder per-layer lists differ in length")
+        if min(self.enc_heads + self.dec_self_heads + self.dec_cross_heads) < 1:
+            raise ValueError("every attention layer needs at least one head")
+        if self.activation not in ("relu", "gelu"):
+            raise ValueError(f"activation must be relu or gelu, got {self.activation!r}")
+
+    @classmethod
+    def from_spec(cls, spec: dict, vocab_size: int, special_ids: dict) -> "TransformerConfig":
+        """From the recipe's ModelSpec (uniform layers) to the explicit per-layer form."""
+        enc, dec = spec["encoder_layers"], spec["decoder_layers"]
+        return cls(vocab_size=vocab_size, d_model=spec["d_model"], head_dim=spec["head_dim"],
+                   enc_heads=[spec["heads"]] * enc, dec_self_heads=[spec["heads"]] * dec,
+                   dec_cross_heads=[spec["heads"]] * dec, enc_ffn=[spec["ffn_dim"]] * enc,
+                   dec_ffn=[spec["ffn_dim"]] * dec, dropout=spec["dropout"],
+                   attention_dropout=spec["attention_dropout"], activation=spec["activation"],
+                   pre_ln=spec["pre_ln"], max_positions=spec["max_positions"],
+                   pad_id=special_ids["pad"], bos_id=special_ids["bos"], eos_id=special_ids["eos"])
+
+    @property
+    def encoder_layers(self) -> int:
+        return len(self.enc_heads)
+
+    @property
+    def decoder_layers(self) -> int:
+        return len(self.dec_self_heads)
+
+    def total_heads(self) -> int:
+        return sum(self.enc_heads) + sum(self.dec_self_heads) + sum(self.dec_cross_heads)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TransformerConfig":
+        known = set(cls.__dataclass_fields__)
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown model config keys: {sorted(unknown)}")
+        return cls(**data)
+
+
+def sinusoidal_positions(length: int, d_model: int) -> Tensor:
+    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    pe = torch.zeros(length, d_model)
+    pe[:, 0::2] = torch.sin(position * div)
+    pe[:, 1::2] = torch.cos(position * div)[:, : d_model // 2]
+    return pe
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with one fused QKV projection (rows: all Q heads, all K, all V)."""
+
+    def __init__(self, d_model: int, heads: int, head_dim: int, dropout: float):
+        super().__init__()
+        self.heads, self.head_dim, self.dropout = heads, head_dim, dropout
+        self.qkv = nn.Linear(d_model, 3 * heads * head_dim)
+        self.out = nn.Linear(heads * head_dim, d_model)
+        self.head_gate: Tensor | None = None  # set by pruning to measure head importance
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
+                past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)
+            v = torch.cat([past[1], v], dim=2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        if self.head_gate is not None:
+            y = y * self.head_gate.view(1, -1, 1, 1)
+        return self.out(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)), (k, v)
+
+
+class CrossAttention(nn.Module):
+    """Decoder-to-encoder attention; K/V of the encoder output are computed once per sentence."""
+
+    def __init__(self, d_model: int, heads: int, head_dim: int, dropout: float):
+        super().__init__()
+        self.heads, self.head_dim, self.dropout = heads, head_dim, dropout
+        self.q = nn.Linear(d_model, heads * head_dim)
+        self.kv = nn.Linear(d_model, 2 * heads * head_dim)
+        self.out = nn.Linear(heads * head_dim, d_model)
+        self.head_gate: Tensor | None = None
+
+    def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        b, s, _ = memory.shape
+        k, v = self.kv(memory).view(b, s, 2, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return k, v
+
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        if self.head_gate is not None:
+            y = y * self.head_gate.view(1, -1, 1, 1)
+        return self.out(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class FeedForward(nn.Module):
+    # No dropout inside the FFN (as in the paper): on a CPU its random mask over the wide
+    # hidden layer costs more time than it buys regularisation.
+    def __init__(self, d_model: int, hidden: int, activation: str):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, hidden)
+        self.fc2 = nn.Linear(hidden, d_model)
+        self.act = nn.ReLU() if activation == "relu" else nn.GELU()
+        self.neuron_gate: Tensor | None = None  # set by pruning to measure neuron importance
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.act(self.fc1(x))
+        if self.neuron_gate is not None:
+            h = h * self.neuron_gate
+        return self.fc2(h)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig, heads: int, ffn: int):
+        super().__init__()
+        self.pre_ln = cfg.pre_ln
+        self.attn = SelfAttention(cfg.d_model, heads, cfg.head_dim, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, ffn, cfg.activation)
+        self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        if self.pre_ln:
+            x = x + self.drop(self.attn(self.ln1(x), mask)[0])
+            return x + self.drop(self.ffn(self.ln2(x)))
+        x = self.ln1(x + self.drop(self.attn(x, mask)[0]))
+        return self.ln2(x + self.drop(self.ffn(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig, self_heads: int, cross_heads: int, ffn: int):
+        super().__init__()
+        self.pre_ln = cfg.pre_ln
+        self.self_attn = SelfAttention(cfg.d_model, self_heads, cfg.head_dim, cfg.attention_dropout)
+        self.cross_attn = CrossAttention(cfg.d_model, cross_heads, cfg.head_dim, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, ffn, cfg.activation)
+        self.ln1, self.ln2, self.ln3 = (nn.LayerNorm(cfg.d_model) for _ in range(3))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor,
+                past: tuple[Tensor, Tensor] | None = None, causal: bool = True):
+        if self.pre_ln:
+            h, present = self.self_attn(self.ln1(x), causal=causal, past=past)
+            x = x + self.drop(h)
+            x = x + self.drop(self.cross_attn(self.ln2(x), cross_k, cross_v, src_mask))
+            return x + self.drop(self.ffn(self.ln3(x))), present
+        h, present = self.self_attn(x, causal=causal, past=past)
+        x = self.ln1(x + self.drop(h))
+        x = self.ln2(x + self.drop(self.cross_attn(x, cross_k, cross_v, src_mask)))
+        return self.ln3(x + self.drop(self.ffn(x))), present
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.register_buffer("positions", sinusoidal_positions(cfg.max_positions, cfg.d_model), persistent=False)
+        self.embed_scale = math.sqrt(cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg, h, f) for h, f in zip(cfg.enc_heads, cfg.enc_ffn))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg, hs, hc, f) for hs, hc, f in
+                                     zip(cfg.dec_self_heads, cfg.dec_cross_heads, cfg.dec_ffn))
+        # Pre-LN stacks end with a LayerNorm; post-LN ones are already normalised.
+        self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_ln else nn.Identity()
+        self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_ln else nn.Identity()
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+        # Tied with the output projection, so the scale that suits logits: N(0, d^-1/2).
+        nn.init.normal_(self.embed.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
+        with torch.no_grad():
+            self.embed.weight[self.cfg.pad_id].zero_()
+
+    # -------------------------------------------------------------------- pieces
+    def _embed(self, tokens: Tensor, offset: Tensor | int = 0) -> Tensor:
+        t = tokens.shape[1]
+        pos = self.positions[offset: offset + t] if isinstance(offset, int) else \
+            self.positions.narrow(0, offset, t)
+        return self.drop(self.embed(tokens) * self.embed_scale + pos)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src [B, S] -> (memory [B, S, d], src_mask [B, 1, 1, S] bool, True for real tokens)."""
+        src_mask = (src != self.cfg.pad_id)[:, None, None, :]
+        x = self._embed(src)
+        for layer in self.encoder:
+            x = layer(x, src_mask)
+        return self.enc_norm(x), src_mask
+
+    def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        return [layer.cross_attn.project_memory(memory) for layer in self.decoder]
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return F.linear(hidden, self.embed.weight)
+
+    # -------------------------------------------------------------------- training
+    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor | None = None) -> Tensor:
+        """Teacher-forced pass. With tgt_out, logits only at its non-pad positions ([N, V]);
+        otherwise logits for every position ([B, T, V])."""
+        memory, src_mask = self.encode(src)
+        x = self._embed(tgt_in)
+        for layer in self.decoder:
+            k, v = layer.cross_attn.project_memory(memory)
+            x, _ = layer(x, k, v, src_mask, causal=True)
+        x = self.dec_norm(x)
+        if tgt_out is not None:
+            x = x[tgt_out != self.cfg.pad_id]
+        return self.logits(x)
+
+    # -------------------------------------------------------------------- decoding
+    def decode_step(self, tokens: Tensor, cross: list[tuple[Tensor, Tensor]], src_mask: Tensor,
+                    past: Cache | None = None) -> tuple[Tensor, Cache]:
+        """One or more new target positions given the cache: logits of the last, and the new cache."""
+        offset = past[0][0].shape[2] if past else 0
+        x = self._embed(tokens, offset)
+        present: Cache = []
+        for i, layer in enumerate(self.decoder):
+            x, kv = layer(x, cross[i][0], cross[i][1], src_mask, past=past[i] if past else None,
+                          causal=past is None and tokens.shape[1] > 1)
+            present.append(kv)
+        return self.logits(self.dec_norm(x[:, -1])), present
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+# ------------------------------------------------------------------------ save / load
+WEIGHTS, CONFIG = "model.safetensors", "config.json"
+
+
+def save_model(model: Transformer, folder: Path) -> None:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / WEIGHTS), metadata={"format": "pt"})
+    (folder / CONFIG).write_text(json.dumps(model.cfg.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+
+def load_model(folder: Path, device: str | torch.device = "cpu") -> Transformer:
+    """Weights only through safetensors: loading a model never runs code from the file."""
+    from safetensors.torch import load_file
+
+    cfg = TransformerConfig.from_dict(json.loads((folder / CONFIG).read_text(encoding="utf-8")))
+    model = Transformer(cfg)
+    state = load_file(str(folder / WEIGHTS), device=str(device))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{folder / WEIGHTS}: weights do not fit the config "
+                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return model.to(device).eval()

@@ -1,0 +1,96 @@
+"""Sequence-level knowledge distillation corpus (Kim & Rush, 2016): the teacher translates the
+training sources with beam search; students then learn from these translations.
+
+An artifact of its own, so changing only the student re-uses it. Work is done in length-sorted
+chunks saved as they finish, so a killed run resumes where it stopped; under torchrun
+(`--nproc N`) the chunks are shared out across processes and merged in order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from ..context import StageContext
+from ..distributed import launch, worker_main, world_size
+from .data import read_split
+
+CHUNK = 1024  # sentences per saved chunk
+
+
+def run(ctx: StageContext) -> dict:
+    cfg = ctx.config
+    job = {"role": "kd_corpus", "data": str(ctx.input("data").path), "teacher": str(ctx.input("teacher").path),
+           "out": str(ctx.out), "work": str(ctx.work), "beam": cfg["beam"],
+           "length_penalty": cfg["length_penalty"], "batch_tokens": cfg["batch_tokens"],
+           "max_sentences": cfg.get("max_sentences")}
+    if ctx.nproc > 1:
+        return launch(ctx, "pipeline.stages.kd_corpus", job)
+    return translate_job(job, ctx.log, ctx.progress)
+
+
+def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = None) -> dict:
+    import torch
+
+    from model.torch_decoder import TorchTranslator
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    world = world_size()
+    if device == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    src, _ = read_split(Path(job["data"]), "train")
+    if job.get("max_sentences"):
+        src = src[: job["max_sentences"]]
+    translator = TorchTranslator.load(Path(job["teacher"]), device=device)
+    chunks_dir = Path(job["work"]) / "chunks"
+    chunks_dir.mkdir(parents=True, exist_ok=True)
+    tokenized = translator.tokenizer.encode(src)
+    order = sorted(range(len(src)), key=lambda i: len(tokenized[i]))
+    chunks = [order[i: i + CHUNK] for i in range(0, len(order), CHUNK)]
+    mine = [c for c in range(len(chunks)) if c % world == rank]
+    todo = [c for c in mine if not (chunks_dir / f"{c:05d}.json").is_file()]
+    if len(todo) < len(mine):
+        log(f"resuming: {len(mine) - len(todo)} of {len(mine)} chunks already translated")
+    t0 = time.perf_counter()
+    done_sentences = 0
+    with progress("teacher translating", total=sum(len(chunks[c]) for c in todo) * world, unit="sentences") as bar:
+        for c in todo:
+            idx = chunks[c]
+            hyps = translator.translate([src[i] for i in idx], beam=job["beam"],
+                                        length_penalty=job["length_penalty"], batch_tokens=job["batch_tokens"],
+                                        on_batch=lambda n: bar.advance(n * world))
+            tmp = chunks_dir / f"{c:05d}.json.tmp"
+            tmp.write_text(json.dumps({"index": idx, "hyps": hyps}), encoding="utf-8")
+            os.replace(tmp, chunks_dir / f"{c:05d}.json")
+            done_sentences += len(idx)
+    seconds = time.perf_counter() - t0
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+    if rank != 0:
+        return {}
+    translations = [""] * len(src)
+    for c in range(len(chunks)):
+        part = json.loads((chunks_dir / f"{c:05d}.json").read_text(encoding="utf-8"))
+        for i, h in zip(part["index"], part["hyps"]):
+            translations[i] = h
+    out = Path(job["out"])
+    keep = [i for i, h in enumerate(translations) if h.strip()]
+    with open(out / "kd.src", "w", encoding="utf-8") as fs, open(out / "kd.tgt", "w", encoding="utf-8") as ft:
+        for i in keep:
+            fs.write(src[i] + "\n")
+            ft.write(translations[i] + "\n")
+    rate = done_sentences * world / seconds if seconds > 0 and done_sentences else None
+    log(f"translated {len(src)} sentences" + (f" at {rate:.1f} sentences/s" if rate else ""))
+    src_words = sum(len(src[i].split()) for i in keep)
+    tgt_words = sum(len(translations[i].split()) for i in keep)
+    return {"sentences": len(keep), "empty_translations": len(src) - len(keep), "beam": job["beam"],
+            "seconds": round(seconds, 1), "sentences_per_s": round(rate, 2) if rate else None,
+            "processes": world, "device": device, "length_ratio": round(tgt_words / max(1, src_words), 3)}
+
+
+if __name__ == "__main__":
+    worker_main(translate_job)

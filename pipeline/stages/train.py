@@ -1,0 +1,109 @@
+"""Train stage: the teacher, the distilled student and the reference-only student.
+
+With `--nproc N` the same code runs under torchrun (DistributedDataParallel: gloo on CPU, nccl
+on GPU); run as `python -m pipeline.stages.train JOB.json` it is one such worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import torch
+
+from model.tokenizer import SubwordTokenizer
+from model.transformer import Transformer, TransformerConfig, load_model, save_model
+
+from ..context import StageContext
+from ..distributed import launch, worker_main, world_size
+from ..errors import UserInputError
+from ..recipe import TrainConfig
+from ..training import Trainer, ValidationSet, encode_corpus
+from .data import read_split
+
+
+def run(ctx: StageContext) -> dict:
+    cfg = ctx.config
+    job = {
+        "role": cfg["role"], "model": cfg["model"], "train": cfg["train"],
+        "word_level": cfg.get("word_level"), "reference_mix": cfg.get("reference_mix", 0.0),
+        "data": str(ctx.input("data").path),
+        "tokenizer": str(ctx.input("tokenizer").file("tokenizer.json")),
+        "kd_corpus": str(ctx.inputs["kd_corpus"].path) if "kd_corpus" in ctx.inputs else None,
+        "teacher": str(ctx.inputs["teacher"].path) if "teacher" in ctx.inputs else None,
+        "out": str(ctx.out), "work": str(ctx.work),
+    }
+    if ctx.nproc > 1:
+        return launch(ctx, "pipeline.stages.train", job)
+    return train_job(job, ctx.log, ctx.progress)
+
+
+def training_pairs(job: dict, log) -> tuple[list[str], list[str], dict]:
+    """The (source, target) text the model learns from: references, or the teacher's
+    translations (sequence-level KD) optionally mixed with a share of the references."""
+    data = Path(job["data"])
+    src, tgt = read_split(data, "train")
+    if job["kd_corpus"] is None:
+        return src, tgt, {"train_pairs": len(src), "source": "references"}
+    kd = Path(job["kd_corpus"])
+    kd_src, kd_tgt = read_split(kd, "kd")
+    mix = float(job.get("reference_mix") or 0.0)
+    extra = int(round(mix * len(kd_src)))
+    picked = random.Random(job["train"]["seed"]).sample(range(len(src)), min(extra, len(src))) if extra else []
+    info = {"train_pairs": len(kd_src) + len(picked), "source": "kd_corpus", "kd_pairs": len(kd_src),
+            "reference_pairs_mixed": len(picked)}
+    log(f"training on {len(kd_src)} teacher translations" + (f" + {len(picked)} references" if picked else ""))
+    return kd_src + [src[i] for i in picked], kd_tgt + [tgt[i] for i in picked], info
+
+
+def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None) -> dict:
+    train_cfg = TrainConfig.model_validate(job["train"])
+    torch.set_num_threads(train_cfg.num_threads or max(1, (os.cpu_count() or 1) // world_size()))
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = SubwordTokenizer.load(job["tokenizer"])
+    model_cfg = TransformerConfig.from_spec(job["model"], tokenizer.vocab_size, tokenizer.special_ids())
+    torch.manual_seed(train_cfg.seed)
+    model = Transformer(model_cfg)
+
+    src, tgt, data_info = training_pairs(job, log)
+    train = encode_corpus(tokenizer, src, tgt, model_cfg.max_positions)
+    valid_src, valid_tgt = read_split(Path(job["data"]), "valid")
+    valid_corpus = encode_corpus(tokenizer, valid_src, valid_tgt, model_cfg.max_positions, drop_long=False)
+    n_bleu = min(train_cfg.valid_bleu_sentences, len(valid_src))
+    valid = ValidationSet(valid_corpus, valid_corpus.src[:n_bleu], valid_tgt[:n_bleu])
+
+    teacher, alpha, temperature = None, 0.0, 1.0
+    word_level = job.get("word_level") or {}
+    if word_level.get("enabled"):
+        teacher = load_model(Path(job["teacher"]), device)
+        teacher_tok = SubwordTokenizer.load(Path(job["teacher"]) / "tokenizer.json")
+        if teacher_tok.tok.get_vocab() != tokenizer.tok.get_vocab():
+            raise UserInputError("word-level distillation needs the teacher and student to share one vocabulary; "
+                                 "the teacher's tokenizer differs from this recipe's")
+        alpha, temperature = word_level["alpha"], word_level["temperature"]
+
+    log(f"{model.num_parameters():,} parameters, {len(train)} training pairs, "
+        f"device {device}, threads {torch.get_num_threads()}, processes {world_size()}")
+    trainer = Trainer(model, train_cfg, train, valid, tokenizer, Path(job["work"]), log, progress, device,
+                      teacher=teacher, kd_alpha=alpha, kd_temperature=temperature)
+    result = trainer.fit()
+    if rank != 0:
+        return result
+    out = Path(job["out"])
+    model = trainer.model.cpu().eval()
+    save_model(model, out)
+    shutil.copyfile(job["tokenizer"], out / "tokenizer.json")
+    (out / "training.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return {
+        "role": job["role"], "params": model.num_parameters(), "heads": model_cfg.total_heads(),
+        "model_bytes": (out / "model.safetensors").stat().st_size, **data_info,
+        **{k: v for k, v in result.items() if k != "history"},
+        "device": device, "processes": world_size(), "threads": torch.get_num_threads(),
+    }
+
+
+if __name__ == "__main__":
+    worker_main(train_job)

@@ -1,0 +1,410 @@
+"""The training loop shared by the teacher, the students and pruning's fine-tune.
+
+Label-smoothed cross-entropy, Adam(0.9, 0.98, 1e-9) with inverse-square-root warmup, gradient
+clipping, batches by token count with length bucketing, validation loss and BLEU each epoch,
+checkpoint averaging, budgets by epochs / steps / minutes. A killed run resumes from its last
+checkpoint (model, optimizer, schedule, position in the data order, RNG): checkpoints are
+safetensors + JSON, written to a temporary name and renamed, so a kill never leaves half of one.
+Several processes (torchrun; gloo on CPU, nccl on GPU) split each epoch's batches.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from model.search import GenerationConfig, greedy_search
+from model.torch_decoder import TorchDecoder
+from model.transformer import Transformer
+
+from .recipe import TrainConfig
+from .scoring import bleu_only
+
+
+@dataclass
+class Corpus:
+    src: list[list[int]]  # subword ids + EOS
+    tgt: list[list[int]]  # subword ids, no BOS/EOS (added when batching)
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def encode_corpus(tokenizer, src_lines: list[str], tgt_lines: list[str], max_positions: int,
+                  drop_long: bool = True) -> Corpus:
+    src_ids, tgt_ids = tokenizer.encode(src_lines), tokenizer.encode(tgt_lines)
+    limit = max_positions - 1
+    src, tgt = [], []
+    for s, t in zip(src_ids, tgt_ids):
+        if len(s) >= limit or len(t) >= limit:
+            if drop_long:
+                continue
+            s, t = s[: limit - 1], t[: limit - 1]
+        src.append(s + [tokenizer.eos_id])
+        tgt.append(t)
+    return Corpus(src, tgt)
+
+
+def make_batches(corpus: Corpus, batch_tokens: int, seed: int, epoch: int, rank: int = 0,
+                 world: int = 1) -> list[np.ndarray]:
+    """Length-bucketed batches of at most `batch_tokens` (padded) tokens, in a shuffled order that
+    depends only on (seed, epoch): a resumed run sees exactly the batches it would have seen."""
+    rng = np.random.default_rng([seed, epoch])
+    src_len = np.fromiter((len(s) for s in corpus.src), dtype=np.int64, count=len(corpus))
+    tgt_len = np.fromiter((len(t) + 1 for t in corpus.tgt), dtype=np.int64, count=len(corpus))
+    order = np.lexsort((rng.random(len(corpus)), src_len, tgt_len))
+    batches, start = [], 0
+    while start < len(order):
+        end, longest = start, 0
+        while end < len(order):
+            i = order[end]
+            candidate = max(longest, src_len[i], tgt_len[i])
+            if (end - start + 1) * candidate > batch_tokens and end > start:
+                break
+            longest, end = candidate, end + 1
+        batches.append(order[start:end])
+        start = end
+    rng.shuffle(batches)
+    if world > 1:
+        batches = batches[: len(batches) - len(batches) % world][rank::world]
+    return batches
+
+
+def collate(corpus: Corpus, index: np.ndarray, pad: int, bos: int, eos: int, device) -> tuple:
+    src = [corpus.src[i] for i in index]
+    tgt = [corpus.tgt[i] for i in index]
+    s_len, t_len = max(map(len, src)), max(map(len, tgt)) + 1
+    src_t = torch.full((len(index), s_len), pad, dtype=torch.long)
+    tin = torch.full((len(index), t_len), pad, dtype=torch.long)
+    tout = torch.full((len(index), t_len), pad, dtype=torch.long)
+    for row, (s, t) in enumerate(zip(src, tgt)):
+        src_t[row, : len(s)] = torch.tensor(s)
+        tin[row, : len(t) + 1] = torch.tensor([bos] + t)
+        tout[row, : len(t) + 1] = torch.tensor(t + [eos])
+    return src_t.to(device), tin.to(device), tout.to(device)
+
+
+def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
+    """Linear warmup to `peak`, then decay with 1/sqrt(step) (the paper's schedule, peak-normalised)."""
+    step = max(step, 1)
+    if warmup <= 0:
+        return peak
+    return peak * min(step / warmup, math.sqrt(warmup / step))
+
+
+def unwrap(model) -> Transformer:
+    return model.module if hasattr(model, "module") else model
+
+
+# ----------------------------------------------------------------------- checkpoints
+class Checkpoints:
+    """work/checkpoint/ (latest, for resuming) and work/snapshots/ (epoch ends, for averaging)."""
+
+    def __init__(self, work: Path):
+        self.dir = work / "checkpoint"
+        self.snapshots = work / "snapshots"
+
+    def exists(self) -> bool:
+        return (self.dir / "state.json").is_file()
+
+    def save(self, model: Transformer, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        tmp = self.dir.with_name("checkpoint.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+        opt_tensors, opt_meta = _flatten_optimizer(optimizer)
+        opt_tensors["rng.torch"] = torch.get_rng_state()
+        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+        (tmp / "state.json").write_text(json.dumps({**state, "optimizer": opt_meta}))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        old = self.dir.with_name("checkpoint.old")
+        if self.dir.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(self.dir, old)
+        os.rename(tmp, self.dir)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def load(self, model: Transformer, optimizer: torch.optim.Optimizer) -> dict:
+        if not self.exists() and self.dir.with_name("checkpoint.old").is_dir():
+            os.rename(self.dir.with_name("checkpoint.old"), self.dir)  # killed between the two renames
+        state = json.loads((self.dir / "state.json").read_text())
+        model.load_state_dict(load_file(str(self.dir / "model.safetensors")))
+        tensors = load_file(str(self.dir / "optimizer.safetensors"))
+        torch.set_rng_state(tensors.pop("rng.torch"))
+        optimizer.load_state_dict(_unflatten_optimizer(tensors, state.pop("optimizer")))
+        return state
+
+    def save_snapshot(self, model: Transformer, name: str) -> None:
+        self.snapshots.mkdir(parents=True, exist_ok=True)
+        tmp = self.snapshots / f"{name}.tmp"
+        save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(tmp))
+        os.replace(tmp, self.snapshots / f"{name}.safetensors")
+
+    def load_snapshot(self, name: str) -> dict:
+        return load_file(str(self.snapshots / f"{name}.safetensors"))
+
+    def drop_snapshot(self, name: str) -> None:
+        (self.snapshots / f"{name}.safetensors").unlink(missing_ok=True)
+
+
+def _flatten_optimizer(optimizer) -> tuple[dict, dict]:
+    sd = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for pid, entry in sd["state"].items():
+        for key, value in entry.items():
+            if torch.is_tensor(value):
+                tensors[f"state.{pid}.{key}"] = value.detach().contiguous()
+            else:
+                scalars[f"{pid}.{key}"] = value
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def _unflatten_optimizer(tensors: dict, meta: dict) -> dict:
+    state: dict = {}
+    for name, value in tensors.items():
+        _, pid, key = name.split(".", 2)
+        state.setdefault(int(pid), {})[key] = value
+    for name, value in meta["scalars"].items():
+        pid, key = name.split(".", 1)
+        state.setdefault(int(pid), {})[key] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+# --------------------------------------------------------------------------- trainer
+@dataclass
+class ValidationSet:
+    corpus: Corpus
+    sources: list[list[int]]  # for BLEU: ids + EOS of the first N sentences
+    references: list[str]
+
+
+def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: float) -> torch.Tensor:
+    return F.cross_entropy(logits.float(), target, label_smoothing=smoothing)
+
+
+class Trainer:
+    def __init__(self, model: Transformer, cfg: TrainConfig, train: Corpus, valid: ValidationSet, tokenizer,
+                 work: Path, log: Callable[[str], None], progress, device: str = "cpu",
+                 teacher: Transformer | None = None, kd_alpha: float = 0.0, kd_temperature: float = 1.0):
+        self.cfg, self.train_set, self.valid, self.tokenizer = cfg, train, valid, tokenizer
+        self.log, self.progress, self.device = log, progress, torch.device(device)
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.model = model.to(self.device)
+        self.ckpt = Checkpoints(work)
+        self.teacher = teacher.to(self.device).eval() if teacher is not None else None
+        self.kd_alpha, self.kd_temperature = kd_alpha, kd_temperature
+        self.use_bf16 = cfg.bf16 == "on" or (cfg.bf16 == "auto" and self.device.type == "cuda")
+        opt_cls = torch.optim.AdamW if cfg.weight_decay > 0 else torch.optim.Adam
+        self.optimizer = opt_cls(self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9,
+                                 weight_decay=cfg.weight_decay)
+        self.ddp_model = self.model
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.ddp_model = DistributedDataParallel(self.model, device_ids=None if self.device.type == "cpu"
+                                                     else [self.device.index])
+
+    # ---------------------------------------------------------------- main loop
+    def fit(self) -> dict:
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed + self.rank)
+        state = {"step": 0, "epoch": 0, "batch": 0, "elapsed_s": 0.0, "history": [], "kept": [],
+                 "tokens": 0, "resumed_from": []}
+        if self.ckpt.exists() or self.ckpt.dir.with_name("checkpoint.old").is_dir():
+            state = self.ckpt.load(self.model, self.optimizer)
+            state["resumed_from"].append(state["step"])
+            self.log(f"resumed from checkpoint at step {state['step']} (epoch {state['epoch'] + 1}, "
+                     f"batch {state['batch']}, {state['elapsed_s'] / 60:.1f} min already trained)")
+        session_start = time.monotonic()
+        elapsed = lambda: state["elapsed_s"] + time.monotonic() - session_start  # noqa: E731
+        last_ckpt = time.monotonic()
+        stop_reason = None
+        max_epochs = cfg.max_epochs or 10 ** 9
+
+        while state["epoch"] < max_epochs and stop_reason is None:
+            batches = make_batches(self.train_set, cfg.batch_tokens, cfg.seed, state["epoch"], self.rank, self.world)
+            self.model.train()
+            with self.progress(f"epoch {state['epoch'] + 1}", total=len(batches), unit="batches") as bar:
+                bar.advance(state["batch"])
+                t_epoch, tok_epoch = time.monotonic(), 0
+                while state["batch"] < len(batches):
+                    loss, ntok = self._train_step(batches[state["batch"]], state["step"] + 1)
+                    state["step"] += 1
+                    state["batch"] += 1
+                    state["tokens"] += ntok
+                    tok_epoch += ntok
+                    rate = tok_epoch * self.world / max(1e-6, time.monotonic() - t_epoch)
+                    bar.advance(1, postfix=f"loss {loss:.3f} lr {self.optimizer.param_groups[0]['lr']:.2e} "
+                                           f"{rate:.0f} tok/s")
+                    stop_reason = self._budget_reached(state, elapsed())
+                    if stop_reason:
+                        break
+                    if time.monotonic() - last_ckpt > cfg.checkpoint_every_minutes * 60:
+                        self._save_checkpoint(state, elapsed(), session_start)
+                        last_ckpt = time.monotonic()
+            partial = state["batch"] < len(batches)
+            if not partial:
+                state["epoch"] += 1
+                state["batch"] = 0
+            self._end_of_epoch(state, partial)
+            self._save_checkpoint(state, elapsed(), session_start)
+            last_ckpt = time.monotonic()
+            if stop_reason is None and state["epoch"] >= max_epochs:
+                stop_reason = f"max_epochs ({cfg.max_epochs})"
+            if stop_reason is None:
+                stop_reason = self._budget_reached(state, elapsed())
+        return self._finish(state, elapsed(), stop_reason or "done")
+
+    def _save_checkpoint(self, state: dict, elapsed_s: float, session_start: float) -> None:
+        if self.rank == 0:
+            self.ckpt.save(self.model, self.optimizer, {**state, "elapsed_s": elapsed_s})
+        if self.world > 1:
+            dist.barrier()
+
+    def _budget_reached(self, state: dict, elapsed_s: float) -> str | None:
+        cfg = self.cfg
+        reason = None
+        if cfg.max_steps is not None and state["step"] >= cfg.max_steps:
+            reason = f"max_steps ({cfg.max_steps})"
+        elif cfg.max_minutes is not None and elapsed_s >= cfg.max_minutes * 60:
+            reason = f"max_minutes ({cfg.max_minutes:g})"
+        if self.world > 1:  # every rank must stop at the same step: rank 0 decides
+            flag = torch.tensor([1 if reason else 0], device=self.device if self.device.type == "cuda" else "cpu")
+            dist.broadcast(flag, 0)
+            reason = reason or (f"stopped by rank 0" if flag.item() else None)
+        return reason
+
+    def _train_step(self, index: np.ndarray, step: int) -> tuple[float, int]:
+        cfg = self.cfg
+        tok = self.tokenizer
+        src, tin, tout = collate(self.train_set, index, tok.pad_id, tok.bos_id, tok.eos_id, self.device)
+        lr = inverse_sqrt_lr(step, cfg.lr, cfg.warmup_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        target = tout[tout != tok.pad_id]
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.use_bf16):
+            logits = self.ddp_model(src, tin, tout)
+            loss = label_smoothed_loss(logits, target, cfg.label_smoothing)
+            if self.teacher is not None and self.kd_alpha > 0:
+                with torch.no_grad():
+                    teacher_logits = self.teacher(src, tin, tout)
+                t = self.kd_temperature
+                kl = F.kl_div(F.log_softmax(logits.float() / t, -1), F.log_softmax(teacher_logits.float() / t, -1),
+                              log_target=True, reduction="batchmean") * t * t
+                loss = (1 - self.kd_alpha) * loss + self.kd_alpha * kl
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
+        self.optimizer.step()
+        return loss.item(), int(target.numel())
+
+    # ---------------------------------------------------------------- validation
+    @torch.no_grad()
+    def valid_loss(self, model: Transformer) -> float:
+        model.eval()
+        tok = self.tokenizer
+        total, count = 0.0, 0
+        for index in make_batches(self.valid.corpus, self.cfg.batch_tokens, 0, 0):
+            src, tin, tout = collate(self.valid.corpus, index, tok.pad_id, tok.bos_id, tok.eos_id, self.device)
+            logits = model(src, tin, tout)
+            target = tout[tout != tok.pad_id]
+            total += F.cross_entropy(logits.float(), target, reduction="sum").item()
+            count += target.numel()
+        return total / max(1, count)
+
+    @torch.no_grad()
+    def valid_bleu(self, model: Transformer) -> float | None:
+        if not self.valid.sources:
+            return None
+        model.eval()
+        cfg = model.cfg
+        gen = GenerationConfig(beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
+                               max_positions=cfg.max_positions)
+        decoder = TorchDecoder(model, self.device)
+        order = sorted(range(len(self.valid.sources)), key=lambda i: len(self.valid.sources[i]))
+        hyps: list[list[int]] = [[] for _ in order]
+        for start in range(0, len(order), 128):
+            chunk = order[start: start + 128]
+            for i, h in zip(chunk, greedy_search(decoder, [self.valid.sources[i] for i in chunk], gen)):
+                hyps[i] = h
+        return bleu_only(self.tokenizer.decode(hyps), self.valid.references)
+
+    def _end_of_epoch(self, state: dict, partial: bool) -> None:
+        if self.rank == 0:
+            t0 = time.monotonic()
+            loss = self.valid_loss(self.model)
+            bleu = self.valid_bleu(self.model)
+            self.model.train()
+            label = f"epoch{state['epoch']}" + (f"_step{state['step']}" if partial else "")
+            entry = {"epoch": state["epoch"], "step": state["step"], "partial": partial,
+                     "valid_loss": round(loss, 4), "valid_bleu": bleu, "name": label,
+                     "train_tokens": state["tokens"], "validation_s": round(time.monotonic() - t0, 1)}
+            state["history"].append(entry)
+            self.log(f"{label}: valid loss {loss:.3f}" + (f", valid BLEU (greedy) {bleu:.2f}" if bleu is not None
+                                                          else "") + f" at step {state['step']}")
+            self._keep_snapshot(state, entry)
+        if self.world > 1:
+            dist.barrier()
+
+    def _rank_key(self, entry: dict) -> tuple:
+        bleu = entry["valid_bleu"]
+        return (bleu if bleu is not None else 0.0, -entry["valid_loss"])
+
+    def _keep_snapshot(self, state: dict, entry: dict) -> None:
+        """Keep the best N epoch-end weights (by valid BLEU, then loss) for averaging."""
+        kept = state["kept"] + [entry]
+        kept.sort(key=self._rank_key, reverse=True)
+        keep_n = self.cfg.average_checkpoints
+        if entry in kept[:keep_n]:
+            self.ckpt.save_snapshot(self.model, entry["name"])
+        for dropped in kept[keep_n:]:
+            self.ckpt.drop_snapshot(dropped["name"])
+        state["kept"] = kept[:keep_n]
+
+    def _finish(self, state: dict, elapsed_s: float, reason: str) -> dict:
+        result = {"steps": state["step"], "epochs": state["epoch"],
+                  "train_minutes": round(elapsed_s / 60, 2), "stopped_by": reason, "history": state["history"],
+                  "train_tokens": state["tokens"], "resumed_from_steps": state["resumed_from"],
+                  "tokens_per_s": round(state["tokens"] * self.world / max(1e-6, elapsed_s), 1)}
+        if self.rank != 0:
+            return result
+        kept = state["kept"]
+        if not kept:
+            raise RuntimeError("training ended without a single validated checkpoint")
+        best = kept[0]
+        self.model.load_state_dict(self.ckpt.load_snapshot(best["name"]))
+        chosen = {"kind": "best", "from": [best["name"]], "valid_loss": best["valid_loss"],
+                  "valid_bleu": best["valid_bleu"]}
+        if len(kept) > 1:
+            states = [self.ckpt.load_snapshot(k["name"]) for k in kept]
+            averaged = {k: sum(s[k].float() for s in states) / len(states) for k in states[0]}
+            best_state = {k: v.clone() for k, v in self.model.state_dict().items()}
+            self.model.load_state_dict({k: v.to(best_state[k].dtype) for k, v in averaged.items()})
+            avg_loss, avg_bleu = self.valid_loss(self.model), self.valid_bleu(self.model)
+            self.log(f"average of {len(kept)} checkpoints: valid loss {avg_loss:.3f}"
+                     + (f", valid BLEU {avg_bleu:.2f}" if avg_bleu is not None else "")
+                     + f" (best single: {best['valid_bleu']})")
+            if self._rank_key({"valid_bleu": avg_bleu, "valid_loss": avg_loss}) >= self._rank_key(best):
+                chosen = {"kind": "average", "from": [k["name"] for k in kept], "valid_loss": round(avg_loss, 4),
+                          "valid_bleu": avg_bleu}
+            else:
+                self.model.load_state_dict(best_state)
+        self.model.eval()
+        result.update(chosen_checkpoint=chosen, best_valid_loss=chosen["valid_loss"], valid_bleu=chosen["valid_bleu"])
+        return result

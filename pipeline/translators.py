@@ -1,0 +1,34 @@
+"""Open any model the pipeline makes as "a translator": text in, text out.
+
+A translator has `translate(sentences, beam=, length_penalty=, batch_tokens=, on_batch=)`, plus
+`runtime`. PyTorch models are artifact folders with model.safetensors; ONNX packages are folders
+with encoder.onnx / decoder.onnx (see model/runtime.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def is_torch_model(folder: Path) -> bool:
+    return (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
+
+
+def is_onnx_package(folder: Path) -> bool:
+    return (folder / "encoder.onnx").is_file() and (folder / "decoder.onnx").is_file()
+
+
+def load_translator(folder: Path, package: str | None = None, device: str = "cpu", threads: int | None = None):
+    folder = Path(folder)
+    if package:
+        folder = folder / package
+    if is_torch_model(folder):
+        from model.torch_decoder import TorchTranslator
+
+        return TorchTranslator.load(folder, device=device, threads=threads)
+    if is_onnx_package(folder):
+        from model.runtime import Translator
+
+        return Translator(folder, device=device, threads=threads)
+    raise FileNotFoundError(f"{folder}: neither a PyTorch model (model.safetensors + config.json) "
+                            "nor an ONNX package (encoder.onnx + decoder.onnx)")

@@ -1,0 +1,64 @@
+"""Shared fixtures. Tests use small slices of the Multi30k copy in ../shared/data (never a network)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = REPO / "recipes" / "smoke.yaml"
+
+
+def _data_dir() -> Path:
+    env = os.environ.get("PIPELINE_DATA")
+    path = Path(env) if env else REPO.parent / "shared" / "data"
+    if not (path / "multi30k" / "train.en.gz").is_file():
+        pytest.exit(f"Multi30k not found under {path}: set PIPELINE_DATA to the folder holding multi30k/", 2)
+    return path
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    return _data_dir()
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch, data_dir, tmp_path):
+    monkeypatch.setenv("PIPELINE_DATA", str(data_dir))
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))  # never touch the user's cache
+
+
+def cli(*args: str, store: Path | None = None, input: bytes | None = None, timeout: float = 300,
+        env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the real `pipeline` command in a subprocess."""
+    cmd = [sys.executable, "-m", "pipeline.cli", *args]
+    if store is not None:
+        cmd += ["--store", str(store)]
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", **(env or {})}
+    return subprocess.run(cmd, cwd=REPO, input=input, capture_output=True, timeout=timeout, env=full_env)
+
+
+class SmokeStore:
+    """One store per test session, built stage by stage as tests ask for them."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def build(self, until: str | None = None, *overrides: str):
+        from pipeline.runner import make_plan, run
+        from pipeline.store import Store
+
+        plan = make_plan(SMOKE, [*overrides])
+        store = Store(self.root)
+        run(plan, store, until=until)
+        return store, {n.name: store.get(n.id) for n in plan.nodes if store.exists(n.id)}
+
+
+@pytest.fixture(scope="session")
+def smoke(tmp_path_factory) -> SmokeStore:
+    os.environ.setdefault("PIPELINE_DATA", str(_data_dir()))
+    return SmokeStore(tmp_path_factory.mktemp("smoke-store"))
