@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
@@ -243,7 +244,8 @@ class ReportConfig(Strict):
 
 
 class Recipe(Strict):
-    name: str | None = None  # defaults to the file's stem
+    # Names the run logs and the `latest` pointer; defaults to the file's stem.
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")] | None = None
     data: DataConfig = DataConfig()
     tokenizer: TokenizerConfig | None = None
     teacher: TeacherConfig | None = None
@@ -267,7 +269,7 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> tuple[Recipe, di
     raw = _load_with_extends(path, seen=())
     for item in overrides:
         _apply_override(raw, item, path)
-    raw.setdefault("name", path.stem)
+    raw.setdefault("name", re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem).lstrip("._-")[:100] or "recipe")
     try:
         recipe = Recipe.model_validate(raw)
     except ValidationError as exc:
@@ -424,6 +426,7 @@ _MESSAGES = {
     "model_attributes_type": lambda c: "must be a mapping",
     "literal_error": lambda c: f"must be one of {c.get('expected')}",
     "missing": lambda c: "required key is missing",
+    "string_pattern_mismatch": lambda c: "must be letters, digits, '_', '.' or '-' (at most 100)",
 }
 
 

@@ -20,7 +20,7 @@ from .errors import PipelineError, UserInputError
 from .graph import Node, build_graph, select
 from .machine import machine_info
 from .recipe import Recipe, load_recipe
-from .store import Store, now_iso, tool_versions
+from .store import Store, now_iso, safe_name, tool_versions
 
 
 @dataclass
@@ -103,7 +103,7 @@ def run(plan: Plan, store: Store, until: str | None = None, force: list[str] = (
         nproc: int = 1) -> RunResult:
     selected = select(plan.nodes, until)
     forced = _forced(plan.nodes, selected, force)
-    run_id = f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{plan.name}-{secrets.token_hex(2)}"
+    run_id = f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{safe_name(plan.name)}-{secrets.token_hex(2)}"
     log = {"run": run_id, "recipe": plan.name, "recipe_path": str(plan.path), "overrides": plan.overrides,
            "recipe_resolved": plan.raw, "until": until, "force": list(force), "nproc": nproc,
            "started": now_iso(), "machine": plan.machine, "pid": os.getpid(), "nodes": [],

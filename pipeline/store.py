@@ -274,14 +274,14 @@ class Store:
         return json.loads(path.read_text(encoding="utf-8"))
 
     def latest(self, recipe_name: str) -> dict | None:
-        path = self.latest_dir / f"{_safe_name(recipe_name)}.json"
+        path = self.latest_dir / f"{safe_name(recipe_name)}.json"
         if not path.is_file():
             return None
         return json.loads(path.read_text(encoding="utf-8"))
 
     def set_latest(self, recipe_name: str, pointer: dict) -> None:
         self.latest_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.latest_dir / f"{_safe_name(recipe_name)}.json", pointer)
+        write_json_atomic(self.latest_dir / f"{safe_name(recipe_name)}.json", pointer)
 
     def all_latest(self) -> list[dict]:
         if not self.latest_dir.is_dir():
@@ -369,7 +369,7 @@ def _write_error(exc: OSError, artifact: str) -> PipelineError:
                          f"({exc.filename or ''}); the store is unchanged")
 
 
-def _safe_name(name: str) -> str:
+def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".") or "recipe"
 
 

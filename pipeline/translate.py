@@ -7,15 +7,16 @@ model's limit with a warning.
 
 from __future__ import annotations
 
+import json
 import sys
 import warnings
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from .context import console
-from .errors import UserInputError
+from .errors import IntegrityError, UserInputError
 from .stages.data import normalize
-from .store import Store
+from .store import MANIFEST, Store, verify_folder
 from .translators import is_onnx_package, is_torch_model, load_translator
 
 DEFAULT_PACKAGES = ("int8_dynamic", "fp32", "int8_static", "fp16")
@@ -25,6 +26,11 @@ def resolve_model(store: Store, ref: str, package: str | None) -> tuple[Path, st
     path = Path(ref)
     if not path.is_dir():
         path = store.resolve(ref).path
+    if (path / MANIFEST).is_file():  # an artifact: never load one whose files do not match
+        problems = verify_folder(path, json.loads((path / MANIFEST).read_text(encoding="utf-8")))
+        if problems:
+            raise IntegrityError(f"refusing to load {path}: {problems[0]}"
+                                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     if package:
         if not (is_onnx_package(path / package) or is_torch_model(path / package)):
             raise UserInputError(f"{path}: has no package {package!r} (has: {', '.join(_packages(path)) or 'none'})")

@@ -1,0 +1,193 @@
+"""Faults and bad input: kills at random moments, Ctrl-C, concurrent runs, fuzzed recipes,
+values that try to escape the store."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.errors import RecipeError, UserInputError
+from pipeline.graph import build_graph
+from pipeline.recipe import load_recipe
+from pipeline.store import Store
+
+from .conftest import REPO, SMOKE, cli
+
+
+def _spawn(store: Path, *args: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "pipeline.cli", "run", str(SMOKE), "--store", str(store), *args]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def _assert_store_sound(store: Store) -> None:
+    for path in store.list_dirs():
+        assert (path / "manifest.json").is_file(), f"{path} looks like an artifact but has no manifest"
+        assert store.verify(path.name) == [], path.name
+
+
+def test_sigkill_during_teacher_training_resumes_from_checkpoint(tmp_path):
+    store = Store(tmp_path / "store")
+    assert cli("run", str(SMOKE), "--until", "tokenizer", store=store.root).returncode == 0
+    proc = _spawn(store.root, "--until", "teacher", "--set", "teacher.train.max_epochs=40")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(store.work.glob("teacher-*/checkpoint/state.json")):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.kill()
+    proc.wait(30)
+    state = json.loads(next(store.work.glob("teacher-*/checkpoint/state.json")).read_text())
+    assert state["step"] > 0
+    _assert_store_sound(store)
+    again = cli("run", str(SMOKE), "--until", "teacher", "--set", "teacher.train.max_epochs=40", store=store.root)
+    err = again.stderr.decode()
+    assert again.returncode == 0, err
+    assert "resumed from checkpoint at step" in err
+    teacher = next(p for p in store.list_dirs() if p.name.startswith("teacher-"))
+    metrics = json.loads((teacher / "manifest.json").read_text())["metrics"]
+    assert metrics["resumed_from_steps"] and metrics["resumed_from_steps"][0] >= state["step"]
+    assert not list(store.work.glob("teacher-*"))  # scratch is dropped once the artifact is complete
+
+
+def test_sigkill_at_random_moments_never_leaves_a_usable_half_artifact(tmp_path):
+    store = Store(tmp_path / "store")
+    rng = random.Random(20261130)
+    kills, runs = 0, 0
+    while kills < 20 and runs < 40:
+        runs += 1
+        proc = _spawn(store.root, "--until", "evaluate")
+        try:
+            proc.wait(timeout=rng.uniform(1.5, 5.0))
+            assert proc.returncode == 0, proc.stderr.read().decode()[-2000:]
+            break
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+            kills += 1
+        _assert_store_sound(store)
+    final = cli("run", str(SMOKE), "--until", "evaluate", store=store.root)
+    assert final.returncode == 0, final.stderr.decode()[-2000:]
+    _assert_store_sound(store)
+    assert cli("artifacts", "verify", store=store.root).returncode == 0
+    print(f"\n{kills} kills survived in {runs} runs")
+    assert kills >= 5
+
+
+def test_ctrl_c_stops_cleanly_with_one_line(tmp_path):
+    store = tmp_path / "store"
+    assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
+    proc = _spawn(store, "--until", "teacher", "--set", "teacher.train.max_epochs=40")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list((store / "work").glob("teacher-*")):
+        time.sleep(0.05)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    err = err.decode()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err.splitlines()[-1]
+    assert not any((store / "tmp").iterdir())
+
+
+def test_concurrent_run_is_refused_with_the_holders_pid(tmp_path):
+    store = tmp_path / "store"
+    assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
+    first = _spawn(store, "--until", "teacher", "--set", "teacher.train.max_epochs=40")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (store / "lock").read_text().strip():
+            time.sleep(0.05)
+        second = cli("run", str(SMOKE), "--until", "tokenizer", store=store)
+        err = second.stderr.decode()
+        assert second.returncode == 1 and f"in use by pid {first.pid}" in err and "--wait" in err
+    finally:
+        first.kill()
+        first.wait(30)
+
+
+# ----------------------------------------------------------------------------- fuzzing
+_SECTIONS = ["data", "tokenizer", "teacher", "distill", "prune", "export", "quantize", "evaluate",
+             "benchmark", "report", "extends", "name", "tokeniser", "teacher.train", "0", ""]
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
+                     st.text(max_size=12), st.sampled_from(["unigram", "bpe", "nan", "-1", "1e9", "[", "{"]))
+_values = st.recursive(_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3),
+    st.dictionaries(st.sampled_from(["lr", "model", "train", "vocab_size", "kind", "heads", "d_model",
+                                     "max_epochs", "beam", "src", "tgt", "files", "x"]), inner, max_size=4)),
+    max_leaves=10)
+_recipes = st.one_of(
+    st.dictionaries(st.sampled_from(_SECTIONS), _values, max_size=5),
+    _values,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_recipes)
+def test_fuzzed_recipes_never_crash(tmp_path, doc):
+    path = tmp_path / "fuzz.yaml"
+    try:
+        text = yaml.safe_dump(doc)
+    except yaml.YAMLError:
+        return
+    path.write_text(text, encoding="utf-8")
+    try:
+        recipe, _ = load_recipe(path)
+        build_graph(recipe, path)
+    except (RecipeError, UserInputError) as exc:
+        text = str(exc)
+        assert text and "Traceback" not in text
+        assert all(line.startswith(str(path)) for line in getattr(exc, "lines", [text]))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.binary(max_size=200))
+def test_fuzzed_bytes_never_crash_the_loader(tmp_path, blob):
+    path = tmp_path / "bytes.yaml"
+    path.write_bytes(blob)
+    try:
+        recipe, _ = load_recipe(path)
+        build_graph(recipe, path)
+    except (RecipeError, UserInputError):
+        pass
+
+
+def test_malformed_recipes_through_the_cli_exit_2_with_one_line(tmp_path):
+    rng = random.Random(7)
+    broken = ["teacher: {model: {heads: []}}\ntokenizer: {}", "tokenizer: {vocab_size: 1e99}", "\t\tbad",
+              "data: {source: files}", "distill: {}", "export: {}", "data: {max_train: -3}", ": : :",
+              "report: {}", "quantize: {}\n"]
+    for text in broken + [bytes(rng.randrange(256) for _ in range(40)).decode("latin-1") for _ in range(3)]:
+        path = tmp_path / "m.yaml"
+        path.write_text(text, encoding="utf-8")
+        proc = cli("validate", str(path))
+        err = [line for line in proc.stderr.decode().splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(err) >= 1 and all(line.startswith("error: ") for line in err), (text, err)
+        assert "Traceback" not in proc.stderr.decode()
+
+
+def test_recipe_values_cannot_write_outside_the_store(tmp_path):
+    outside = tmp_path / "outside"
+    store = tmp_path / "store"
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("name: ../../outside/pwned\ndata: {max_train: 50}\n", encoding="utf-8")
+    proc = cli("run", str(evil), store=store)
+    assert proc.returncode == 2 and "name: must be letters" in proc.stderr.decode()
+    recipe = tmp_path / "..weird name;rm -rf.yaml"
+    recipe.write_text("data: {max_train: 50, max_valid: 5, max_test: 5}\n", encoding="utf-8")
+    proc = cli("run", str(recipe), store=store)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert not outside.exists()
+    written = {p.resolve() for p in store.rglob("*")}
+    assert all(str(p).startswith(str(store.resolve())) for p in written)
+    assert cli("artifacts", "show", "../../etc/passwd", store=store).returncode == 2

@@ -1,0 +1,84 @@
+"""The runner and CLI on the smoke recipe's first stages: caching, invalidation, integrity."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from .conftest import SMOKE, cli
+
+
+def test_rerun_reuses_everything_fast_and_changes_rebuild_only_dependants(tmp_path):
+    store = tmp_path / "store"
+    first = cli("run", str(SMOKE), "--until", "tokenizer", store=store)
+    assert first.returncode == 0, first.stderr.decode()
+
+    t0 = time.monotonic()
+    second = cli("run", str(SMOKE), "--until", "tokenizer", store=store)
+    wall = time.monotonic() - t0
+    assert second.returncode == 0
+    assert second.stderr.decode().count("reused") == 2 and "building" not in second.stderr.decode()
+    assert wall < 3.0, f"cached re-run took {wall:.2f} s"
+
+    status = cli("status", str(SMOKE), "--set", "tokenizer.vocab_size=450", "--json", store=store)
+    rows = {r["node"]: r for r in map(json.loads, status.stdout.decode().splitlines())}
+    assert rows["data"]["state"] == "cached"
+    assert rows["tokenizer"]["state"] == "stale" and "vocab_size" in rows["tokenizer"]["reason"]
+    assert rows["teacher"]["state"] == "missing"
+
+    third = cli("run", str(SMOKE), "--until", "tokenizer", "--set", "tokenizer.vocab_size=450", store=store)
+    err = third.stderr.decode()
+    assert third.returncode == 0, err
+    assert "data                   reused" in err and "tokenizer              building" in err
+
+    runs = sorted((store / "runs").glob("*.json"))
+    log = json.loads(runs[-1].read_text())
+    assert log["overrides"] == ["tokenizer.vocab_size=450"] and log["status"] == "ok"
+    assert [n["action"] for n in log["nodes"]] == ["reused", "built"]
+
+
+def test_modified_artifact_is_flagged_and_rebuilt(tmp_path):
+    store = tmp_path / "store"
+    assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
+    listing = [json.loads(line) for line in cli("artifacts", "list", "--json", store=store).stdout.decode().splitlines()]
+    tok = next(a for a in listing if a["stage"] == "tokenizer")
+    assert tok["complete"] and set(tok) >= {"id", "stage", "path", "created", "complete"}
+    target = next(p for p in (store / "objects" / tok["id"]).iterdir() if p.name == "tokenizer.json")
+    data = bytearray(target.read_bytes())
+    data[100] ^= 0x20
+    target.write_bytes(bytes(data))
+
+    verify = cli("artifacts", "verify", store=store)
+    assert verify.returncode == 1 and "tokenizer.json: content changed" in verify.stderr.decode()
+
+    rerun = cli("run", str(SMOKE), "--until", "tokenizer", store=store)
+    err = rerun.stderr.decode()
+    assert rerun.returncode == 0 and "failed verification" in err and "tokenizer              building" in err
+    assert cli("artifacts", "verify", store=store).returncode == 0
+
+
+def test_until_and_force_errors_are_user_errors(tmp_path):
+    proc = cli("run", str(SMOKE), "--until", "nonsense", store=tmp_path)
+    assert proc.returncode == 2 and "no such stage" in proc.stderr.decode()
+    proc = cli("run", str(SMOKE), "--until", "data", "--force", "nothing", store=tmp_path)
+    assert proc.returncode == 2
+
+
+def test_force_rebuilds_stage_and_dependants(tmp_path):
+    store = tmp_path / "store"
+    assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
+    proc = cli("run", str(SMOKE), "--until", "tokenizer", "--force", "data", store=store)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0 and err.count("building") == 2
+
+
+def test_gc_keeps_what_latest_runs_use(tmp_path):
+    store = tmp_path / "store"
+    assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
+    assert cli("run", str(SMOKE), "--until", "tokenizer", "--set", "tokenizer.vocab_size=450",
+               store=store).returncode == 0
+    before = {p.name for p in (store / "objects").iterdir()}
+    assert len(before) == 3
+    assert cli("artifacts", "gc", store=store).returncode == 0
+    after = {p.name for p in (store / "objects").iterdir()}
+    assert len(after) == 2 and after < before

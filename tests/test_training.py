@@ -1,0 +1,86 @@
+"""Training: schedule, batching, exact resume from a checkpoint, several processes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from model.tokenizer import SubwordTokenizer
+from model.transformer import Transformer, TransformerConfig
+from pipeline.context import progress_bar
+from pipeline.recipe import TrainConfig
+from pipeline.stages.data import read_split
+from pipeline.training import Corpus, Trainer, ValidationSet, encode_corpus, inverse_sqrt_lr, make_batches
+
+from .conftest import SMOKE, cli
+
+
+def test_inverse_sqrt_schedule():
+    assert inverse_sqrt_lr(50, 1e-3, 100) == pytest.approx(5e-4)
+    assert inverse_sqrt_lr(100, 1e-3, 100) == pytest.approx(1e-3)
+    assert inverse_sqrt_lr(400, 1e-3, 100) == pytest.approx(5e-4)
+    assert inverse_sqrt_lr(7, 1e-3, 0) == 1e-3
+
+
+def test_batches_respect_budget_and_cover_the_corpus_once():
+    rng = np.random.default_rng(0)
+    corpus = Corpus([[1] * int(n) for n in rng.integers(2, 40, 500)], [[1] * int(n) for n in rng.integers(1, 40, 500)])
+    batches = make_batches(corpus, 300, seed=1, epoch=0)
+    seen = np.concatenate(batches)
+    assert sorted(seen.tolist()) == list(range(500))
+    for b in batches:
+        longest = max(max(len(corpus.src[i]), len(corpus.tgt[i]) + 1) for i in b)
+        assert len(b) * longest <= 300 or len(b) == 1
+    again = make_batches(corpus, 300, seed=1, epoch=0)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, again))
+    assert not all(np.array_equal(a, b) for a, b in zip(batches, make_batches(corpus, 300, seed=1, epoch=1)))
+    shards = [make_batches(corpus, 300, seed=1, epoch=0, rank=r, world=2) for r in (0, 1)]
+    assert len(shards[0]) == len(shards[1])
+    assert not set(np.concatenate(shards[0]).tolist()) & set(np.concatenate(shards[1]).tolist())
+
+
+def _setup(smoke):
+    store, arts = smoke.build("tokenizer")
+    tok = SubwordTokenizer.load(arts["tokenizer"].file("tokenizer.json"))
+    src, tgt = read_split(arts["data"].path, "train")
+    vsrc, vtgt = read_split(arts["data"].path, "valid")
+    train = encode_corpus(tok, src[:200], tgt[:200], 64)
+    valid_corpus = encode_corpus(tok, vsrc, vtgt, 64, drop_long=False)
+    valid = ValidationSet(valid_corpus, valid_corpus.src[:5], vtgt[:5])
+    cfg = TransformerConfig(vocab_size=tok.vocab_size, d_model=16, head_dim=4, enc_heads=[2], dec_self_heads=[2],
+                            dec_cross_heads=[2], enc_ffn=[32], dec_ffn=[32], max_positions=64)
+    return tok, train, valid, cfg
+
+
+def test_resumed_training_is_identical_to_uninterrupted(smoke, tmp_path):
+    tok, train, valid, cfg = _setup(smoke)
+
+    def trainer(work, steps):
+        torch.manual_seed(0)
+        model = Transformer(cfg)
+        tc = TrainConfig(lr=3e-3, warmup_steps=5, batch_tokens=400, max_epochs=3, max_steps=steps,
+                         valid_bleu_sentences=5, seed=7)
+        return Trainer(model, tc, train, valid, tok, work, lambda m: None, progress_bar)
+
+    straight = trainer(tmp_path / "a", 20).fit()
+    first = trainer(tmp_path / "b", 9).fit()  # stops mid-epoch, as a kill after a checkpoint would
+    resumed = trainer(tmp_path / "b", 20).fit()
+    assert first["steps"] == 9 and resumed["steps"] == 20 and resumed["resumed_from_steps"] == [9]
+    a = load_file(str(tmp_path / "a" / "checkpoint" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "checkpoint" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert straight["train_tokens"] == resumed["train_tokens"]
+
+
+def test_two_processes_train_the_smoke_teacher(tmp_path):
+    store = tmp_path / "store"
+    proc = cli("run", str(SMOKE), "--until", "teacher", "--nproc", "2", store=store, timeout=600)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    teacher = next(p for p in (store / "objects").iterdir() if p.name.startswith("teacher-"))
+    metrics = json.loads((teacher / "manifest.json").read_text())["metrics"]
+    assert metrics["processes"] == 2 and metrics["steps"] > 0
+    assert metrics["best_valid_loss"] < 6.0

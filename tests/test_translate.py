@@ -1,0 +1,50 @@
+"""`pipeline translate` and the evaluate stage on the smoke teacher."""
+
+from __future__ import annotations
+
+import json
+
+from .conftest import cli
+
+
+def _teacher(smoke):
+    store, arts = smoke.build("teacher")
+    return store, arts["teacher"]
+
+
+def test_translate_keeps_one_line_per_input_line_whatever_it_gets(smoke):
+    store, teacher = _teacher(smoke)
+    lines = [b"A man is riding a bicycle.", b"", b"Two dogs\x01 play\x7f in the \x1b[31msnow.",
+             b"caf\xe9 \xff\xfe broken utf-8", b"x" * 100_000, b"word " * 5000, b"   "]
+    proc = cli("translate", "--model", teacher.id, "--beam", "2", store=store.root,
+               input=b"\n".join(lines) + b"\n", timeout=240)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err
+    out = proc.stdout.decode().split("\n")
+    assert out[-1] == "" and len(out) - 1 == len(lines)
+    assert out[1] == "" and out[6] == ""  # empty and blank inputs stay empty
+    assert out[0].strip()  # real input gets a translation
+    assert "truncated" in err and "not valid UTF-8" in err
+    assert "Traceback" not in err
+
+
+def test_translate_accepts_a_folder_and_empty_input(smoke):
+    store, teacher = _teacher(smoke)
+    proc = cli("translate", "--model", str(teacher.path), input=b"", store=store.root)
+    assert proc.returncode == 0 and proc.stdout == b""
+    bad = cli("translate", "--model", "teacher-0000000000000000", input=b"hi\n", store=store.root)
+    assert bad.returncode == 2 and "no artifact" in bad.stderr.decode()
+
+
+def test_evaluate_stage_scores_with_a_signature(smoke):
+    store, arts = smoke.build("evaluate.teacher")
+    ev = arts["evaluate.teacher"]
+    m = ev.metrics
+    assert m["runtime"] == "torch" and m["variant"] == "teacher"
+    assert 0.0 <= m["bleu"] <= 100.0 and 0.0 <= m["chrf"] <= 100.0
+    assert "nrefs:1|case:mixed|eff:no|tok:13a" in m["bleu_signature"]
+    assert set(m["results"]) == {"test_2016_flickr", "test_2017_flickr"}
+    hyps = (ev.path / "test_2016_flickr.beam2.hyp").read_text(encoding="utf-8").split("\n")
+    assert len(hyps) - 1 == 40
+    scores = json.loads((ev.path / "scores.json").read_text())
+    assert scores["test_2016_flickr"]["beam1"]["sentences"] == 40
