@@ -111,7 +111,7 @@ class SelfAttention(nn.Module):
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.head_dim ** -0.5,
                                            dropout_p=self.dropout if self.training else 0.0)
         if self.head_gate is not None:
             y = y * self.head_gate.view(1, -1, 1, 1)
@@ -137,7 +137,7 @@ class CrossAttention(nn.Module):
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         b, t, _ = x.shape
         q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5,
                                            dropout_p=self.dropout if self.training else 0.0)
         if self.head_gate is not None:
             y = y * self.head_gate.view(1, -1, 1, 1)

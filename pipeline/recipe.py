@@ -196,6 +196,10 @@ class ParityConfig(Strict):
     max_abs_diff: PositiveFloat = 1e-4
     batch_sizes: list[PositiveInt] = [1, 3, 8]
     decode_sentences: PositiveInt = 200
+    beam: PositiveInt = 4  # beam size of the beam-search half of the decode check (greedy is the other)
+    # Intra-op threads of both runtimes during the checks; 1 keeps the batch-1 timing they
+    # record (ONNX Runtime vs PyTorch) free of thread-pool noise on a shared machine.
+    threads: PositiveInt = 1
 
 
 class ExportConfig(Strict):

@@ -1,0 +1,174 @@
+"""Export a Transformer to two ONNX graphs, an encoder and a one-step decoder with a KV cache.
+
+    encoder.onnx  src_ids int64 [batch, src_len]
+                  -> cross_k_i, cross_v_i float [batch, cross_heads_i, src_len, head_dim]  (per decoder layer i)
+    decoder.onnx  tokens int64 [batch, 1], src_mask bool [batch, src_len] (true = real token),
+                  cache_index int64 [batch] (row of past_* each row continues: arange, or the beam parents),
+                  past_k_i, past_v_i float [past_batch, self_heads_i, past_len, head_dim] (past_len may be 0),
+                  cross_k_i, cross_v_i float [batch, cross_heads_i, src_len, head_dim]
+                  -> log_probs float [batch, vocab], present_k_i, present_v_i [batch, self_heads_i, past_len + 1, head_dim]
+
+The cross-attention keys/values are computed once per sentence by the encoder graph. The beam
+reordering of the cache (a Gather by cache_index) is inside the decoder graph, so a runtime that
+keeps the cache on a GPU never has to copy it back to reorder it. log_softmax is in the graph too:
+the runtime does no vocabulary-sized work of its own. Heads may differ per layer (pruned models).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+from torch import Tensor, nn
+
+from .transformer import Transformer
+
+OPSET = 17
+
+
+def cache_names(model_or_layers) -> dict[str, list[str]]:
+    """Graph input/output names per decoder layer, in the order the graphs use."""
+    n = model_or_layers if isinstance(model_or_layers, int) else model_or_layers.cfg.decoder_layers
+    return {
+        "cross": [name for i in range(n) for name in (f"cross_k_{i}", f"cross_v_{i}")],
+        "past": [name for i in range(n) for name in (f"past_k_{i}", f"past_v_{i}")],
+        "present": [name for i in range(n) for name in (f"present_k_{i}", f"present_v_{i}")],
+    }
+
+
+class EncoderGraph(nn.Module):
+    # Wrappers start in eval mode: torch.onnx.export restores the wrapper's mode afterwards, and
+    # a wrapper left in training mode would switch the model's dropout back on.
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+        self.eval()
+
+    def forward(self, src_ids: Tensor) -> tuple[Tensor, ...]:
+        memory, _ = self.model.encode(src_ids)
+        return tuple(t for kv in self.model.cross_kv(memory) for t in kv)
+
+
+class DecoderGraph(nn.Module):
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+        self.layers = model.cfg.decoder_layers
+        self.eval()
+
+    def forward(self, tokens: Tensor, src_mask: Tensor, cache_index: Tensor, *cache: Tensor) -> tuple[Tensor, ...]:
+        n = self.layers
+        past = [(cache[2 * i].index_select(0, cache_index), cache[2 * i + 1].index_select(0, cache_index))
+                for i in range(n)]
+        cross = [(cache[2 * n + 2 * i], cache[2 * n + 2 * i + 1]) for i in range(n)]
+        logits, present = self.model.decode_step(tokens, cross, src_mask[:, None, None, :], past)
+        return (torch.log_softmax(logits.float(), dim=-1), *(t for kv in present for t in kv))
+
+
+def example_inputs(model: Transformer, batch: int, src_len: int, past_len: int, seed: int = 0,
+                   past_batch: int | None = None) -> dict[str, Tensor]:
+    """Random but valid decoder/encoder inputs (as torch tensors): used for tracing and parity.
+
+    Rows are padded to different lengths so that masking is exercised."""
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(seed)
+    past_batch = batch if past_batch is None else past_batch
+    src = torch.randint(4, cfg.vocab_size, (batch, src_len), generator=g)
+    lengths = torch.randint(1, src_len + 1, (batch,), generator=g)
+    lengths[0] = src_len
+    for row, length in enumerate(lengths.tolist()):
+        src[row, length - 1] = cfg.eos_id
+        src[row, length:] = cfg.pad_id
+    inputs = {"src_ids": src, "tokens": torch.randint(4, cfg.vocab_size, (batch, 1), generator=g),
+              "src_mask": src != cfg.pad_id,
+              "cache_index": torch.randint(0, past_batch, (batch,), generator=g)}
+    names = cache_names(model)
+    for i in range(cfg.decoder_layers):
+        for kind in ("k", "v"):
+            shape = (past_batch, cfg.dec_self_heads[i], past_len, cfg.head_dim)
+            inputs[f"past_{kind}_{i}"] = torch.randn(shape, generator=g)
+            shape = (batch, cfg.dec_cross_heads[i], src_len, cfg.head_dim)
+            inputs[f"cross_{kind}_{i}"] = torch.randn(shape, generator=g)
+    assert all(n in inputs for n in names["past"] + names["cross"])
+    return inputs
+
+
+def decoder_input_names(model: Transformer) -> list[str]:
+    names = cache_names(model)
+    return ["tokens", "src_mask", "cache_index", *names["past"], *names["cross"]]
+
+
+def export_onnx(model: Transformer, folder: Path, opset: int = OPSET) -> dict[str, Path]:
+    """Write folder/encoder.onnx and folder/decoder.onnx (plain fp32, unoptimised)."""
+    model = model.float().cpu().eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    names = cache_names(model)
+    ex = example_inputs(model, batch=2, src_len=7, past_len=3)
+
+    def cache_axes(prefix_names, length_axis):
+        return {n: {0: "batch", 2: length_axis} for n in prefix_names}
+
+    encoder_path, decoder_path = folder / "encoder.onnx", folder / "decoder.onnx"
+    with torch.no_grad(), warnings.catch_warnings():
+        # The tracer warns about Python ints taken from shapes; they are traced as shape ops.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            EncoderGraph(model), (ex["src_ids"],), str(encoder_path), dynamo=False, opset_version=opset,
+            input_names=["src_ids"], output_names=names["cross"],
+            dynamic_axes={"src_ids": {0: "batch", 1: "src_len"}, **cache_axes(names["cross"], "src_len")},
+            do_constant_folding=True)
+        dec_inputs = decoder_input_names(model)
+        past_axes = {n: {0: "past_batch", 2: "past_len"} for n in names["past"]}
+        torch.onnx.export(
+            DecoderGraph(model), tuple(ex[n] for n in dec_inputs), str(decoder_path), dynamo=False,
+            opset_version=opset, input_names=dec_inputs, output_names=["log_probs", *names["present"]],
+            dynamic_axes={"tokens": {0: "batch"}, "src_mask": {0: "batch", 1: "src_len"},
+                          "cache_index": {0: "batch"}, **past_axes, **cache_axes(names["cross"], "src_len"),
+                          "log_probs": {0: "batch"}, **cache_axes(names["present"], "present_len")},
+            do_constant_folding=True)
+    for path in (encoder_path, decoder_path):
+        onnx.checker.check_model(str(path), full_check=True)
+    return {"encoder": encoder_path, "decoder": decoder_path}
+
+
+# --------------------------------------------------------------------------- optimisation
+def optimize_onnx(source: Path, dest: Path) -> dict:
+    """ONNX Runtime's own graph optimiser, run offline: its basic passes (constant folding,
+    redundant nodes) and the transformer fusions of onnxruntime.transformers (Add + LayerNorm ->
+    SkipLayerNormalization, bias and activation fusions).
+
+    What it writes runs on any execution provider: the provider-specific fusions (and the
+    layout changes for the CPU it runs on) are left to ORT when a session loads the file."""
+    import logging
+
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    logger = logging.getLogger("onnxruntime.transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # it logs every fusion it did not find
+    try:
+        optimized = optimize_model(str(source), model_type="bart", num_heads=0, hidden_size=0, opt_level=1,
+                                   use_gpu=False)
+    finally:
+        logger.setLevel(level)
+    before = onnx.load(str(source))
+    optimized.save_model_to_file(str(dest))
+    after = optimized.model
+    return {"nodes_before": len(before.graph.node), "nodes_after": len(after.graph.node),
+            "fused_ops": sorted({n.op_type for n in after.graph.node} - {n.op_type for n in before.graph.node})}
+
+
+def to_fp16(source: Path, dest: Path) -> None:
+    """fp16 weights and activations; the cache tensors are fp16 too (half the memory traffic),
+    log_probs and the integer inputs keep their types so search code is unchanged. Ops whose
+    fp16 form loses too much (the reductions in softmax / LayerNorm) stay fp32 per ORT's list."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = onnx.load(str(source))
+    keep = [o.name for o in model.graph.output if o.name == "log_probs"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        half = convert_float_to_float16(model, keep_io_types=keep, op_block_list=None)
+    onnx.save(half, str(dest))

@@ -1,0 +1,204 @@
+"""Translate with an exported ONNX package: onnxruntime, tokenizers and NumPy only, never torch.
+
+This file is shipped inside every package (as mt_runtime/runtime.py, next to search.py and
+tokenizer.py), so it imports its siblings relatively and nothing else from this repository.
+
+A package folder holds encoder.onnx, decoder.onnx (graph I/O: see model/onnx_export.py and the
+package's MODEL_CARD.md), tokenizer.json, generation.json and package.json, which lists every
+file with its sha256. Translator refuses a package whose files differ from that list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+from .search import GenerationConfig, translate_sentences
+from .tokenizer import SubwordTokenizer
+
+PACKAGE_JSON = "package.json"
+_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+class PackageError(Exception):
+    """The package is incomplete or was modified after export."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_package(folder: str | Path) -> dict:
+    """Check every file package.json lists (size, then sha256); return package.json's content."""
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / PACKAGE_JSON).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PackageError(f"{folder}: not a package (no {PACKAGE_JSON})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PackageError(f"{folder / PACKAGE_JSON}: unreadable ({exc})") from None
+    files = meta.get("files") or {}
+    for required in ("encoder.onnx", "decoder.onnx", "tokenizer.json", "generation.json"):
+        if required not in files:
+            raise PackageError(f"{folder / PACKAGE_JSON}: does not list {required}")
+    root = folder.resolve()
+    for rel, info in sorted(files.items()):
+        path = folder / rel
+        if not path.resolve().is_relative_to(root):
+            raise PackageError(f"{folder / PACKAGE_JSON}: names a file outside the package: {rel!r}")
+        if not path.is_file():
+            raise PackageError(f"{path}: missing from the package")
+        if path.stat().st_size != info["bytes"] or sha256_file(path) != info["sha256"]:
+            raise PackageError(f"{path}: modified after export (sha256 differs from {PACKAGE_JSON}); "
+                               "refusing to load it")
+    return meta
+
+
+class OnnxDecoder:
+    """The two graphs as an IncrementalDecoder (model/search.py): encode once, then step.
+
+    On the CPU, arrays go in and out as NumPy. On CUDA, I/O binding keeps the encoder's
+    cross-attention keys/values and the growing self-attention cache on the device between
+    steps (the beam reordering is a Gather inside the decoder graph); only the token ids go in
+    and the log-probabilities come out each step."""
+
+    def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, pad_id: int,
+                 device: str = "cpu", device_id: int = 0):
+        self.encoder, self.decoder, self.pad_id = encoder, decoder, pad_id
+        self.device, self.device_id = device, device_id
+        self.cross_names = [o.name for o in encoder.get_outputs()]
+        self.output_names = [o.name for o in decoder.get_outputs()]
+        self.present_names = self.output_names[1:]
+        self.past_names = [n.replace("present_", "past_") for n in self.present_names]
+        inputs = {i.name: i for i in decoder.get_inputs()}
+        # Shapes of an empty cache: [rows, heads, 0, head_dim], in the graph's float type.
+        self.past_specs = {n: (inputs[n].shape[1], inputs[n].shape[3], _DTYPES[inputs[n].type])
+                           for n in self.past_names}
+        self.feed: dict = {}
+        self.rows = 0
+        self.arange = np.zeros(0, dtype=np.int64)
+
+    def _empty_past(self, rows: int) -> dict:
+        return {n: np.zeros((rows, heads, 0, dim), dtype=dtype) for n, (heads, dim, dtype) in self.past_specs.items()}
+
+    def encode(self, src: list[list[int]], beam: int) -> None:
+        width = max(len(s) for s in src)
+        ids = np.full((len(src), width), self.pad_id, dtype=np.int64)
+        for i, s in enumerate(src):
+            ids[i, : len(s)] = s
+        self.rows = len(src) * beam
+        self.arange = np.arange(self.rows, dtype=np.int64)
+        if self.device == "cuda":
+            return self._encode_cuda(ids, beam)
+        cross = self.encoder.run(self.cross_names, {"src_ids": ids})
+        mask = ids != self.pad_id
+        if beam > 1:  # beam k of sentence b is row b * beam + k
+            cross = [np.repeat(c, beam, axis=0) for c in cross]
+            mask = np.repeat(mask, beam, axis=0)
+        self.feed = {"src_mask": mask, **dict(zip(self.cross_names, cross)), **self._empty_past(self.rows)}
+
+    def step(self, tokens: np.ndarray, parents: np.ndarray | None) -> np.ndarray:
+        if self.device == "cuda":
+            return self._step_cuda(tokens, parents)
+        feed = self.feed
+        feed["tokens"] = tokens.reshape(-1, 1)
+        feed["cache_index"] = self.arange if parents is None else parents
+        out = self.decoder.run(self.output_names, feed)
+        feed.update(zip(self.past_names, out[1:]))
+        return out[0]
+
+    # ------------------------------------------------------------------ CUDA, I/O binding
+    def _ortvalue(self, array: np.ndarray) -> ort.OrtValue:
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), "cuda", self.device_id)
+
+    def _encode_cuda(self, ids: np.ndarray, beam: int) -> None:
+        # The beam copies are made on the host from the ids (the encoder then runs on B * beam
+        # rows on the GPU) so that the cross keys/values never cross the bus.
+        ids = np.repeat(ids, beam, axis=0) if beam > 1 else ids
+        binding = self.encoder.io_binding()
+        binding.bind_cpu_input("src_ids", ids)
+        for name in self.cross_names:
+            binding.bind_output(name, "cuda", self.device_id)
+        self.encoder.run_with_iobinding(binding)
+        self.cross = dict(zip(self.cross_names, binding.get_outputs()))
+        self.mask = self._ortvalue(ids != self.pad_id)
+        self.past = {n: self._ortvalue(a) for n, a in self._empty_past(self.rows).items()}
+
+    def _step_cuda(self, tokens: np.ndarray, parents: np.ndarray | None) -> np.ndarray:
+        binding = self.decoder.io_binding()
+        binding.bind_cpu_input("tokens", np.ascontiguousarray(tokens.reshape(-1, 1)))
+        binding.bind_cpu_input("cache_index", self.arange if parents is None else np.ascontiguousarray(parents))
+        binding.bind_ortvalue_input("src_mask", self.mask)
+        for name, value in (*self.past.items(), *self.cross.items()):
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output("log_probs", "cpu")
+        for name in self.present_names:
+            binding.bind_output(name, "cuda", self.device_id)
+        self.decoder.run_with_iobinding(binding)
+        out = binding.get_outputs()
+        self.past = dict(zip(self.past_names, out[1:]))
+        return out[0].numpy()
+
+
+class Translator:
+    """Text in, text out, with an ONNX package. Same interface as the PyTorch translator."""
+
+    runtime = "onnxruntime"
+
+    def __init__(self, folder: str | Path, device: str = "cpu", threads: int | None = None, device_id: int = 0):
+        self.folder = Path(folder)
+        self.package = verify_package(self.folder)
+        gen = json.loads((self.folder / "generation.json").read_text(encoding="utf-8"))
+        known = {f.name for f in dataclasses.fields(GenerationConfig)}
+        self.generation = GenerationConfig(**{k: v for k, v in gen.items() if k in known})
+        self.tokenizer = SubwordTokenizer.load(self.folder / "tokenizer.json")
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.inter_op_num_threads = 1
+        options.intra_op_num_threads = threads or 0  # 0: ORT's default, one per physical core
+        options.log_severity_level = 3
+        self.threads = threads
+        providers = ["CPUExecutionProvider"]
+        if device == "cuda":
+            providers = [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
+        elif device != "cpu":
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        encoder = ort.InferenceSession(str(self.folder / "encoder.onnx"), options, providers=providers)
+        decoder = ort.InferenceSession(str(self.folder / "decoder.onnx"), options, providers=providers)
+        # What really loaded: a CUDA provider that is listed but cannot start falls back to the CPU.
+        self.providers = decoder.get_providers()
+        self.device = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
+        if device == "cuda" and self.device != "cuda":
+            warnings.warn(f"{self.folder}: CUDA execution provider unavailable; running on the CPU", stacklevel=2)
+        self.decoder = OnnxDecoder(encoder, decoder, self.generation.pad_id, self.device, device_id)
+
+    # The IncrementalDecoder protocol, so search code can drive a Translator directly.
+    def encode(self, src: list[list[int]], beam: int) -> None:
+        self.decoder.encode(src, beam)
+
+    def step(self, tokens: np.ndarray, parents: np.ndarray | None) -> np.ndarray:
+        return self.decoder.step(tokens, parents)
+
+    def translate(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,
+                  batch_tokens: int = 4000, max_batch: int = 256, on_batch=None) -> list[str]:
+        gen = dataclasses.replace(self.generation, beam=beam, length_penalty=length_penalty)
+        return translate_sentences(self.decoder, self.tokenizer, sentences, gen, batch_tokens=batch_tokens,
+                                   max_batch=max_batch, on_batch=on_batch)
+
+    def describe(self) -> dict:
+        return {"runtime": self.runtime, "device": self.device, "providers": self.providers,
+                "threads": self.threads, "variant": self.package.get("variant"),
+                "onnxruntime": ort.__version__}

@@ -1,0 +1,201 @@
+"""The shipped ONNX package: one self-contained folder per variant (fp32, fp16, int8_dynamic, ...).
+
+    encoder.onnx, decoder.onnx   the graphs (I/O documented in MODEL_CARD.md)
+    tokenizer.json               the subword tokenizer (HF tokenizers)
+    generation.json              beam, length penalty, length limits, special ids, max positions
+    mt_runtime/                  the torch-free runtime (onnxruntime + tokenizers + numpy)
+    MODEL_CARD.md                what it is, its figures, its graph I/O, how to run it
+    package.json                 what it is and every other file's sha256 (written last)
+
+Torch-free, so `pipeline export-package` never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from .errors import UserInputError
+from .store import Artifact, now_iso, sha256_file
+
+MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
+RUNTIME_FILES = ("runtime.py", "search.py", "tokenizer.py")
+PACKAGE_JSON = "package.json"
+FORMAT = "mt-onnx-package/1"
+_INIT = '''"""Torch-free runtime for this package: `from mt_runtime import Translator`."""
+from .runtime import PackageError, Translator, verify_package
+
+__all__ = ["Translator", "PackageError", "verify_package"]
+'''
+
+
+def write_package(dest: Path, encoder: Path, decoder: Path, tokenizer: Path, generation: dict,
+                  about: dict, figures: dict | None = None) -> dict:
+    """Assemble a package folder from two graphs. `about` says what it is (variant, source model,
+    precision, ...); `figures` are the measured numbers the card shows. Returns package.json."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for src, name in ((encoder, "encoder.onnx"), (decoder, "decoder.onnx"), (tokenizer, "tokenizer.json")):
+        if src.resolve() != (dest / name).resolve():
+            shutil.copyfile(src, dest / name)
+    (dest / "generation.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    runtime = dest / "mt_runtime"
+    runtime.mkdir(exist_ok=True)
+    for name in RUNTIME_FILES:
+        shutil.copyfile(MODEL_DIR / name, runtime / name)
+    (runtime / "__init__.py").write_text(_INIT, encoding="utf-8")
+    io = {"encoder": graph_io(dest / "encoder.onnx"), "decoder": graph_io(dest / "decoder.onnx")}
+    (dest / "MODEL_CARD.md").write_text(model_card(about, figures or {}, io, generation), encoding="utf-8")
+    files = {}
+    for path in sorted(p for p in dest.rglob("*") if p.is_file() and p.name != PACKAGE_JSON):
+        files[path.relative_to(dest).as_posix()] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    meta = {"format": FORMAT, "created": now_iso(), **about, "figures": figures or {},
+            "opset": io["decoder"]["opset"], "files": files,
+            "onnx_bytes": files["encoder.onnx"]["bytes"] + files["decoder.onnx"]["bytes"]}
+    (dest / PACKAGE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return meta
+
+
+def graph_io(path: Path) -> dict:
+    """Names, element types and (symbolic) shapes of a graph's inputs and outputs: for the card."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+
+    def describe(values):
+        out = []
+        for v in values:
+            t = v.type.tensor_type
+            dims = [d.dim_param or d.dim_value for d in t.shape.dim]
+            out.append({"name": v.name, "type": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name,
+                        "shape": dims})
+        return out
+
+    return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output),
+            "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))}
+
+
+def package_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+# ------------------------------------------------------------------------------ the card
+def _shape(dims) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+def _io_table(io: dict) -> str:
+    rows = ["| graph | direction | name | type | shape |", "| --- | --- | --- | --- | --- |"]
+    for graph in ("encoder", "decoder"):
+        for direction in ("inputs", "outputs"):
+            for v in io[graph][direction]:
+                rows.append(f"| {graph} | {direction[:-1]} | `{v['name']}` | {v['type']} | {_shape(v['shape'])} |")
+    return "\n".join(rows)
+
+
+def model_card(about: dict, figures: dict, io: dict, generation: dict) -> str:
+    layers = about.get("model", {})
+    figure_lines = "\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in figures.items()) or "- not measured yet"
+    n_layers = len([v for v in io["decoder"]["inputs"] if v["name"].startswith("past_k_")])
+    return f"""# {about.get('title', 'Transformer translation model')} ({about.get('variant')})
+
+{about.get('description', '')}
+
+- variant: **{about.get('variant')}** ({about.get('precision', '')}); made from artifact `{about.get('source_artifact')}`
+- architecture: encoder-decoder Transformer, d_model {layers.get('d_model')}, {layers.get('encoder_layers')} encoder /
+  {layers.get('decoder_layers')} decoder layers, heads per layer: encoder {layers.get('enc_heads')},
+  decoder self {layers.get('dec_self_heads')}, cross {layers.get('dec_cross_heads')}; head size {layers.get('head_dim')};
+  vocabulary {layers.get('vocab_size')}; {layers.get('params', '?')} parameters
+- languages: {about.get('src_lang', '?')} -> {about.get('tgt_lang', '?')}
+- ONNX opset {io['decoder']['opset']}; exported with onnxruntime {about.get('onnxruntime')}
+
+## Figures
+
+{figure_lines}
+
+## Run it (five lines; needs only `pip install onnxruntime tokenizers numpy`)
+
+```python
+import sys
+sys.path.insert(0, "path/to/this/folder")      # the folder holding this card
+from mt_runtime import Translator
+translator = Translator("path/to/this/folder")  # device="cuda" for onnxruntime-gpu; threads=N
+print(translator.translate(["A man is riding a bicycle."], beam=4))
+```
+
+`Translator` checks every file against `package.json` (sha256) and refuses a modified package.
+
+## The graphs, for your own client
+
+Two graphs. Run the encoder once per batch, then the decoder once per generated token.
+
+{_io_table(io)}
+
+- `src_ids`: subword ids of the source (`tokenizer.json`, no special tokens added) followed by
+  EOS (id {generation['eos_id']}), right-padded with PAD (id {generation['pad_id']}).
+- `src_mask`: `src_ids != {generation['pad_id']}` (true = real token).
+- `cross_k_i` / `cross_v_i` ({n_layers} decoder layers): cross-attention keys/values from the encoder, fed
+  unchanged to every decoder step (for beam search, repeat each row `beam` times: row b*beam+k).
+- First step: `tokens` = BOS (id {generation['bos_id']}), `past_k_i` / `past_v_i` empty (`past_len` = 0).
+  Each next step: `past_*` = the previous `present_*` and `tokens` = the chosen ids.
+- `cache_index` [batch] int64: which row of `past_*` each row continues: `arange(batch)` for
+  greedy, the parent beam's row for beam search (the reordering happens inside the graph).
+- `log_probs`: log-softmax over the vocabulary for the next token. Stop at EOS or at
+  `min({generation['max_len_a']} * source length + {generation['max_len_b']}, {generation['max_positions'] - 1})` tokens.
+- Defaults in `generation.json`: beam {generation['beam']}, length penalty {generation['length_penalty']}
+  (hypothesis score = sum of log-probs / length ** penalty).
+
+Minimal greedy decoding with onnxruntime alone:
+
+```python
+import numpy as np, onnxruntime as ort
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file("tokenizer.json")
+enc, dec = ort.InferenceSession("encoder.onnx"), ort.InferenceSession("decoder.onnx")
+src = np.array([tok.encode("A dog runs.", add_special_tokens=False).ids + [{generation['eos_id']}]])
+cross = dict(zip([o.name for o in enc.get_outputs()], enc.run(None, {{"src_ids": src}})))
+past = {{i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float16 if "16" in i.type else np.float32)
+        for i in dec.get_inputs() if i.name.startswith("past_")}}
+out, token = [], {generation['bos_id']}
+for _ in range({generation['max_positions'] - 1}):
+    logp, *present = dec.run(None, {{"tokens": np.array([[token]]), "src_mask": src != {generation['pad_id']},
+                                    "cache_index": np.array([0]), **past, **cross}})
+    past = dict(zip([n.replace("present", "past") for n in [o.name for o in dec.get_outputs()][1:]], present))
+    token = int(logp[0].argmax())
+    if token == {generation['eos_id']}:
+        break
+    out.append(token)
+print(tok.decode(out))
+```
+"""
+
+
+# ------------------------------------------------------------------------- copying out
+def packages_in(artifact: Artifact) -> list[str]:
+    return sorted(p.parent.name for p in artifact.path.glob(f"*/{PACKAGE_JSON}"))
+
+
+def copy_packages(artifact: Artifact, dest: Path, package: str | None = None) -> list[Path]:
+    """Copy package folders of an export or quantize artifact to dest/<package>/ after checking
+    them against the artifact's manifest. Returns the folders written."""
+    from .store import verify_folder
+
+    available = packages_in(artifact)
+    if not available:
+        raise UserInputError(f"artifact {artifact.id} holds no ONNX package (is it an export or quantize artifact?)")
+    if package is not None and package not in available:
+        raise UserInputError(f"artifact {artifact.id} has no package {package!r} (has: {', '.join(available)})")
+    problems = verify_folder(artifact.path, artifact.manifest)
+    if problems:
+        from .errors import IntegrityError
+
+        raise IntegrityError(f"artifact {artifact.id} failed verification: {problems[0]}")
+    dest = Path(dest)
+    written = []
+    for name in [package] if package else available:
+        target = dest / name
+        if target.exists():
+            raise UserInputError(f"{target} already exists; choose another destination")
+        shutil.copytree(artifact.path / name, target, ignore=shutil.ignore_patterns("__pycache__"))
+        written.append(target)
+    return written

@@ -1,0 +1,221 @@
+"""Export stage: a trained model -> ONNX packages fp32/ (optimised) and fp16/, with parity checks.
+
+The fp32 package must match PyTorch: log-probabilities within `parity.max_abs_diff` on fresh
+random inputs (several batch sizes, source and cache lengths), and token-for-token identical
+greedy and beam outputs on the first validation sentences. Otherwise the stage fails. The fp16
+package (for GPUs) is checked the same way and its figures recorded; half precision is not
+expected to match to 1e-4, so only non-finite outputs fail it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from model.onnx_export import (DecoderGraph, EncoderGraph, decoder_input_names, example_inputs, export_onnx,
+                               optimize_onnx, to_fp16)
+from model.runtime import Translator
+from model.search import GenerationConfig, beam_search, greedy_search, prepare_sources
+from model.tokenizer import SubwordTokenizer
+from model.torch_decoder import TorchDecoder
+from model.transformer import Transformer, load_model
+
+from ..context import StageContext
+from ..errors import StageFailed
+from ..packaging import package_bytes, write_package
+from .data import read_split
+
+
+def run(ctx: StageContext) -> dict:
+    cfg = ctx.config
+    parity_cfg = cfg["parity"]
+    source = ctx.input("model")
+    threads = parity_cfg["threads"]
+    model = load_model(source.path)
+    tokenizer = SubwordTokenizer.load(source.file("tokenizer.json"))
+    valid_src, _ = read_split(ctx.input("data").path, "valid")
+    sentences = valid_src[: parity_cfg["decode_sentences"]]
+
+    raw = ctx.work / "raw"
+    export_onnx(model, raw, opset=cfg["opset"])
+    graphs = {"encoder": raw / "encoder.onnx", "decoder": raw / "decoder.onnx"}
+    metrics: dict = {"opset": cfg["opset"], "onnxruntime": ort.__version__, "torch": torch.__version__,
+                     "source_artifact": source.id, "threads": threads, "packages": {}, "parity": {}}
+    if cfg["optimize"]:
+        opt = ctx.work / "optimized"
+        opt.mkdir(exist_ok=True)
+        metrics["optimizer"] = {name: optimize_onnx(path, opt / path.name) for name, path in graphs.items()}
+        graphs = {name: opt / path.name for name, path in graphs.items()}
+    ctx.log(f"exported {source.id} (opset {cfg['opset']}); checking parity on random inputs and "
+            f"{len(sentences)} validation sentences")
+
+    variants = [("fp32", graphs)]
+    if cfg["fp16"]:
+        half = ctx.work / "fp16"
+        half.mkdir(exist_ok=True)
+        for path in graphs.values():
+            to_fp16(path, half / path.name)
+        variants.append(("fp16", {name: half / path.name for name, path in graphs.items()}))
+
+    generation = dataclasses.asdict(GenerationConfig(
+        beam=parity_cfg["beam"], bos_id=model.cfg.bos_id, eos_id=model.cfg.eos_id, pad_id=model.cfg.pad_id,
+        max_positions=model.cfg.max_positions))
+    data_metrics = ctx.input("data").metrics
+    for variant, paths in variants:
+        folder = ctx.out / variant
+        about = describe(model, source, variant, data_metrics)
+        write_package(folder, paths["encoder"], paths["decoder"], source.file("tokenizer.json"), generation, about)
+        report = check_parity(model, folder, tokenizer, sentences, parity_cfg, threads, ctx, variant)
+        metrics["parity"][variant] = report
+        figures = {"parity (max abs log-prob diff vs PyTorch, random inputs)": f"{report['max_abs_diff']:.2e}",
+                   "greedy outputs identical to PyTorch": report["greedy_identical"],
+                   "beam outputs identical to PyTorch": report["beam_identical"]}
+        if variant == "fp32":
+            figures["CPU batch-1 greedy, validation sentences"] = (
+                f"{report['onnx_greedy_sentences_per_s']} sentences/s with onnxruntime vs "
+                f"{report['torch_greedy_sentences_per_s']} with PyTorch ({threads} threads)")
+        if "valid_bleu" in source.metrics:
+            figures["validation BLEU of the PyTorch model (greedy, during training)"] = source.metrics["valid_bleu"]
+        # Rewrite the package with its figures now known (the graphs do not change).
+        meta = write_package(folder, folder / "encoder.onnx", folder / "decoder.onnx", folder / "tokenizer.json",
+                             generation, about, figures)
+        metrics["packages"][variant] = {"bytes": package_bytes(folder), "onnx_bytes": meta["onnx_bytes"]}
+        _enforce(variant, report, parity_cfg)
+
+    fp32 = metrics["parity"]["fp32"]
+    metrics.update(parity_max_abs_diff=fp32["max_abs_diff"], greedy_identical=fp32["greedy_identical"],
+                   beam_identical=fp32["beam_identical"], onnx_bytes=metrics["packages"]["fp32"]["onnx_bytes"],
+                   greedy_speedup=fp32["greedy_speedup"])
+    ctx.log(f"fp32 parity: max |Δ log p| {fp32['max_abs_diff']:.2e}, greedy {fp32['greedy_identical']}, "
+            f"beam {fp32['beam_identical']} identical; batch-1 greedy {fp32['greedy_speedup']}x PyTorch")
+    return metrics
+
+
+def describe(model: Transformer, source, variant: str, data_metrics: dict) -> dict:
+    cfg = model.cfg
+    return {
+        "variant": variant, "title": f"{source.metrics.get('role', 'model')} translation model",
+        "precision": {"fp32": "float32 weights and activations",
+                      "fp16": "float16 weights, activations and cache; log_probs float32; for GPUs"}.get(variant, variant),
+        "description": "Encoder-decoder Transformer exported to ONNX with a key/value cache for incremental "
+                       "decoding, for CPUs (fp32) and GPUs (fp16).",
+        "source_artifact": source.id, "src_lang": data_metrics.get("src_lang"), "tgt_lang": data_metrics.get("tgt_lang"),
+        "model": {"d_model": cfg.d_model, "encoder_layers": cfg.encoder_layers, "decoder_layers": cfg.decoder_layers,
+                  "enc_heads": cfg.enc_heads, "dec_self_heads": cfg.dec_self_heads,
+                  "dec_cross_heads": cfg.dec_cross_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
+                  "params": model.num_parameters()},
+        "onnxruntime": ort.__version__,
+    }
+
+
+def _enforce(variant: str, report: dict, parity_cfg: dict) -> None:
+    if not report["finite"]:
+        raise StageFailed(f"{variant}: the ONNX graphs produce non-finite log-probabilities")
+    if variant != "fp32":
+        return
+    problems = []
+    if report["max_abs_diff"] > parity_cfg["max_abs_diff"]:
+        problems.append(f"max |log p difference| {report['max_abs_diff']:.3g} > {parity_cfg['max_abs_diff']:g} "
+                        f"(worst case: {report['worst_case']})")
+    for kind in ("greedy", "beam"):
+        if report[f"{kind}_mismatches"]:
+            first = report[f"{kind}_mismatches"][0]
+            problems.append(f"{kind} outputs identical to PyTorch on only {report[f'{kind}_identical']} "
+                            f"sentences (first difference: validation sentence {first})")
+    if problems:
+        raise StageFailed("fp32 ONNX export fails parity: " + "; ".join(problems))
+
+
+# ----------------------------------------------------------------------------- parity
+def check_parity(model: Transformer, folder: Path, tokenizer: SubwordTokenizer, sentences: list[str],
+                 parity_cfg: dict, threads: int, ctx: StageContext, variant: str) -> dict:
+    translator = Translator(folder, threads=threads)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        report = random_parity(model, translator, parity_cfg["batch_sizes"])
+        report.update(decode_parity(model, translator, tokenizer, sentences, parity_cfg["beam"], ctx, variant))
+    finally:
+        torch.set_num_threads(before)
+    return report
+
+
+def random_parity(model: Transformer, translator: Translator, batch_sizes: list[int]) -> dict:
+    """Max |difference| between PyTorch and ONNX Runtime on fresh random inputs: per batch size a
+    first step (empty cache) and a later one (cache of another batch size, reordered)."""
+    encoder, decoder = translator.decoder.encoder, translator.decoder.decoder
+    dtypes = {i.name: i.type for i in decoder.get_inputs()}
+    names = decoder_input_names(model)
+    worst = {"log_probs": 0.0, "encoder": 0.0, "cache": 0.0}
+    worst_case, finite = "", True
+    for b in batch_sizes:
+        for seed, (src_len, past_len, past_batch) in enumerate(((3 + b, 0, b), (7 + 2 * b, 4 + b, b + 2))):
+            ex = example_inputs(model, b, src_len, past_len, seed=1000 * b + seed, past_batch=past_batch)
+            with torch.no_grad():
+                ref_cross = EncoderGraph(model)(ex["src_ids"])
+                ref = DecoderGraph(model)(*(ex[n] for n in names))
+            cross = encoder.run(None, {"src_ids": ex["src_ids"].numpy()})
+            feed = {n: _as(ex[n].numpy(), dtypes[n]) for n in names}
+            out = decoder.run(None, feed)
+            finite &= bool(np.isfinite(out[0]).all())
+            diffs = {"log_probs": _maxdiff(ref[0], out[0]),
+                     "encoder": max(_maxdiff(r, o) for r, o in zip(ref_cross, cross)),
+                     "cache": max(_maxdiff(r, o) for r, o in zip(ref[1:], out[1:]))}
+            if diffs["log_probs"] >= worst["log_probs"]:
+                worst_case = f"batch {b}, src_len {src_len}, past_len {past_len}"
+            worst = {k: max(worst[k], diffs[k]) for k in worst}
+    return {"max_abs_diff": worst["log_probs"], "encoder_max_abs_diff": worst["encoder"],
+            "cache_max_abs_diff": worst["cache"], "worst_case": worst_case, "finite": finite,
+            "batch_sizes": list(batch_sizes)}
+
+
+def _as(array: np.ndarray, onnx_type: str) -> np.ndarray:
+    return array.astype(np.float16) if onnx_type == "tensor(float16)" else array
+
+
+def _maxdiff(a: torch.Tensor, b: np.ndarray) -> float:
+    return float(np.abs(a.float().numpy() - b.astype(np.float32)).max(initial=0.0))
+
+
+def decode_parity(model: Transformer, translator: Translator, tokenizer: SubwordTokenizer, sentences: list[str],
+                  beam: int, ctx: StageContext, variant: str) -> dict:
+    """Greedy (one sentence at a time, timed: the batch-1 latency both runtimes are judged on)
+    and batched beam search with both runtimes; the token ids must be identical."""
+    gen = dataclasses.replace(translator.generation, beam=beam)
+    src = prepare_sources(tokenizer, sentences, gen.max_positions, warn=False)
+    torch_decoder, onnx_decoder = TorchDecoder(model), translator.decoder
+    seconds = {"torch": 0.0, "onnx": 0.0}
+    greedy = {"torch": [], "onnx": []}
+    with ctx.progress(f"{variant} greedy parity", total=len(src), unit="sentences") as bar:
+        for s in src:
+            # Alternate the runtimes sentence by sentence so that machine load hits both alike.
+            for name, decoder in (("torch", torch_decoder), ("onnx", onnx_decoder)):
+                t0 = time.perf_counter()
+                greedy[name].append(greedy_search(decoder, [s], gen)[0])
+                seconds[name] += time.perf_counter() - t0
+            bar.advance(1)
+    beams = {"torch": [], "onnx": []}
+    chunk = 16
+    with ctx.progress(f"{variant} beam {beam} parity", total=len(src), unit="sentences") as bar:
+        for start in range(0, len(src), chunk):
+            batch = src[start: start + chunk]
+            for name, decoder in (("torch", torch_decoder), ("onnx", onnx_decoder)):
+                beams[name].extend(beam_search(decoder, batch, gen))
+            bar.advance(len(batch))
+    greedy_bad = [i for i, (a, b) in enumerate(zip(greedy["torch"], greedy["onnx"])) if a != b]
+    beam_bad = [i for i, (a, b) in enumerate(zip(beams["torch"], beams["onnx"])) if a != b]
+    n = len(src)
+    torch_rate = n / seconds["torch"] if seconds["torch"] else 0.0
+    onnx_rate = n / seconds["onnx"] if seconds["onnx"] else 0.0
+    return {"sentences": n, "beam": beam,
+            "greedy_identical": f"{n - len(greedy_bad)}/{n}", "beam_identical": f"{n - len(beam_bad)}/{n}",
+            "greedy_agreement": round((n - len(greedy_bad)) / n, 4) if n else 1.0,
+            "beam_agreement": round((n - len(beam_bad)) / n, 4) if n else 1.0,
+            "greedy_mismatches": greedy_bad[:20], "beam_mismatches": beam_bad[:20],
+            "torch_greedy_sentences_per_s": round(torch_rate, 1), "onnx_greedy_sentences_per_s": round(onnx_rate, 1),
+            "greedy_speedup": round(onnx_rate / torch_rate, 2) if torch_rate else None}
