@@ -27,8 +27,13 @@ def load_translator(folder: Path, package: str | None = None, device: str = "cpu
 
         return TorchTranslator.load(folder, device=device, threads=threads)
     if is_onnx_package(folder):
-        from model.runtime import Translator
+        from model.runtime import PackageError, Translator
 
-        return Translator(folder, device=device, threads=threads)
+        from .errors import IntegrityError
+
+        try:
+            return Translator(folder, device=device, threads=threads)
+        except PackageError as exc:
+            raise IntegrityError(str(exc)) from None
     raise FileNotFoundError(f"{folder}: neither a PyTorch model (model.safetensors + config.json) "
                             "nor an ONNX package (encoder.onnx + decoder.onnx)")

@@ -1,0 +1,181 @@
+"""ONNX export, the torch-free runtime and the shipped package (issue 6)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from model.onnx_export import (DecoderGraph, EncoderGraph, decoder_input_names, example_inputs, export_onnx,
+                               optimize_onnx)
+from model.runtime import OnnxDecoder, PackageError, Translator
+from model.search import GenerationConfig, beam_search, greedy_search
+from model.torch_decoder import TorchDecoder, TorchTranslator
+from model.transformer import Transformer, TransformerConfig
+from pipeline.errors import IntegrityError
+from pipeline.packaging import copy_packages
+from pipeline.stages.data import read_split
+from pipeline.translators import load_translator
+
+NO_PRUNE = "prune=null"  # the smoke student is then the final model: node export.student
+
+
+def tiny_uneven(pre_ln: bool) -> Transformer:
+    torch.manual_seed(3)
+    cfg = TransformerConfig(vocab_size=61, d_model=24, head_dim=6, enc_heads=[4, 1, 3], dec_self_heads=[2, 3],
+                            dec_cross_heads=[1, 4], enc_ffn=[16, 40, 8], dec_ffn=[32, 12], dropout=0.1,
+                            pre_ln=pre_ln, activation="gelu" if pre_ln else "relu", max_positions=64)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():  # larger weights than the init gives sharper, more decisive outputs
+        for p in model.parameters():
+            p.mul_(1.5)
+    return model
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["post_ln", "pre_ln"])
+def exported(request, tmp_path_factory):
+    model = tiny_uneven(request.param)
+    folder = tmp_path_factory.mktemp("onnx")
+    paths = export_onnx(model, folder)
+    for name, path in paths.items():
+        optimize_onnx(path, folder / f"{name}_opt.onnx")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    sessions = {name: ort.InferenceSession(str(folder / f"{name}_opt.onnx"), options,
+                                           providers=["CPUExecutionProvider"]) for name in paths}
+    return model, sessions
+
+
+def test_export_matches_pytorch_on_random_inputs(exported):
+    model, sessions = exported
+    names = decoder_input_names(model)
+    assert not model.training  # exporting must not switch dropout back on
+    for batch, src_len, past_len, past_batch in [(1, 3, 0, 1), (3, 9, 5, 4), (8, 17, 1, 8)]:
+        ex = example_inputs(model, batch, src_len, past_len, seed=batch, past_batch=past_batch)
+        with torch.no_grad():
+            ref_cross = EncoderGraph(model)(ex["src_ids"])
+            ref = DecoderGraph(model)(*(ex[n] for n in names))
+        cross = sessions["encoder"].run(None, {"src_ids": ex["src_ids"].numpy()})
+        out = sessions["decoder"].run(None, {n: ex[n].numpy() for n in names})
+        for r, o in zip(ref_cross, cross):
+            assert r.shape == o.shape and np.allclose(r.numpy(), o, rtol=1e-4, atol=1e-4)
+        assert out[0].shape == (batch, model.cfg.vocab_size)
+        assert np.abs(ref[0].numpy() - out[0]).max() < 1e-4
+        for i, heads in enumerate(model.cfg.dec_self_heads):  # uneven heads per layer, cache grows by one
+            assert out[1 + 2 * i].shape == (batch, heads, past_len + 1, model.cfg.head_dim)
+            assert np.allclose(ref[1 + 2 * i].numpy(), out[1 + 2 * i], rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_and_beam_identical_to_pytorch(exported):
+    model, sessions = exported
+    onnx_decoder = OnnxDecoder(sessions["encoder"], sessions["decoder"], pad_id=model.cfg.pad_id)
+    torch_decoder = TorchDecoder(model)
+    rng = np.random.default_rng(0)
+    src = [[int(t) for t in rng.integers(4, 61, n)] + [2] for n in (3, 11, 6, 1, 9)]
+    gen = GenerationConfig(beam=3, max_len_a=1.0, max_len_b=4, max_positions=64)
+    assert beam_search(onnx_decoder, src, gen) == beam_search(torch_decoder, src, gen)
+    assert greedy_search(onnx_decoder, src, gen) == greedy_search(torch_decoder, src, gen)
+    assert [greedy_search(onnx_decoder, [s], gen)[0] for s in src] == greedy_search(torch_decoder, src, gen)
+
+
+# ------------------------------------------------------------------- through the smoke recipe
+@pytest.fixture(scope="module")
+def export_artifact(smoke):
+    store, arts = smoke.build("export", NO_PRUNE)
+    return store, arts
+
+
+def test_export_stage_parity_and_packages(export_artifact):
+    _, arts = export_artifact
+    art = arts["export.student"]
+    m = art.metrics
+    assert m["parity_max_abs_diff"] < 1e-4
+    assert m["greedy_identical"] == m["beam_identical"] == "20/20"
+    assert m["parity"]["fp16"]["finite"] and m["parity"]["fp16"]["max_abs_diff"] < 0.05
+    assert set(m["packages"]) == {"fp32", "fp16"}
+    assert m["packages"]["fp16"]["onnx_bytes"] < 0.75 * m["packages"]["fp32"]["onnx_bytes"]
+    package = json.loads((art.path / "fp32" / "package.json").read_text())
+    assert {"encoder.onnx", "decoder.onnx", "tokenizer.json", "generation.json", "MODEL_CARD.md",
+            "mt_runtime/runtime.py", "mt_runtime/search.py"} <= set(package["files"])
+    card = (art.path / "fp32" / "MODEL_CARD.md").read_text()
+    for name in ("src_ids", "cache_index", "past_k_0", "present_v_0", "log_probs", "cross_k_0"):
+        assert f"`{name}`" in card
+
+
+def test_onnx_translator_matches_torch_translator(export_artifact):
+    _, arts = export_artifact
+    src, _ = read_split(arts["data"].path, "valid")
+    onnx = load_translator(arts["export.student"].path, "fp32", threads=1)
+    torch_t = load_translator(arts["student"].path)
+    assert onnx.runtime == "onnxruntime" and isinstance(torch_t, TorchTranslator)
+    for beam in (1, 3):
+        assert onnx.translate(src[:12], beam=beam) == torch_t.translate(src[:12], beam=beam)
+    assert onnx.translate(["", "  "]) == ["", ""]
+
+
+def test_runtime_runs_without_torch(export_artifact, tmp_path):
+    """The copied package alone, in a process where importing torch fails."""
+    _, arts = export_artifact
+    [dest] = copy_packages(arts["export.student"], tmp_path / "shipped", "fp32")
+    src, _ = read_split(arts["data"].path, "valid")
+    expected = load_translator(arts["student"].path).translate(src[:5], beam=2)
+    script = (
+        "import sys, json\n"
+        "sys.modules['torch'] = None  # any import of torch now raises ImportError\n"
+        f"sys.path.insert(0, {str(dest)!r})\n"
+        "from mt_runtime import Translator\n"
+        f"t = Translator({str(dest)!r}, threads=1)\n"
+        f"print(json.dumps(t.translate(json.loads(sys.argv[1]), beam=2)))\n"
+        "assert not any(m == 'torch' or m.startswith('torch.') for m in sys.modules if sys.modules[m])\n")
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(src[:5])], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == expected
+
+
+def test_model_runtime_module_does_not_import_torch():
+    done = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; import model.runtime"],
+                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+
+
+def test_package_with_a_flipped_byte_is_refused(export_artifact, tmp_path):
+    _, arts = export_artifact
+    package = tmp_path / "fp32"
+    shutil.copytree(arts["export.student"].path / "fp32", package)
+    Translator(package)  # intact: loads
+    data = bytearray((package / "decoder.onnx").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (package / "decoder.onnx").write_bytes(bytes(data))
+    with pytest.raises(PackageError, match="decoder.onnx"):
+        Translator(package)
+    with pytest.raises(IntegrityError, match="decoder.onnx"):
+        load_translator(package)
+
+
+def test_cuda_request_falls_back_to_cpu_without_a_gpu(export_artifact):
+    _, arts = export_artifact
+    if "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available():
+        pytest.skip("a GPU is present: the fallback path is not taken")
+    with pytest.warns(UserWarning, match="CUDA"):
+        t = Translator(arts["export.student"].path / "fp32", device="cuda", threads=1)
+    assert t.device == "cpu" and t.providers == ["CPUExecutionProvider"]
+    assert t.translate(["A dog runs."], beam=2)[0] == Translator(
+        arts["export.student"].path / "fp32", threads=1).translate(["A dog runs."], beam=2)[0]
+
+
+def test_export_package_cli(export_artifact, tmp_path):
+    from tests.conftest import cli
+
+    store, arts = export_artifact
+    done = cli("export-package", arts["export.student"].id, str(tmp_path / "out"), store=store.root)
+    assert done.returncode == 0, done.stderr.decode()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fp16", "fp32"]
+    assert Translator(tmp_path / "out" / "fp16", threads=1).translate(["Two dogs play."], beam=1)[0] is not None
