@@ -19,8 +19,10 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import numpy as np
 import onnx
 import torch
+from onnx import numpy_helper
 from torch import Tensor, nn
 
 from .transformer import Transformer
@@ -129,8 +131,29 @@ def export_onnx(model: Transformer, folder: Path, opset: int = OPSET) -> dict[st
                           "log_probs": {0: "batch"}, **cache_axes(names["present"], "present_len")},
             do_constant_folding=True)
     for path in (encoder_path, decoder_path):
+        name_nodes(path, model)
         onnx.checker.check_model(str(path), full_check=True)
     return {"encoder": encoder_path, "decoder": decoder_path}
+
+
+def name_nodes(path: Path, model: Transformer) -> None:
+    """Give the two projections the tracer names without their module scope a name that says
+    what they are: the output projection (tied to the embedding) and each decoder layer's
+    cross-attention K/V projection (run by the encoder graph). Quantization groups nodes by name."""
+    proto = onnx.load(str(path))
+    weights = {i.name: i for i in proto.graph.initializer}
+    targets = {"/logits/MatMul": model.embed.weight.detach().numpy().T}
+    for i, layer in enumerate(model.decoder):
+        targets[f"/decoder.{i}/cross_attn/kv/MatMul"] = layer.cross_attn.kv.weight.detach().numpy().T
+    for node in proto.graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in weights or not node.name.startswith(("/MatMul", "/kv")):
+            continue
+        w = numpy_helper.to_array(weights[node.input[1]])
+        for name, target in targets.items():
+            if w.shape == target.shape and np.array_equal(w, target):
+                node.name = name
+                break
+    onnx.save(proto, str(path))
 
 
 # --------------------------------------------------------------------------- optimisation

@@ -97,6 +97,7 @@ class OnnxDecoder:
         ids = np.full((len(src), width), self.pad_id, dtype=np.int64)
         for i, s in enumerate(src):
             ids[i, : len(s)] = s
+        self.src_ids = ids
         self.rows = len(src) * beam
         self.arange = np.arange(self.rows, dtype=np.int64)
         if self.device == "cuda":

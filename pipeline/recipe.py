@@ -220,6 +220,9 @@ class QuantizeConfig(Strict):
     calibration_sentences: PositiveInt = 200
     max_bleu_drop: Annotated[float, Field(ge=0)] = 0.5
     guard_sentences: PositiveInt | None = None  # validation sentences scored by the guard (all if null)
+    # Batch-1 greedy CPU latency of each variant against fp32, timed on this many validation
+    # sentences, one thread, interleaved (0 = skip; the benchmark stage measures it properly).
+    latency_sentences: NonNegInt = 50
 
 
 class EvaluateConfig(Strict):
