@@ -1,0 +1,174 @@
+"""int8 quantization (issue 7): weight groups, dynamic and static QDQ graphs, the accuracy guard,
+and the quantize stage through the smoke recipe."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from model.onnx_export import export_onnx, optimize_onnx
+from model.onnx_quantize import (RecordingDecoder, node_groups, onnx_bytes, quantize_dynamic, quantize_static,
+                                 weight_nodes)
+from model.runtime import OnnxDecoder, Translator
+from model.search import GenerationConfig, greedy_search
+from model.transformer import Transformer, TransformerConfig
+from pipeline.errors import StageFailed
+from pipeline.stages.data import read_split
+from pipeline.stages.quantize import guarded_search
+from pipeline.translators import load_translator
+
+NO_PRUNE = "prune=null"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A small model with uneven heads, exported and optimised like the export stage does."""
+    torch.manual_seed(5)
+    cfg = TransformerConfig(vocab_size=300, d_model=32, head_dim=8, enc_heads=[4, 2], dec_self_heads=[1, 3],
+                            dec_cross_heads=[2, 4], enc_ffn=[64, 48], dec_ffn=[40, 64], max_positions=64)
+    model = Transformer(cfg).eval()
+    folder = tmp_path_factory.mktemp("q")
+    raw = export_onnx(model, folder / "raw")
+    paths = {}
+    for name, path in raw.items():
+        paths[name] = folder / f"{name}.onnx"
+        optimize_onnx(path, paths[name])
+    return model, paths, folder
+
+
+def _decoder(paths) -> OnnxDecoder:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return OnnxDecoder(*(ort.InferenceSession(str(paths[g]), options, providers=["CPUExecutionProvider"])
+                         for g in ("encoder", "decoder")), pad_id=0)
+
+
+def _sources(n=6, seed=0):
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(4, 300, rng.integers(3, 12))] + [2] for _ in range(n)]
+
+
+def test_every_weight_belongs_to_a_named_group(tiny):
+    model, paths, _ = tiny
+    groups = node_groups(paths)
+    assert set(groups) == {"embeddings", "output_projection", "encoder.0.attention", "encoder.0.ffn",
+                           "encoder.1.attention", "encoder.1.ffn", "decoder.0.self_attention",
+                           "decoder.0.cross_attention", "decoder.0.ffn", "decoder.1.self_attention",
+                           "decoder.1.cross_attention", "decoder.1.ffn"}
+    # The cross-attention K/V projections run in the encoder graph but belong to their decoder layer.
+    assert groups["decoder.1.cross_attention"]["encoder"] == ["/decoder.1/cross_attn/kv/MatMul"]
+    assert groups["output_projection"] == {"decoder": ["/logits/MatMul"]}
+    total = sum(len(weight_nodes(onnx.load(str(p)))) for p in paths.values())
+    assert sum(len(n) for g in groups.values() for n in g.values()) == total
+
+
+def test_dynamic_int8_is_smaller_close_and_keeps_float_groups(tiny):
+    model, paths, folder = tiny
+    groups = node_groups(paths)
+    dyn = quantize_dynamic(paths, folder / "dyn", groups)
+    assert onnx_bytes(dyn) < 0.6 * onnx_bytes(paths)  # tiny graphs: biases and structure weigh more than at real sizes
+    kept = quantize_dynamic(paths, folder / "dyn_keep", groups, keep_float=["output_projection", "embeddings"])
+    decoder_graph = onnx.load(str(kept["decoder"]))
+    float_names = {n.name for n in decoder_graph.graph.node if n.op_type in ("MatMul", "Gather")}
+    assert {"/logits/MatMul", "/embed/Gather"} <= float_names
+    assert "/decoder.0/ffn/fc1/MatMul" not in float_names  # quantized: replaced by an integer MatMul
+    # Real decoding steps: the int8 model mostly picks the fp32 model's next token. (This random
+    # model's next-token distributions are flat, so int8 noise flips more than a trained one's.)
+    src = _sources()
+    fp32, int8 = RecordingDecoder(_decoder(paths)), _decoder(dyn)
+    greedy_search(fp32, src, GenerationConfig(beam=1, max_len_b=3, max_positions=64))
+    feeds = fp32.feeds["decoder"]
+    agree, error, spread = [], [], []
+    for feed in feeds:
+        a = fp32.inner.decoder.run(["log_probs"], feed)[0]
+        b = int8.decoder.run(["log_probs"], feed)[0]
+        agree.append((a.argmax(-1) == b.argmax(-1)).mean())
+        error.append(np.abs(a - b).mean())
+        spread.append(a.std(-1).mean())
+    assert len(feeds) > 3 and np.mean(agree) > 0.75 and np.mean(error) < 0.3 * np.mean(spread)
+
+
+@pytest.mark.parametrize("method", ["minmax", "entropy", "percentile"])
+def test_static_qdq_calibrates_on_recorded_decoding(tiny, method):
+    model, paths, folder = tiny
+    groups = node_groups(paths)
+    recorder = RecordingDecoder(_decoder(paths))
+    greedy_search(recorder, _sources(4, seed=1), GenerationConfig(beam=1, max_len_b=3, max_positions=64))
+    static = quantize_static(paths, folder / f"static_{method}", groups, recorder.feeds, method,
+                             cache=folder / f"cache_{method}")
+    ops = {n.op_type for n in onnx.load(str(static["decoder"])).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    src = _sources(5, seed=2)
+    gen = GenerationConfig(beam=2, max_len_b=3, max_positions=64)
+    out = greedy_search(_decoder(static), src, gen)  # runs on the CPU provider
+    assert len(out) == 5
+    # Re-quantizing with a group kept in float reuses the cached ranges (no reader needed).
+    again = quantize_static(paths, folder / f"static_{method}_2", groups, {"encoder": [], "decoder": []}, method,
+                            keep_float=["output_projection"], cache=folder / f"cache_{method}")
+    assert onnx_bytes(again) > onnx_bytes(static)
+
+
+def test_guard_keeps_the_most_sensitive_groups_in_float():
+    groups = ["embeddings", "encoder.0.ffn", "decoder.0.self_attention", "output_projection"]
+    cost = {"embeddings": 0.1, "encoder.0.ffn": 0.2, "decoder.0.self_attention": 0.15, "output_projection": 1.5}
+    calls = []
+
+    def evaluate(keep):
+        calls.append(keep)
+        return round(30.0 - sum(c for g, c in cost.items() if g not in keep), 2)
+
+    result = guarded_search(groups, evaluate, 30.0, max_drop=0.5, variant="int8_dynamic", log=lambda m: None)
+    assert result["float_groups"] == ["output_projection"]
+    assert result["sensitivity"]["output_projection"] == 1.5
+    assert [a["float_groups"] for a in result["attempts"]] == [[], ["output_projection"]]
+    assert result["attempts"][0]["drop"] == 1.95 and result["bleu"] == 29.55
+    # Within tolerance from the start: one evaluation, nothing kept in float.
+    calls.clear()
+    assert guarded_search(groups, evaluate, 30.0, 5.0, "x", log=lambda m: None)["float_groups"] == []
+    assert calls == [()]
+
+
+def test_guard_fails_with_the_table_when_nothing_is_within_tolerance():
+    groups = ["a", "b", "c"]
+
+    def evaluate(keep):
+        return 20.0 - (3 - len(keep))  # every quantized group costs one point
+
+    with pytest.raises(StageFailed) as info:
+        guarded_search(groups, evaluate, 20.0, max_drop=0.5, variant="int8_static", log=lambda m: None)
+    message = str(info.value)
+    assert "int8_static" in message and "19.00" in message and "18.00" in message and "17.00" in message
+    assert "float: a, b" in message
+
+
+# ----------------------------------------------------------------- through the smoke recipe
+@pytest.fixture(scope="module")
+def quantized(smoke):
+    return smoke.build("quantize", NO_PRUNE)
+
+
+def test_quantize_stage_writes_guarded_packages(quantized):
+    _, arts = quantized
+    art = arts["quantize"]
+    m = art.metrics
+    assert set(m["variants"]) == {"int8_dynamic", "int8_static"}
+    assert m["calibration"]["method"] == "minmax" and m["calibration"]["decoder_feeds"] > 0
+    src, _ = read_split(arts["data"].path, "valid")
+    fp32 = Translator(arts["export.student"].path / "fp32", threads=1)
+    for variant, report in m["variants"].items():
+        assert report["attempts"][0]["float_groups"] == [] and report["bleu"] == report["attempts"][-1]["bleu"]
+        assert report["bytes_ratio"] < 0.8 and report["latency_ratio"] > 0
+        package = json.loads((art.path / variant / "package.json").read_text())
+        assert package["variant"] == variant and package["float_groups"] == report["float_groups"]
+        assert "weight groups kept in float" in (art.path / variant / "MODEL_CARD.md").read_text()
+        translator = load_translator(art.path, variant)
+        assert translator.runtime == "onnxruntime"
+        out = translator.translate(src[:8], beam=2)
+        assert len(out) == 8 and all(isinstance(s, str) for s in out)
+        # Same search code and length limits as fp32: outputs are never longer than fp32 allows.
+        assert out != [""] * 8 or fp32.translate(src[:8], beam=2) == [""] * 8
