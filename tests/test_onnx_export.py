@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,15 @@ from pipeline.stages.data import read_split
 from pipeline.translators import load_translator
 
 NO_PRUNE = "prune=null"  # the smoke student is then the final model: node export.student
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    # PyTorch's thread pool on a shared 2-core machine makes small models crawl; restore after.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def tiny_uneven(pre_ln: bool) -> Transformer:
@@ -78,7 +88,7 @@ def test_greedy_and_beam_identical_to_pytorch(exported):
     onnx_decoder = OnnxDecoder(sessions["encoder"], sessions["decoder"], pad_id=model.cfg.pad_id)
     torch_decoder = TorchDecoder(model)
     rng = np.random.default_rng(0)
-    src = [[int(t) for t in rng.integers(4, 61, n)] + [2] for n in (3, 11, 6, 1, 9)]
+    src = [[int(t) for t in rng.integers(4, 61, n)] + [2] for n in (3, 11, 1, 7)]
     gen = GenerationConfig(beam=3, max_len_a=1.0, max_len_b=4, max_positions=64)
     assert beam_search(onnx_decoder, src, gen) == beam_search(torch_decoder, src, gen)
     assert greedy_search(onnx_decoder, src, gen) == greedy_search(torch_decoder, src, gen)
@@ -116,7 +126,7 @@ def test_onnx_translator_matches_torch_translator(export_artifact):
     torch_t = load_translator(arts["student"].path)
     assert onnx.runtime == "onnxruntime" and isinstance(torch_t, TorchTranslator)
     for beam in (1, 3):
-        assert onnx.translate(src[:12], beam=beam) == torch_t.translate(src[:12], beam=beam)
+        assert onnx.translate(src[:8], beam=beam) == torch_t.translate(src[:8], beam=beam)
     assert onnx.translate(["", "  "]) == ["", ""]
 
 
@@ -179,3 +189,20 @@ def test_export_package_cli(export_artifact, tmp_path):
     assert done.returncode == 0, done.stderr.decode()
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fp16", "fp32"]
     assert Translator(tmp_path / "out" / "fp16", threads=1).translate(["Two dogs play."], beam=1)[0] is not None
+
+
+def test_failing_parity_fails_the_stage():
+    from pipeline.errors import StageFailed
+    from pipeline.stages.export import _enforce
+
+    good = {"finite": True, "max_abs_diff": 2e-6, "worst_case": "batch 8", "greedy_identical": "20/20",
+            "beam_identical": "20/20", "greedy_mismatches": [], "beam_mismatches": []}
+    limits = {"max_abs_diff": 1e-4}
+    _enforce("fp32", good, limits)
+    with pytest.raises(StageFailed, match=re.escape("max |log p difference| 0.003 > 0.0001")):
+        _enforce("fp32", {**good, "max_abs_diff": 3e-3}, limits)
+    with pytest.raises(StageFailed, match="beam outputs identical to PyTorch on only 19/20"):
+        _enforce("fp32", {**good, "beam_identical": "19/20", "beam_mismatches": [7]}, limits)
+    _enforce("fp16", {**good, "max_abs_diff": 3e-3, "beam_mismatches": [7]}, limits)  # half precision: recorded only
+    with pytest.raises(StageFailed, match="non-finite"):
+        _enforce("fp16", {**good, "finite": False}, limits)
