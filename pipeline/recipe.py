@@ -170,8 +170,12 @@ class DistillConfig(Strict):
 
 # ------------------------------------------------------------------------------- prune
 class PruneFinetune(Strict):
+    """The short fine-tune after each pruning step (on the KD corpus if there is one)."""
+
     steps: PositiveInt = 300
     lr: PositiveFloat = 3e-4
+    # Fresh Adam moments after pruning: ramp up briefly, then decay as 1/sqrt(step).
+    warmup_steps: NonNegInt = 50
     batch_tokens: PositiveInt = 4000
     max_minutes: PositiveFloat | None = None
 
@@ -184,11 +188,19 @@ class PruneConfig(Strict):
     # ... but stop early if the validation BLEU drop would exceed this (null: no limit).
     max_bleu_drop: Annotated[float, Field(ge=0)] | None = None
     min_heads_per_layer: PositiveInt = 1
+    # Head importance: expected |gradient| over this many validation batches (all of valid if fewer).
     importance_batches: PositiveInt = 20
+    # Small batches: the score averages |gradient| per batch, and one big batch's mean gradient
+    # would let sentences that disagree about a head cancel out.
+    importance_batch_tokens: PositiveInt = 1000
     finetune: PruneFinetune = PruneFinetune()
-    # FFN neuron pruning with the same importance machinery (0 = off).
+    # FFN neuron pruning with the same importance machinery (0 = off): this fraction of all FFN
+    # hidden units is removed, spread over the same steps and ranked like the heads.
     ffn_fraction: OpenFraction = 0.0
     valid_bleu_sentences: PositiveInt = 500
+    # Latency of unpruned vs pruned (batch 1, greedy, one thread), interleaved sentence by sentence.
+    latency_sentences: PositiveInt = 50
+    latency_repeats: PositiveInt = 3
 
 
 # ------------------------------------------------------------------------------ export

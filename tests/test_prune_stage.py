@@ -1,0 +1,94 @@
+"""The prune stage on the smoke recipe's student: fewer heads, a smaller file, a loadable model,
+and a fine-tune that resumes after a kill."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from model.torch_decoder import TorchTranslator
+from model.transformer import load_model
+from pipeline.context import StageContext
+from pipeline.recipe import PruneConfig, PruneFinetune, dump_config
+from pipeline.stages import prune
+from pipeline.training import Trainer
+
+
+def test_prune_stage_through_smoke_recipe(smoke):
+    store, arts = smoke.build("pruned")
+    pruned, student = arts["pruned"], arts["student"]
+    m = pruned.metrics
+    assert pruned.manifest["inputs"]["model"] == student.id
+    assert pruned.manifest["inputs"]["kd_corpus"] == arts["kd_corpus"].id and m["finetune_data"] == "kd_corpus"
+    # smoke: 2 encoder + 1 decoder layer, 2 heads each (8 heads); target 0.5, min 1 per layer.
+    assert m["heads_before"] == {"enc_self": [2, 2], "dec_self": [2], "dec_cross": [2]}
+    assert m["heads_total_before"] == student.metrics["heads"] == 8
+    assert m["heads"] == m["heads_total_after"] == 4 and m["heads_removed"] == 4 and m["fraction_removed"] == 0.5
+    assert all(n >= 1 for counts in m["heads_after"].values() for n in counts)
+    assert m["params"] == m["params_after"] < m["params_before"] == student.metrics["params"]
+    files = pruned.manifest["files"]
+    assert m["model_bytes"] == files["model.safetensors"]["bytes"] < student.manifest["files"]["model.safetensors"]["bytes"]
+    assert set(files) == {"model.safetensors", "config.json", "tokenizer.json", "importance.json"}
+    for key in ("valid_bleu_before", "valid_bleu_pruned", "valid_bleu_after", "sentence_ms_unpruned",
+                "sentence_ms_pruned", "decoder_step_ms_unpruned", "decoder_step_ms_pruned"):
+        assert isinstance(m[key], (int, float)), key
+    assert m["sentence_ms_pruned"] > 0 and m["decoder_step_ms_pruned"] > 0
+
+    # The importance table: every original head once, the lowest-scoring ones pruned.
+    table = json.loads(pruned.file("importance.json").read_text())["heads"]
+    assert table == m["importance"] and len(table) == 8
+    assert sum(r["pruned"] for r in table) == 4
+    for row in table:
+        assert set(row) >= {"step", "layer", "kind", "head", "original_head", "score", "pruned"}
+
+    # An ordinary model folder: loads with the pruned shapes and translates.
+    model = load_model(pruned.path)
+    assert model.cfg.enc_heads == m["heads_after"]["enc_self"]
+    assert model.cfg.dec_cross_heads == m["heads_after"]["dec_cross"]
+    assert model.num_parameters() == m["params"]
+    out = TorchTranslator.load(pruned.path).translate(["A man is riding a bike.", ""], beam=2)
+    assert len(out) == 2 and out[1] == ""
+
+
+def test_prune_resumes_after_a_kill(smoke, tmp_path, monkeypatch):
+    """Uniform ranking, FFN pruning and two steps; killed during step 2's fine-tune, then rerun."""
+    _, arts = smoke.build("pruned")
+    settings = PruneConfig(ranking="uniform", target_fraction=0.5, steps=2, ffn_fraction=0.25,
+                           importance_batches=2, valid_bleu_sentences=2, latency_sentences=1, latency_repeats=1,
+                           # one batch per epoch, so the Trainer checkpoints after every step
+                           finetune=PruneFinetune(steps=2, batch_tokens=100_000))
+    inputs = {"data": arts["data"], "model": arts["student"], "kd_corpus": arts["kd_corpus"]}
+
+    def context(name):
+        (tmp_path / name).mkdir()
+        return StageContext(name="pruned", settings=settings, config=dump_config(settings), inputs=inputs,
+                            out=tmp_path / name, work=tmp_path / "work")
+
+    real_step = Trainer._train_step
+
+    def killed_in_step2(self, index, step):
+        if "step2" in str(self.ckpt.dir) and step == 2:
+            raise KeyboardInterrupt
+        return real_step(self, index, step)
+
+    monkeypatch.setattr(Trainer, "_train_step", killed_in_step2)
+    with pytest.raises(KeyboardInterrupt):
+        prune.run(context("first"))
+    assert (tmp_path / "work" / "step1" / "done" / "record.json").is_file()
+    assert (tmp_path / "work" / "step2" / "train" / "checkpoint" / "state.json").is_file()
+    monkeypatch.undo()
+
+    ctx = context("second")
+    m = prune.run(ctx)
+    said = [e["message"] for e in ctx.events]
+    assert any(s.startswith("step 1: already done") for s in said)
+    assert "step 2: resuming its fine-tune" in said
+    assert any(s.startswith("resumed from checkpoint at step 1") for s in said)
+    assert [s["finetune"]["steps"] for s in m["steps"]] == [2, 2]
+    # uniform: one head count everywhere; FFN: a quarter of the 96 hidden units gone.
+    counts = [n for layers in m["heads_after"].values() for n in layers]
+    assert counts == [1, 1, 1, 1] and m["neurons_removed"] == 24
+    model = load_model(ctx.out)
+    assert sum(model.cfg.enc_ffn) + sum(model.cfg.dec_ffn) == 96 - 24
+    assert json.loads((ctx.out / "importance.json").read_text())["neurons"]
