@@ -3,9 +3,11 @@
 Importance is the score of Michel, Levy & Neubig (2019), "Are Sixteen Heads Really Better than
 One?": put a gate xi_h (= 1) on every head's output and take the expected absolute gradient of
 the loss with respect to it, I_h = E_x |dL/dxi_h|, over held-out batches. By a first-order
-Taylor expansion this is how much the loss would move if the head were removed. Scores are then
-L2-normalised within each layer (as in the paper), so one global ranking can compare layers.
-The same machinery scores FFN neurons with a gate on each hidden unit.
+Taylor expansion this is how much the loss would move if the head were removed. The paper then
+L2-normalises the scores within each layer before ranking globally; that is an option here
+(`normalize="layer"`), not the default: on small models with 4 heads a layer it erases the real
+differences between layers (see ranking_scores). The same machinery scores FFN neurons with a
+gate on each hidden unit.
 
 Pruning slices the removed heads' rows out of the fused input projections and the matching
 columns out of the output projection (FFN: fc1 rows and bias, fc2 columns), and writes the new
@@ -106,22 +108,44 @@ def importance(model: Transformer, batches: Iterable[tuple[Tensor, Tensor, Tenso
 
 
 def normalize_per_layer(scores: Scores, exponent: float = 2.0) -> Scores:
-    """Divide each layer's scores by their L_p norm (p = 2 in the paper). Without it, layers whose
-    gradients are larger overall (e.g. near the output) would never lose a head in a global ranking."""
+    """Divide each layer's scores by their L_p norm (p = 2 in the paper), so that every layer has
+    the same total importance and a global ranking compares heads by their share of their layer."""
     return {kind: [s / (s.norm(p=exponent) + 1e-20) for s in layers] for kind, layers in scores.items()}
 
 
-def importance_table(scores: Scores, origins: Plan | None = None) -> list[dict]:
-    """Rows (layer, kind, head, score); with `origins`, also each head's index in the unpruned model."""
+def ranking_scores(raw: Scores, normalize: str = "none") -> Scores:
+    """The scores a ranking uses: raw E|dL/dgate| ("none") or normalised per layer ("layer").
+
+    Raw scores already compare across layers (each is a first-order estimate of the same loss
+    change). On our 4-head-per-layer models the per-layer normalisation discards exactly that:
+    a layer whose heads all matter little gets the same total as one whose heads all matter a
+    lot, and a global ranking then prunes about as well as a random one."""
+    if normalize == "none":
+        return raw
+    if normalize == "layer":
+        return normalize_per_layer(raw)
+    raise ValueError(f"normalize must be 'none' or 'layer', got {normalize!r}")
+
+
+def importance_table(raw: Scores, normalize: str = "none", origins: Plan | None = None) -> list[dict]:
+    """Rows (layer, kind, head, score): `score` is what the ranking uses (see ranking_scores),
+    `raw` the expected |gradient| and `normalized` its share of the layer's L2 norm; with
+    `origins`, also each head's index in the unpruned model."""
+    used, normed = ranking_scores(raw, normalize), normalize_per_layer(raw)
     rows = []
-    for kind, layers in scores.items():
+    for kind, layers in raw.items():
         for layer, s in enumerate(layers):
-            for head, value in enumerate(s.tolist()):
-                row = {"layer": layer, "kind": kind, "head": head, "score": round(value, 6)}
+            for head in range(len(s)):
+                row = {"layer": layer, "kind": kind, "head": head, "score": _round(used[kind][layer][head]),
+                       "raw": _round(s[head]), "normalized": _round(normed[kind][layer][head])}
                 if origins is not None:
                     row["original_head"] = origins[kind][layer][head]
                 rows.append(row)
     return rows
+
+
+def _round(x: Tensor) -> float:
+    return float(f"{x.item():.6g}")  # significant digits: raw scores can be ~1e-4
 
 
 # ------------------------------------------------------------------------ selection
@@ -129,8 +153,8 @@ def select_lowest(scores: Scores, remove: int, min_per_layer: int = 1, ranking: 
     """Which units (heads or neurons) to remove: the `remove` lowest-scoring ones, never leaving a
     layer with fewer than `min_per_layer` (layers already at the floor are skipped).
 
-    global:  one ranking over every layer of every kind (scores must be comparable, i.e. normalised
-             per layer); the result may leave layers with different counts.
+    global:  one ranking over every layer of every kind; the result may leave layers with
+             different counts.
     uniform: every layer ends with the same count K (what runtimes that need one head count per
              model want): K = total left / layers, rounded down so at least `remove` go, and each
              layer drops its lowest-scoring units down to K.

@@ -181,11 +181,20 @@ class PruneFinetune(Strict):
 
 
 class PruneConfig(Strict):
+    # global: one ranking over all layers (scores normalised per layer); uniform: every attention
+    # layer keeps the same number of heads (for runtimes that need one head count per model).
     ranking: Literal["global", "uniform"] = "global"
-    # Prune to this fraction of all attention heads removed, in `steps` steps ...
+    # Scores a global ranking compares: raw E|dL/dgate| (none), or L2-normalised per layer as in
+    # Michel et al. (layer). On a 3+2-layer, 4-head model trained on Multi30k, removing 50% of the
+    # heads by layer-normalised scores left 7.2 greedy valid BLEU, by raw scores 18.4 (unpruned
+    # 19.3; before fine-tuning): normalising 4 scores per layer erases the differences between layers.
+    normalize: Literal["none", "layer"] = "none"
+    # Prune to this fraction of all attention heads removed, in `steps` steps, each followed by a
+    # fine-tune ...
     target_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.5
     steps: PositiveInt = 2
-    # ... but stop early if the validation BLEU drop would exceed this (null: no limit).
+    # ... but stop early: a step whose fine-tuned valid BLEU is more than this below the unpruned
+    # model's is rolled back and pruning ends there (null: no limit).
     max_bleu_drop: Annotated[float, Field(ge=0)] | None = None
     min_heads_per_layer: PositiveInt = 1
     # Head importance: expected |gradient| over this many validation batches (all of valid if fewer).
@@ -197,7 +206,9 @@ class PruneConfig(Strict):
     # FFN neuron pruning with the same importance machinery (0 = off): this fraction of all FFN
     # hidden units is removed, spread over the same steps and ranked like the heads.
     ffn_fraction: OpenFraction = 0.0
-    valid_bleu_sentences: PositiveInt = 500
+    # Greedy valid BLEU (the before/after figures and the max_bleu_drop test) on the first N
+    # validation sentences; null: all of them. A 0.5 tolerance needs the whole set (~1000).
+    valid_bleu_sentences: PositiveInt | None = None
     # Latency of unpruned vs pruned (batch 1, greedy, one thread), interleaved sentence by sentence.
     latency_sentences: PositiveInt = 50
     latency_repeats: PositiveInt = 3

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from model.torch_decoder import TorchTranslator
 from model.transformer import load_model
@@ -51,7 +52,7 @@ def test_prune_stage_through_smoke_recipe(smoke):
     assert len(out) == 2 and out[1] == ""
 
 
-def test_prune_resumes_after_a_kill(smoke, tmp_path, monkeypatch):
+def test_prune_resumes_after_a_kill(smoke, tmp_path, monkeypatch, request):
     """Uniform ranking, FFN pruning and two steps; killed during step 2's fine-tune, then rerun."""
     _, arts = smoke.build("pruned")
     settings = PruneConfig(ranking="uniform", target_fraction=0.5, steps=2, ffn_fraction=0.25,
@@ -72,6 +73,10 @@ def test_prune_resumes_after_a_kill(smoke, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real_step(self, index, step)
 
+    # Tiny model: one thread is as fast, and far steadier on a crowded machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
     monkeypatch.setattr(Trainer, "_train_step", killed_in_step2)
     with pytest.raises(KeyboardInterrupt):
         prune.run(context("first"))

@@ -119,12 +119,19 @@ def test_importance_shapes_normalisation_and_dead_heads():
         for raw, s in zip(heads[kind], layers):
             assert torch.linalg.vector_norm(s).item() == pytest.approx(1.0, abs=1e-6)
             assert torch.equal(torch.argsort(raw), torch.argsort(s))  # same order within the layer
-    table = pruning.importance_table(normed)
-    assert len(table) == model.cfg.total_heads()
-    assert set(table[0]) == {"layer", "kind", "head", "score"}
-    assert {r["kind"] for r in table} == set(pruning.HEAD_KINDS)
-    row = next(r for r in table if (r["kind"], r["layer"], r["head"]) == ("enc_self", 1, 2))
-    assert row["score"] == 0.0
+    again = pruning.ranking_scores(heads, "layer")
+    assert all(torch.equal(a, b) for kind in normed for a, b in zip(normed[kind], again[kind]))
+    assert pruning.ranking_scores(heads, "none") is heads
+    for normalize in ("none", "layer"):
+        table = pruning.importance_table(heads, normalize)
+        assert len(table) == model.cfg.total_heads()
+        assert set(table[0]) == {"layer", "kind", "head", "score", "raw", "normalized"}
+        assert {r["kind"] for r in table} == set(pruning.HEAD_KINDS)
+        for row in table:
+            assert row["score"] == row["raw" if normalize == "none" else "normalized"]
+            assert row["raw"] == pytest.approx(heads[row["kind"]][row["layer"]][row["head"]].item(), rel=1e-5)
+        row = next(r for r in table if (r["kind"], r["layer"], r["head"]) == ("enc_self", 1, 2))
+        assert row["score"] == row["raw"] == row["normalized"] == 0.0
 
 
 def test_importance_is_the_loss_gradient():
@@ -177,7 +184,7 @@ def test_global_vs_uniform_ranking():
     # On a model: uniform pruning leaves one head count for the whole model.
     model = tiny()
     heads, _, _ = pruning.importance(model, [batch()])
-    plan = pruning.select_lowest(pruning.normalize_per_layer(heads), remove=10, ranking="uniform")
+    plan = pruning.select_lowest(heads, remove=10, ranking="uniform")
     pruning.prune_heads(model, plan)
     counts = model.cfg.enc_heads + model.cfg.dec_self_heads + model.cfg.dec_cross_heads
     assert len(set(counts)) == 1 and sum(counts) <= 25 - 10

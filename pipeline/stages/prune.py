@@ -58,7 +58,7 @@ def run(ctx: StageContext) -> dict:
     train = encode_corpus(tokenizer, train_src, train_tgt, max_positions)
     valid_src, valid_tgt = read_split(data.path, "valid")
     valid_corpus = encode_corpus(tokenizer, valid_src, valid_tgt, max_positions, drop_long=False)
-    n_bleu = min(cfg.valid_bleu_sentences, len(valid_src))
+    n_bleu = min(cfg.valid_bleu_sentences or len(valid_src), len(valid_src))
     valid = ValidationSet(valid_corpus, valid_corpus.src[:n_bleu], valid_tgt[:n_bleu])
     pad, bos, eos = original.cfg.pad_id, original.cfg.bos_id, original.cfg.eos_id
     held_out = [collate(valid_corpus, index, pad, bos, eos, device) for index in
@@ -105,8 +105,9 @@ def run(ctx: StageContext) -> dict:
     shutil.copyfile(source.file("tokenizer.json"), ctx.out / "tokenizer.json")
     table = [{"step": r["step"], **row} for r in records for row in r["importance"]]
     (ctx.out / "importance.json").write_text(json.dumps({
-        "method": "Michel et al. 2019: E|dL/d gate| over held-out batches, L2-normalised per layer",
-        "ranking": cfg.ranking, "heads": table,
+        "method": "Michel et al. 2019: raw = E|dL/d gate| over held-out batches, normalized = raw / the "
+                  "layer's L2 norm; score = what the ranking used",
+        "ranking": cfg.ranking, "normalize": cfg.normalize, "heads": table,
         "neurons": {str(r["step"]): r["neuron_importance"] for r in records if r.get("neuron_importance")},
     }, indent=1) + "\n", encoding="utf-8")
 
@@ -122,7 +123,8 @@ def run(ctx: StageContext) -> dict:
             f"{latency['sentence_ms_unpruned']:.1f} -> {latency['sentence_ms_pruned']:.1f} ms, decoder step "
             f"{latency['decoder_step_ms_unpruned']:.2f} -> {latency['decoder_step_ms_pruned']:.2f} ms")
     return {
-        "source_model": source.id, "ranking": cfg.ranking, "finetune_data": train_origin,
+        "source_model": source.id, "ranking": cfg.ranking, "normalize": cfg.normalize,
+        "finetune_data": train_origin,
         "heads_before": heads_before, "heads_after": heads_after,
         "heads_total_before": total_heads, "heads_total_after": heads_left,
         "heads_removed": total_heads - heads_left,
@@ -208,23 +210,23 @@ def score_and_prune(ctx: StageContext, cfg: PruneConfig, step: int, model: Trans
                 bar.advance(1)
 
         head_raw, neuron_raw, used = pruning.importance(model, batches(), neurons=remove_neurons > 0)
-    head_scores = pruning.normalize_per_layer(head_raw)
+    head_scores = pruning.ranking_scores(head_raw, cfg.normalize)
     head_plan = pruning.select_lowest(head_scores, max(0, remove_heads), cfg.min_heads_per_layer, cfg.ranking)
     candidate = copy.deepcopy(model)
     pruning.prune_heads(candidate, head_plan)
     record = {"step": step, "heads_removed": pruning.plan_size(head_plan), "neurons_removed": 0,
               "importance_batches": used}
-    table = pruning.importance_table(head_scores, origins)
+    table = pruning.importance_table(head_raw, cfg.normalize, origins)
     for row in table:
         row["pruned"] = row["head"] in head_plan[row["kind"]][row["layer"]]
     record["importance"] = table
     if neuron_raw is not None:
-        neuron_scores = pruning.normalize_per_layer(neuron_raw)
+        neuron_scores = pruning.ranking_scores(neuron_raw, cfg.normalize)
         neuron_plan = pruning.select_lowest(neuron_scores, max(0, remove_neurons), 1, cfg.ranking)
         pruning.prune_neurons(candidate, neuron_plan)
         record["neurons_removed"] = pruning.plan_size(neuron_plan)
-        record["neuron_importance"] = {kind: [[round(v, 6) for v in s.tolist()] for s in layers]
-                                       for kind, layers in neuron_scores.items()}
+        record["neuron_importance"] = {kind: [[float(f"{v:.4g}") for v in s.tolist()] for s in layers]
+                                       for kind, layers in neuron_raw.items()}
     record["heads_left"] = candidate.cfg.total_heads()
     record["heads_per_layer"] = pruning.head_counts(candidate)
     record["ffn_per_layer"] = pruning.ffn_widths(candidate)
