@@ -16,6 +16,15 @@ from pipeline.stages import prune
 from pipeline.training import Trainer
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    # Small models: PyTorch's thread pool only adds waiting on a shared 2-core machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def test_prune_stage_through_smoke_recipe(smoke):
     store, arts = smoke.build("pruned")
     pruned, student = arts["pruned"], arts["student"]
@@ -29,7 +38,9 @@ def test_prune_stage_through_smoke_recipe(smoke):
     assert all(n >= 1 for counts in m["heads_after"].values() for n in counts)
     assert m["params"] == m["params_after"] < m["params_before"] == student.metrics["params"]
     files = pruned.manifest["files"]
-    assert m["model_bytes"] == files["model.safetensors"]["bytes"] < student.manifest["files"]["model.safetensors"]["bytes"]
+    student_bytes = student.manifest["files"]["model.safetensors"]["bytes"]
+    assert m["model_bytes"] == m["model_bytes_after"] == files["model.safetensors"]["bytes"] < student_bytes
+    assert m["model_bytes_before"] == student_bytes
     assert set(files) == {"model.safetensors", "config.json", "tokenizer.json", "importance.json"}
     for key in ("valid_bleu_before", "valid_bleu_pruned", "valid_bleu_after", "sentence_ms_unpruned",
                 "sentence_ms_pruned", "decoder_step_ms_unpruned", "decoder_step_ms_pruned"):
@@ -52,7 +63,7 @@ def test_prune_stage_through_smoke_recipe(smoke):
     assert len(out) == 2 and out[1] == ""
 
 
-def test_prune_resumes_after_a_kill(smoke, tmp_path, monkeypatch, request):
+def test_prune_resumes_after_a_kill(smoke, tmp_path, monkeypatch):
     """Uniform ranking, FFN pruning and two steps; killed during step 2's fine-tune, then rerun."""
     _, arts = smoke.build("pruned")
     settings = PruneConfig(ranking="uniform", target_fraction=0.5, steps=2, ffn_fraction=0.25,
@@ -73,10 +84,6 @@ def test_prune_resumes_after_a_kill(smoke, tmp_path, monkeypatch, request):
             raise KeyboardInterrupt
         return real_step(self, index, step)
 
-    # Tiny model: one thread is as fast, and far steadier on a crowded machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    request.addfinalizer(lambda: torch.set_num_threads(threads))
     monkeypatch.setattr(Trainer, "_train_step", killed_in_step2)
     with pytest.raises(KeyboardInterrupt):
         prune.run(context("first"))
@@ -97,3 +104,24 @@ def test_prune_resumes_after_a_kill(smoke, tmp_path, monkeypatch, request):
     model = load_model(ctx.out)
     assert sum(model.cfg.enc_ffn) + sum(model.cfg.dec_ffn) == 96 - 24
     assert json.loads((ctx.out / "importance.json").read_text())["neurons"]
+
+
+def test_max_bleu_drop_rolls_back_the_step_past_the_tolerance(smoke, tmp_path, monkeypatch):
+    """The schedule's decision, with the valid BLEU figures scripted (the model and fine-tune are real):
+    step 1 loses 0.2 (kept), step 2 would lose 1.0 > 0.5 (rolled back), so step 1's model ships."""
+    _, arts = smoke.build("pruned")
+    settings = PruneConfig(target_fraction=0.5, steps=2, max_bleu_drop=0.5, importance_batches=1,
+                           valid_bleu_sentences=2, latency_sentences=1, latency_repeats=1,
+                           finetune=PruneFinetune(steps=1, batch_tokens=100_000))
+    scripted = iter([30.0, 29.0, 29.8, 28.0, 29.0])  # before; per step: pruned, fine-tuned
+    monkeypatch.setattr(prune, "greedy_bleu", lambda *args: next(scripted))
+    (tmp_path / "out").mkdir()
+    ctx = StageContext(name="pruned", settings=settings, config=dump_config(settings),
+                       inputs={"data": arts["data"], "model": arts["student"]}, out=tmp_path / "out",
+                       work=tmp_path / "work")
+    m = prune.run(ctx)
+    assert [s["accepted"] for s in m["steps"]] == [True, False]
+    assert m["stopped_by"].startswith("max_bleu_drop: step 2 would lose 1.00 BLEU")
+    assert m["heads"] == m["steps"][0]["heads_left"] == 6 and m["finetune_data"] == "train split"
+    assert (m["valid_bleu_before"], m["valid_bleu_pruned"], m["valid_bleu_after"]) == (30.0, 29.0, 29.8)
+    assert load_model(ctx.out).cfg.total_heads() == 6

@@ -13,6 +13,15 @@ from model.transformer import Transformer, TransformerConfig, load_model, save_m
 VOCAB = 60
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    # Small models: PyTorch's thread pool only adds waiting on a shared 2-core machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny(pre_ln: bool = False, seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
     cfg = TransformerConfig(vocab_size=VOCAB, d_model=24, head_dim=6, enc_heads=[4, 4, 3], dec_self_heads=[4, 2],
@@ -68,7 +77,8 @@ def test_pruning_equals_gating_to_zero(pre_ln):
     removed_heads, removed_neurons = 9, 14 + 1 + 2 + 20
     d, hd = 24, 6
     # Per head: Q, K, V rows (weights and biases) and the output's input columns.
-    assert before - model.num_parameters() == removed_heads * (3 * hd * d + 3 * hd + hd * d) + removed_neurons * (2 * d + 1)
+    per_head, per_neuron = 3 * hd * d + 3 * hd + hd * d, 2 * d + 1
+    assert before - model.num_parameters() == removed_heads * per_head + removed_neurons * per_neuron
     attn = model.decoder[0].cross_attn
     assert (attn.heads, attn.q.out_features, attn.kv.out_features, attn.out.in_features) == (1, 6, 12, 6)
 
