@@ -232,19 +232,22 @@ def main() -> None:
     from rich.markup import escape
 
     def fail(line: str, code: int) -> None:
-        console.print(f"[red]error:[/red] {escape(line)}")
+        console.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)
         sys.exit(code)
+
+    def interrupted() -> None:
+        # Ctrl-C: half-written artifacts are removed, checkpoints are kept.
+        console.print("[yellow]interrupted: nothing half-written was kept (training checkpoints were); "
+                      "run the same command again to resume[/yellow]", soft_wrap=True)
+        sys.exit(130)
 
     try:
         code = app(standalone_mode=False)
     except (KeyboardInterrupt, click.exceptions.Abort):
-        # Ctrl-C: half-written artifacts are removed, checkpoints are kept.
-        console.print("[yellow]interrupted: nothing half-written was kept (training checkpoints were); "
-                      "run the same command again to resume[/yellow]")
-        sys.exit(130)
+        interrupted()
     except RecipeError as exc:
         for line in exc.lines:
-            console.print(f"[red]error:[/red] {escape(line)}")
+            console.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)
         sys.exit(exc.exit_code)
     except PipelineError as exc:
         fail(str(exc), exc.exit_code)
@@ -253,6 +256,8 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except BrokenPipeError:
         sys.exit(0)
+    if code == 130:  # typer turns KeyboardInterrupt into exit code 130
+        interrupted()
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -233,8 +233,11 @@ class Trainer:
         session_start = time.monotonic()
         elapsed = lambda: state["elapsed_s"] + time.monotonic() - session_start  # noqa: E731
         last_ckpt = time.monotonic()
-        stop_reason = None
+        # A run resumed from a checkpoint taken when its budget ran out must not take another step.
+        stop_reason = self._budget_reached(state, elapsed())
         max_epochs = cfg.max_epochs or 10 ** 9
+        if state["epoch"] >= max_epochs:
+            stop_reason = stop_reason or f"max_epochs ({cfg.max_epochs})"
 
         while state["epoch"] < max_epochs and stop_reason is None:
             batches = make_batches(self.train_set, cfg.batch_tokens, cfg.seed, state["epoch"], self.rank, self.world)
