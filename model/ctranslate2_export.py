@@ -30,7 +30,8 @@ import numpy as np
 from .search import GenerationConfig
 from .tokenizer import SubwordTokenizer
 
-COMPUTE_TYPES = ("float32", "int8")  # what the benchmark compares; CTranslate2 knows more
+# Weight types the benchmark stores: float32 and int8 on CPUs, float16 and int8_float16 on GPUs.
+COMPUTE_TYPES = ("float32", "int8", "float16", "int8_float16")
 META = "pipeline.json"  # our own note in a converted folder: where it came from, generation limits
 
 
@@ -139,7 +140,7 @@ def build_spec(folder: Path):
 
 def export_ctranslate2(model_folder: Path, out: Path, compute_type: str = "float32") -> dict:
     """Convert our model artifact folder to a CTranslate2 model folder `out`, with weights
-    stored as `compute_type` ('float32' or 'int8'). Returns a short description."""
+    stored as `compute_type` (one of COMPUTE_TYPES). Returns a short description."""
     import ctranslate2
     from ctranslate2.converters.converter import Converter
 
@@ -249,5 +250,8 @@ def compare_greedy(model_folder: Path, ct2_folder: Path, sentences: Sequence[str
         if ours == theirs:
             identical += 1
         elif len(mismatches) < 3:
-            mismatches.append({"source": sentence, "ours": ours, "ctranslate2": theirs})
+            # The first ids where they part are enough to see how.
+            at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+            mismatches.append({"source": sentence, "from_token": at, "ours": ours[at: at + 8],
+                               "ctranslate2": theirs[at: at + 8]})
     return {"sentences": len(sentences), "identical": identical, "mismatches": mismatches}
