@@ -191,14 +191,15 @@ class CTranslate2Translator:
 
     def search_ids(self, pieces: list[list[str]], beam: int, length_penalty: float = 1.0) -> list[list[int]]:
         """One batch of piece lists to output ids (no EOS), with model/search.py's length limit:
-        at most max_len(source + EOS) steps, the last of which can only be EOS."""
+        at most max_len(source + EOS) steps, the last of which can only be EOS. CTranslate2 takes
+        one limit per batch (the longest sentence's); shorter sentences are cut to their own."""
         gen = GenerationConfig(beam=beam, max_positions=self.max_positions)
-        limit = gen.max_len(max(len(p) for p in pieces) + 1)
+        limits = [gen.max_len(len(p) + 1) - 1 for p in pieces]
         results = self.model.translate_batch(
-            pieces, beam_size=beam, length_penalty=length_penalty, max_decoding_length=max(1, limit - 1),
+            pieces, beam_size=beam, length_penalty=length_penalty, max_decoding_length=max(1, max(limits)),
             min_decoding_length=0, max_batch_size=0, return_scores=False)
         unk = self.tokenizer.unk_id
-        return [[self.vocab.get(t, unk) for t in r.hypotheses[0]] for r in results]
+        return [[self.vocab.get(t, unk) for t in r.hypotheses[0][:limit]] for r, limit in zip(results, limits)]
 
     def translate(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,
                   batch_tokens: int = 4000, max_batch: int = 256, on_batch=None) -> list[str]:
