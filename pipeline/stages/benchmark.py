@@ -69,10 +69,8 @@ def run(ctx: StageContext) -> dict:
     for row in rows:
         row.pop("folder")  # a path into the store (or this stage's temporary folder): not for readers
         if not row["skipped"]:
-            pick_best(row)
-            ctx.log(summary_line(row))
-        else:
-            ctx.log(f"{row['name']}: skipped: {row['skipped']}")
+            pick_best(row)  # may find every measurement skipped (e.g. a runtime without CUDA)
+        ctx.log(f"{row['name']}: skipped: {row['skipped']}" if row["skipped"] else summary_line(row))
         for result in row["by_threads"].values():
             machine["runtimes"].setdefault(row["runtime"], result.pop("versions", None) or {})
 
