@@ -14,8 +14,11 @@ How our layers map onto CTranslate2's TransformerSpec:
   ln1 / ln2 / ln3        post-LN: the layer_norm of the sub-layer they follow (pre_norm=False
                          applies it after the residual); pre-LN: of the sub-layer they precede
   enc_norm / dec_norm    the stacks' final layer_norm (pre-LN only)
-CTranslate2 has one head count per stack, so only models with the same number of heads in every
-layer convert (pruning usually leaves them uneven); FFN widths may differ per layer.
+CTranslate2 has one head count per stack, so a model whose layers have different head counts
+(pruning leaves them so) is refused, unless `pad_heads` is asked for: then every attention gets
+zero heads up to the stack's largest count. A zero head has zero values and a zero slice of the
+output projection, so it adds exactly nothing: the function is the same, but CTranslate2 computes
+the padded heads too. FFN widths may differ per layer as they are.
 """
 
 from __future__ import annotations
@@ -53,6 +56,29 @@ def uniform_heads(config: dict) -> tuple[int, int]:
     return enc[0], dec_self[0]
 
 
+def padded_heads(config: dict) -> tuple[int, int]:
+    """(encoder heads, decoder heads) per layer after padding: each stack's largest count."""
+    return max(config["enc_heads"]), max(config["dec_self_heads"] + config["dec_cross_heads"])
+
+
+def pad_attention(w: dict, module: str, projections: dict, heads: int, target: int, head_dim: int) -> dict:
+    """The weights of one attention `module` grown from `heads` to `target` heads with zero heads.
+    `projections` maps each input projection to its number of blocks of heads x head_dim rows
+    (qkv: 3; cross q: 1, kv: 2). Returns {parameter name: array} for what it changes."""
+    if heads == target:
+        return {}
+    grow = (target - heads) * head_dim
+    out = {}
+    for name, blocks in projections.items():
+        weight = w[f"{module}.{name}.weight"].reshape(blocks, heads * head_dim, -1)
+        bias = w[f"{module}.{name}.bias"].reshape(blocks, heads * head_dim)
+        weight = np.pad(weight, ((0, 0), (0, grow), (0, 0)))
+        out[f"{module}.{name}.weight"] = weight.reshape(blocks * target * head_dim, -1)
+        out[f"{module}.{name}.bias"] = np.pad(bias, ((0, 0), (0, grow))).reshape(-1)
+    out[f"{module}.out.weight"] = np.pad(w[f"{module}.out.weight"], ((0, 0), (0, grow)))  # zero columns
+    return out
+
+
 def sinusoidal_positions(length: int, d_model: int) -> np.ndarray:
     """The same table as model/transformer.py's (sin on even dims, cos on odd), in NumPy."""
     position = np.arange(length, dtype=np.float32)[:, None]
@@ -63,15 +89,22 @@ def sinusoidal_positions(length: int, d_model: int) -> np.ndarray:
     return pe
 
 
-def build_spec(folder: Path):
-    """A validated-shape ctranslate2 TransformerSpec holding the weights of our model in `folder`."""
+def build_spec(folder: Path, pad_heads: bool = False):
+    """A ctranslate2 TransformerSpec holding the weights of our model in `folder` (zero heads
+    added where layers have fewer than their stack's largest count, if `pad_heads`)."""
     from ctranslate2.specs import common_spec, transformer_spec
     from safetensors.numpy import load_file
 
     folder = Path(folder)
     cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    enc_heads, dec_heads = uniform_heads(cfg)
+    enc_heads, dec_heads = padded_heads(cfg) if pad_heads else uniform_heads(cfg)
     w = load_file(str(folder / "model.safetensors"))
+    hd = cfg["head_dim"]
+    for i, h in enumerate(cfg["enc_heads"]):
+        w.update(pad_attention(w, f"encoder.{i}.attn", {"qkv": 3}, h, enc_heads, hd))
+    for i, (hs, hc) in enumerate(zip(cfg["dec_self_heads"], cfg["dec_cross_heads"])):
+        w.update(pad_attention(w, f"decoder.{i}.self_attn", {"qkv": 3}, hs, dec_heads, hd))
+        w.update(pad_attention(w, f"decoder.{i}.cross_attn", {"q": 1, "kv": 2}, hc, dec_heads, hd))
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[cfg["activation"]]
     pre_ln, head_dim = cfg["pre_ln"], cfg["head_dim"]
     encoder = transformer_spec.TransformerEncoderSpec(
@@ -138,9 +171,11 @@ def build_spec(folder: Path):
     return spec
 
 
-def export_ctranslate2(model_folder: Path, out: Path, compute_type: str = "float32") -> dict:
+def export_ctranslate2(model_folder: Path, out: Path, compute_type: str = "float32",
+                       pad_heads: bool = False) -> dict:
     """Convert our model artifact folder to a CTranslate2 model folder `out`, with weights
-    stored as `compute_type` (one of COMPUTE_TYPES). Returns a short description."""
+    stored as `compute_type` (one of COMPUTE_TYPES). A model with uneven heads per layer raises
+    NotConvertible unless `pad_heads` (see the module's docstring). Returns a short description."""
     import ctranslate2
     from ctranslate2.converters.converter import Converter
 
@@ -150,13 +185,15 @@ def export_ctranslate2(model_folder: Path, out: Path, compute_type: str = "float
 
     class _OurConverter(Converter):
         def _load(self):
-            return build_spec(model_folder)
+            return build_spec(model_folder, pad_heads)
 
     _OurConverter().convert(str(out), quantization=compute_type, force=True)
     cfg = json.loads((model_folder / "config.json").read_text(encoding="utf-8"))
+    enc, dec = padded_heads(cfg)
     meta = {"source": str(model_folder), "compute_type": compute_type, "ctranslate2": ctranslate2.__version__,
-            "max_positions": cfg["max_positions"], "heads": sum(cfg["enc_heads"] + cfg["dec_self_heads"]
-                                                                 + cfg["dec_cross_heads"]),
+            "max_positions": cfg["max_positions"],
+            "heads": sum(cfg["enc_heads"] + cfg["dec_self_heads"] + cfg["dec_cross_heads"]),
+            "heads_computed": enc * len(cfg["enc_heads"]) + 2 * dec * len(cfg["dec_self_heads"]),
             "model_bytes": (out / "model.bin").stat().st_size}
     (out / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return meta

@@ -17,7 +17,7 @@ from pipeline.report import compare_runs, show_latest
 from pipeline.stages.benchmark import pick_best, thread_counts
 from pipeline.stages.report import pareto_front
 
-from conftest import SMOKE, cli
+from .conftest import SMOKE, cli
 
 OVERRIDES = ("prune=null", "export=null", "quantize=null", "distill.ablation=false",
              "benchmark.threads=[one]", "benchmark.sentences=4")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 
 import numpy as np
 import pytest
@@ -82,9 +83,24 @@ def test_int8_conversion_is_smaller_and_translates(tmp_path, corpus):
     assert len(out) == 3 and all(isinstance(s, str) for s in out)
 
 
-def test_uneven_heads_are_refused_with_a_reason(tmp_path, corpus):
-    _, tokenizer = corpus
-    _, folder = tiny_model(tmp_path, tokenizer, heads=(3, 2, 3))
+def test_uneven_heads_are_refused_or_padded_with_zero_heads(tmp_path, corpus):
+    sentences, tokenizer = corpus
+    _, folder = tiny_model(tmp_path, tokenizer)
+    # Uneven heads, as pruning leaves them.
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(enc_heads=[3, 1], dec_self_heads=[2, 3], dec_cross_heads=[3, 1])
+    pruned = Transformer(TransformerConfig.from_dict(cfg)).eval()
+    with torch.no_grad():
+        for p in pruned.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    save_model(pruned, tmp_path / "pruned")
+    tokenizer.save(tmp_path / "pruned" / "tokenizer.json")
+
     with pytest.raises(NotConvertible, match="one head count for every layer"):
-        export_ctranslate2(folder, tmp_path / "ct2", "float32")
+        export_ctranslate2(tmp_path / "pruned", tmp_path / "ct2", "float32")
     assert not (tmp_path / "ct2").exists()
+
+    meta = export_ctranslate2(tmp_path / "pruned", tmp_path / "ct2", "float32", pad_heads=True)
+    assert meta["heads"] == 13 and meta["heads_computed"] == 3 * 2 + 2 * 3 * 2
+    check = compare_greedy(tmp_path / "pruned", tmp_path / "ct2", sentences[:6])
+    assert check["identical"] == check["sentences"] == 6, check["mismatches"]

@@ -4,8 +4,8 @@ Rows, in report order:
   - each variant the graph lists (models in PyTorch, ONNX packages in onnxruntime) on its device;
   - the float32 ones again on CUDA when the recipe's devices include it;
   - CTranslate2, the peer, on the final model: int8 and float32 on the CPU (float16 and
-    int8_float16 on CUDA). If the final model has uneven heads per layer (CTranslate2 cannot run
-    it), its rows say so and the peer runs the distilled student instead, the nearest model it can.
+    int8_float16 on CUDA). If the final model has uneven heads per layer, which CTranslate2
+    cannot express, zero heads are added (same outputs, more work for it; the row says so).
 A row that cannot be measured here is kept, with `skipped` saying why; it never fails the stage.
 
 Each row is measured once per thread count in `threads` (1 and all cores by default), each time
@@ -138,49 +138,32 @@ def skip_reason(row: dict, cfg: dict, has_cuda: bool, onnx_ready: bool) -> str |
 
 
 def peer_rows(ctx: StageContext, cfg: dict, has_cuda: bool, sample: list[str]) -> list[dict]:
-    """CTranslate2 rows: convert the final model (or the student, if the final one has uneven
-    heads), check its greedy outputs against ours, and leave the timing to measure()."""
-    final = cfg.get("final_model")
-    if final is None:
+    """CTranslate2 rows on the final model: convert it, check its greedy outputs against ours, and
+    leave the timing to measure(). A final model with uneven heads per layer (CTranslate2 has one
+    count per stack) is converted with zero heads added: the same function, more heads computed."""
+    model = cfg.get("final_model")
+    if model is None:
         return []
-
-    def rows_for(model: str, reason: str | None = None) -> list[dict]:
-        return [new_row(f"ctranslate2_{model}_{ct}" + ("_cuda" if device == "cuda" else ""), model, "ctranslate2",
-                        device, ct, model, None, reason)
-                for device in ("cpu", "cuda") for ct in CT2_TYPES[device]]
-
-    if "ctranslate2" not in cfg["runtimes"]:
-        return rows_for(final, "runtime ctranslate2 not in benchmark.runtimes")
-    if importlib.util.find_spec("ctranslate2") is None:
-        return rows_for(final, "ctranslate2 is not installed (pip install 'mt-pipeline[peer]')")
-    rows: list[dict] = []
-    model = final
-    try:
-        uniform_heads(json.loads(ctx.input(final).file("config.json").read_text(encoding="utf-8")))
-    except NotConvertible as exc:
-        rows += rows_for(final, str(exc))
-        fallback = "student" if final != "student" and "student" in ctx.inputs else None
-        if fallback is None:
-            return rows
-        model = fallback
+    rows = [new_row(f"ctranslate2_{model}_{ct}" + ("_cuda" if device == "cuda" else ""), model, "ctranslate2",
+                    device, ct, model, None) for device in ("cpu", "cuda") for ct in CT2_TYPES[device]]
+    missing = None if importlib.util.find_spec("ctranslate2") else "ctranslate2 is not installed (pip install '.[peer]')"
     artifact = ctx.input(model)
     params, heads = model_facts(artifact)
-    for row in rows_for(model):
-        rows.append(row)
-        row["skipped"] = skip_reason(row, cfg, has_cuda, onnx_ready=True)
-        if model != final:
-            row["note"] = f"the final model ({final}) has uneven heads per layer, which CTranslate2 cannot run; " \
-                          f"this is the {model} before pruning"
+    pad, note = False, None
+    try:
+        uniform_heads(json.loads(artifact.file("config.json").read_text(encoding="utf-8")))
+    except NotConvertible as exc:
+        pad, note = True, f"{exc}; zero heads were added up to each stack's largest count"
+    for row in rows:
+        row["skipped"] = skip_reason(row, cfg, has_cuda, onnx_ready=True) or missing
         if row["skipped"]:
             continue
         folder = ctx.out / "ctranslate2" / f"{model}-{row['compute_type']}"
-        try:
-            export_ctranslate2(artifact.path, folder, row["compute_type"])
-        except NotConvertible as exc:
-            row["skipped"] = str(exc)
-            continue
+        meta = export_ctranslate2(artifact.path, folder, row["compute_type"], pad_heads=pad)
         row.update(artifact=artifact.id, folder=str(folder), bytes=model_bytes(folder), params=params, heads=heads,
-                   source=model, files=folder.relative_to(ctx.out).as_posix())
+                   source=model, files=folder.relative_to(ctx.out).as_posix(), heads_computed=meta["heads_computed"])
+        if pad:
+            row["note"] = f"{note} (CTranslate2 computes {meta['heads_computed']} heads, ours {meta['heads']})"
         if row["device"] == "cpu":
             check = compare_greedy(artifact.path, folder, sample[:PARITY_SENTENCES])
             row["parity"] = check
