@@ -72,7 +72,9 @@ def run(ctx: StageContext) -> dict:
             pick_best(row)  # may find every measurement skipped (e.g. a runtime without CUDA)
         ctx.log(f"{row['name']}: skipped: {row['skipped']}" if row["skipped"] else summary_line(row))
         for result in row["by_threads"].values():
-            machine["runtimes"].setdefault(row["runtime"], result.pop("versions", None) or {})
+            versions = result.pop("versions", None)  # once per runtime is enough, in `machine`
+            if versions:
+                machine["runtimes"][row["runtime"]] = versions
 
     report = {"test_set": test_set, "sentences": len(sample), "threads": threads, "batch_size": cfg["batch_size"],
               "throughput_beam": cfg["throughput_beam"], "machine": machine, "rows": rows}

@@ -19,9 +19,11 @@ from ..context import StageContext
 from ..errors import StageFailed
 
 TEACHER = "teacher"  # the row every ratio is taken against: the teacher in PyTorch on the CPU
+# What report.json promises (others script against it): keys may be added, never renamed.
+REPORT_KEYS = ("recipe", "run", "machine", "rows")
+MACHINE_KEYS = ("cpu", "cores", "gpu", "versions")
 ROW_KEYS = ("variant", "runtime", "device", "compute_type", "params", "heads", "bytes", "bleu", "chrf",
             "latency_ms", "throughput", "skipped")
-REPORT_KEYS = ("recipe", "run", "machine", "rows")
 
 
 def run(ctx: StageContext) -> dict:
@@ -35,6 +37,8 @@ def run(ctx: StageContext) -> dict:
     mark_pareto(rows)
     max_loss = ctx.config["max_bleu_loss"]
     recommendations = {mode: recommend(rows, mode, max_loss) for mode in ("greedy", "beam4")}
+    if any(r["device"] == "cuda" and not r["skipped"] for r in rows):
+        recommendations.update({f"{mode}_cuda": recommend(rows, mode, max_loss, "cuda") for mode in ("greedy", "beam4")})
     report = {
         "recipe": ctx.config.get("recipe"),
         "run": None,
@@ -48,6 +52,7 @@ def run(ctx: StageContext) -> dict:
         "recommendations": recommendations,
         "targets": targets(rows),
     }
+    check_schema(report)
     (ctx.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     from ..plotting import plot_bleu_vs_latency  # matplotlib only when a report is made
 
@@ -56,6 +61,15 @@ def run(ctx: StageContext) -> dict:
     ctx.log(report["recommendation"])
     return {"rows": len(rows), "measured": sum(1 for r in rows if not r["skipped"]),
             "recommendation": report["recommendation"], "targets": report["targets"]}
+
+
+def check_schema(report: dict) -> None:
+    missing = [k for k in REPORT_KEYS if k not in report] + [f"machine.{k}" for k in MACHINE_KEYS
+                                                             if k not in (report["machine"] or {})]
+    for row in report["rows"]:
+        missing += [f"rows[{row['name']}].{k}" for k in ROW_KEYS if k not in row]
+    if missing:
+        raise StageFailed(f"report.json would lack promised keys: {', '.join(missing[:5])}")
 
 
 # ------------------------------------------------------------------------------ rows
@@ -159,21 +173,22 @@ def label(row: dict) -> str:
     return f"{row['variant']} ({row['runtime']} {row['compute_type']}{extra})"
 
 
-def recommend(rows: list[dict], mode: str, max_loss: float) -> str:
-    """The fastest CPU row whose BLEU is within `max_loss` of the teacher's (same decoding)."""
+def recommend(rows: list[dict], mode: str, max_loss: float, device: str = "cpu") -> str:
+    """The fastest row on `device` whose BLEU is within `max_loss` of the teacher's (same decoding).
+    Speed and size are compared with the teacher in PyTorch on the CPU."""
     t = _teacher(rows)
     bleu_key, lat_key = ("bleu_greedy", "greedy_b1") if mode == "greedy" else ("bleu", "beam4_b1")
-    what = "batch-1 greedy" if mode == "greedy" else "batch-1 beam 4"
+    what = f"batch-1 {'greedy' if mode == 'greedy' else 'beam 4'}, {device.upper()}"
     if t is None or t.get(bleu_key) is None:
         return f"no recommendation ({what}): the teacher has no measured row with a BLEU to compare against"
-    ok = [r for r in rows if not r["skipped"] and r["device"] == "cpu" and r.get(bleu_key) is not None
+    ok = [r for r in rows if not r["skipped"] and r["device"] == device and r.get(bleu_key) is not None
           and r.get("latency_ms") and r[bleu_key] >= t[bleu_key] - max_loss]
     if not ok:
-        return f"no recommendation ({what}): no measured CPU row has a BLEU"
+        return f"no recommendation ({what}): no measured row within {max_loss:g} BLEU of the teacher"
     best = min(ok, key=lambda r: r["latency_ms"][lat_key]["p50"])
     speed = _ratio(t["latency_ms"][lat_key]["mean"], best["latency_ms"][lat_key]["mean"])
     size = _ratio(best.get("bytes"), t.get("bytes"))
-    return (f"fastest variant within {max_loss:g} BLEU of the teacher ({what}, CPU): {label(best)}, "
+    return (f"fastest variant within {max_loss:g} BLEU of the teacher ({what}): {label(best)}, "
             f"{best['threads']} thread(s): p50 {best['latency_ms'][lat_key]['p50']:.1f} ms, "
             f"{speed:.2f}x the teacher's sentences/s, BLEU {best[bleu_key]:.2f} vs {t[bleu_key]:.2f}"
             + (f", {size:.3f} of its bytes" if size is not None else ""))
@@ -231,8 +246,8 @@ def markdown(report: dict) -> str:
         f"beam {b['throughput_beam']}. Each runtime measured at {' and '.join(map(str, b['threads'] or []))} "
         f"thread(s) in a fresh process; a row shows the faster (batch-1 greedy p50). "
         "Speedups are the teacher's (PyTorch, CPU) mean latency over the row's.", "",
-        f"**Recommendation**: {report['recommendations']['greedy']}.", "",
-        f"Beam 4: {report['recommendations']['beam4']}.", "",
+        f"**Recommendation**: {report['recommendation']}.", "",
+        *[f"- {line}." for mode, line in report["recommendations"].items() if mode != "greedy"], "",
         "![BLEU against latency](bleu_vs_latency.png)", "",
         "| variant | runtime | device | type | thr | params | heads | size | BLEU | BLEU greedy | chrF | "
         "greedy p50 / p90 / p99 ms | beam4 p50 ms | sent/s | tok/s | RSS MB | speedup | size ratio | Pareto |",
