@@ -90,8 +90,8 @@ def new_row(name: str, variant: str, runtime: str, device: str, compute_type: st
     return {"name": name, "variant": variant, "runtime": runtime, "device": device, "compute_type": compute_type,
             "node": node, "package": package, "source": None, "artifact": None, "files": None, "folder": None,
             "params": None, "heads": None, "bytes": None, "threads": None, "latency_ms": None, "throughput": None,
-            "peak_rss_mb": None, "gpu_mem_mb": None, "load_s": None, "skipped": skipped, "note": None,
-            "by_threads": {}}
+            "peak_rss_mb": None, "gpu_mem_mb": None, "load_s": None, "breakdown": None, "skipped": skipped,
+            "note": None, "by_threads": {}}
 
 
 def variant_rows(ctx: StageContext, cfg: dict, has_cuda: bool) -> list[dict]:
@@ -207,8 +207,8 @@ def pick_best(row: dict) -> None:
         row["skipped"] = next(iter(row["by_threads"].values()))["skipped"]
         return
     best = min(done, key=lambda r: r["latency_ms"]["greedy_b1"]["p50"])
-    for key in ("threads", "latency_ms", "throughput", "peak_rss_mb", "gpu_mem_mb", "load_s"):
-        row[key] = best[key]
+    for key in ("threads", "latency_ms", "throughput", "peak_rss_mb", "gpu_mem_mb", "load_s", "breakdown"):
+        row[key] = best.get(key)
     scored = [r["scores"] for r in row["by_threads"].values() if r.get("scores")]
     if scored:
         row["scores"] = scored[0]
