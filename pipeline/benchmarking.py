@@ -183,9 +183,10 @@ def measure(job: dict) -> dict:
     outputs = translator.translate(sample, **kw)  # warm-up (untimed), and the outputs to count
     target_tokens = sum(len(ids) for ids in translator.tokenizer.encode(outputs))
     seconds, medians = until_stable(lambda: [timed(sample, **kw)[0]], *repeats)
-    best = statistics.median(seconds)
-    result["throughput"] = {"sent_per_s": round(len(sample) / best, 2), "tok_per_s": round(target_tokens / best, 1),
-                            "batch": batch, "beam": beam, "sentences": len(sample), "target_tokens": target_tokens}
+    typical = statistics.median(seconds)
+    result["throughput"] = {"sent_per_s": round(len(sample) / typical, 2),
+                            "tok_per_s": round(target_tokens / typical, 1), "batch": batch, "beam": beam,
+                            "sentences": len(sample), "target_tokens": target_tokens}
     result["repeats"]["throughput"] = len(medians)
     note_gpu()
 

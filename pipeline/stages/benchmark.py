@@ -36,6 +36,7 @@ from .data import read_split
 
 REPO = Path(__file__).resolve().parents[2]
 PARITY_SENTENCES = 10  # sentences whose greedy output ids CTranslate2 must reproduce
+MEASURE_TIMEOUT_S = 1800  # one measurement slower than this is a row that says so, not a hung run
 CT2_TYPES = {"cpu": ("int8", "float32"), "cuda": ("int8_float16", "float16")}
 
 
@@ -191,8 +192,13 @@ def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: 
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     with open(log_path, "w", encoding="utf-8") as log:
-        rc = subprocess.run([sys.executable, "-m", "pipeline.benchmarking", str(jobs / f"{tag}.json")],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
+        try:
+            rc = subprocess.run([sys.executable, "-m", "pipeline.benchmarking", str(jobs / f"{tag}.json")],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                timeout=MEASURE_TIMEOUT_S).returncode
+        except subprocess.TimeoutExpired:
+            return {"threads": threads, "skipped": f"measurement took over {MEASURE_TIMEOUT_S} s and was stopped "
+                                                   "(an oversubscribed machine makes multi-thread runs crawl)"}
     if rc == 0 and result_path.is_file():
         return json.loads(result_path.read_text(encoding="utf-8"))
     lines = [ln for ln in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
