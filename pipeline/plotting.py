@@ -12,6 +12,8 @@ from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter  # n
 
 RUNTIME_COLOURS = {"torch": "tab:blue", "onnxruntime": "tab:orange", "ctranslate2": "tab:green"}
 DEVICE_MARKERS = {"cpu": "o", "cuda": "^"}
+# Label offsets (points) cycled left to right, so that labels of nearby points do not overlap.
+LABEL_OFFSETS = ((5, 4), (5, 15), (5, -12), (5, 26), (5, -23))
 PANELS = (("greedy_b1", "bleu_greedy", "pareto", "greedy"), ("beam4_b1", "bleu", "pareto_beam4", "beam 4"))
 
 
@@ -20,7 +22,6 @@ def plot_bleu_vs_latency(rows: list[dict], path: Path, title: str = "BLEU agains
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.5), constrained_layout=True)
     for ax, (lat_key, bleu_key, flag, name) in zip(axes, PANELS):
         shown = [r for r in rows if not r["skipped"] and r.get("latency_ms") and r.get(bleu_key) is not None]
-        # Labels of nearby points would overlap: stagger them vertically, left to right.
         for k, r in enumerate(sorted(shown, key=lambda r: r["latency_ms"][lat_key]["p50"])):
             x, y = r["latency_ms"][lat_key]["p50"], r[bleu_key]
             ax.scatter(x, y, s=60, c=RUNTIME_COLOURS.get(r["runtime"], "grey"),
@@ -28,7 +29,8 @@ def plot_bleu_vs_latency(rows: list[dict], path: Path, title: str = "BLEU agains
                        edgecolors="black" if r[flag] else "none", linewidths=1.5, zorder=3)
             device = "" if r["device"] == "cpu" else f" {r['device']}"
             ax.annotate(f"{r['variant']}/{r['runtime']}/{r['compute_type']}{device}", (x, y),
-                        textcoords="offset points", xytext=(5, 4 + 10 * (k % 3)), fontsize=7)
+                        textcoords="offset points", xytext=LABEL_OFFSETS[k % len(LABEL_OFFSETS)], fontsize=7,
+                        arrowprops=dict(arrowstyle="-", color="grey", linewidth=0.5))
         for device in {r["device"] for r in shown}:
             front = sorted((r["latency_ms"][lat_key]["p50"], r[bleu_key])
                            for r in shown if r[flag] and r["device"] == device)
@@ -49,7 +51,7 @@ def plot_bleu_vs_latency(rows: list[dict], path: Path, title: str = "BLEU agains
             ax.text(0.5, 0.5, "no measured row with a BLEU", ha="center", va="center", transform=ax.transAxes)
     handles = [plt.Line2D([], [], marker="o", linestyle="", color=c, label=rt) for rt, c in RUNTIME_COLOURS.items()]
     handles += [plt.Line2D([], [], marker=m, linestyle="", color="grey", label=d) for d, m in DEVICE_MARKERS.items()]
-    axes[1].legend(handles=handles, loc="lower right", fontsize=8)
+    axes[1].legend(handles=handles, loc="best", fontsize=8)
     fig.suptitle(title)
     fig.savefig(path, dpi=120)
     plt.close(fig)
