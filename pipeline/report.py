@@ -183,7 +183,8 @@ def print_comparison(result: dict) -> None:
     for entry in result["rows"]:
         fa, fb = entry["a"], entry["b"]
         if fa is None or fb is None or "skipped" in fa or "skipped" in fb:
-            table.add_row(entry["name"], f"{_state(fa)} -> {_state(fb)}", "", "", "", "")
+            state = f"both {_state(fa)}" if fa == fb else f"{_state(fa)} -> {_state(fb)}"
+            table.add_row(entry["name"], f"[dim]{state}[/dim]", "", "", "", "")
             continue
         table.add_row(entry["name"], pair(entry, "bleu", "{:.2f}"), pair(entry, "greedy_p50_ms", "{:.1f}"),
                       pair(entry, "sent_per_s", "{:.1f}"), f"{_mb(fa['bytes'])} -> {_mb(fb['bytes'])}",
