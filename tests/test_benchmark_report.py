@@ -161,3 +161,19 @@ def test_pipeline_report_and_compare(built, smoke, capsys):
     proc = cli("report", str(SMOKE), "--json", store=store.root)
     assert proc.returncode == 0, proc.stderr.decode()
     assert json.loads(proc.stdout)["run"] == rerun
+
+
+def test_onnx_packages_are_measured_in_onnxruntime(smoke):
+    # The smoke student's export and quantize artifacts (shared with the ONNX tests); only the
+    # onnxruntime rows are measured, so the others must say why not.
+    _, arts = smoke.build("benchmark", "prune=null", "benchmark.threads=[one]", "benchmark.sentences=4",
+                          "benchmark.runtimes=[onnxruntime]")
+    rows = {r["name"]: r for r in arts["benchmark"].metrics["results"]}
+    assert {n for n, r in rows.items() if not r["skipped"]} == {"student_onnx", "int8_dynamic", "int8_static"}
+    assert rows["teacher"]["skipped"] == "runtime torch not in benchmark.runtimes"
+    assert rows["ctranslate2_student_int8"]["skipped"] == "runtime ctranslate2 not in benchmark.runtimes"
+    assert rows["fp16"]["skipped"] and rows["fp16"]["device"] == "cuda"
+    fp32, int8 = rows["student_onnx"], rows["int8_dynamic"]
+    assert int8["bytes"] < fp32["bytes"] and int8["params"] == fp32["params"] == arts["student"].metrics["params"]
+    assert int8["compute_type"] == "int8" and int8["runtime"] == "onnxruntime" and int8["source"] == "student"
+    assert int8["latency_ms"]["greedy_b1"]["p50"] > 0 and int8["breakdown"]["steps_per_sentence"] >= 1
