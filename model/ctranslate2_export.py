@@ -99,14 +99,13 @@ def build_spec(folder: Path, pad_heads: bool = False):
     cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     enc_heads, dec_heads = padded_heads(cfg) if pad_heads else uniform_heads(cfg)
     w = load_file(str(folder / "model.safetensors"))
-    hd = cfg["head_dim"]
-    for i, h in enumerate(cfg["enc_heads"]):
-        w.update(pad_attention(w, f"encoder.{i}.attn", {"qkv": 3}, h, enc_heads, hd))
-    for i, (hs, hc) in enumerate(zip(cfg["dec_self_heads"], cfg["dec_cross_heads"])):
-        w.update(pad_attention(w, f"decoder.{i}.self_attn", {"qkv": 3}, hs, dec_heads, hd))
-        w.update(pad_attention(w, f"decoder.{i}.cross_attn", {"q": 1, "kv": 2}, hc, dec_heads, hd))
-    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[cfg["activation"]]
     pre_ln, head_dim = cfg["pre_ln"], cfg["head_dim"]
+    for i, h in enumerate(cfg["enc_heads"]):
+        w.update(pad_attention(w, f"encoder.{i}.attn", {"qkv": 3}, h, enc_heads, head_dim))
+    for i, (hs, hc) in enumerate(zip(cfg["dec_self_heads"], cfg["dec_cross_heads"])):
+        w.update(pad_attention(w, f"decoder.{i}.self_attn", {"qkv": 3}, hs, dec_heads, head_dim))
+        w.update(pad_attention(w, f"decoder.{i}.cross_attn", {"q": 1, "kv": 2}, hc, dec_heads, head_dim))
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[cfg["activation"]]
     encoder = transformer_spec.TransformerEncoderSpec(
         len(cfg["enc_heads"]), enc_heads, pre_norm=pre_ln, activation=activation, head_dim=head_dim)
     decoder = transformer_spec.TransformerDecoderSpec(
