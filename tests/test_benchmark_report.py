@@ -8,11 +8,13 @@ minutes (threads wait on each other); the thread selection is tested on its own 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import struct
 
 import pytest
+import torch
 
 from pipeline.report import compare_runs, show_latest
 from pipeline.stages.benchmark import pick_best, thread_counts
@@ -27,8 +29,21 @@ HAS_CT2 = importlib.util.find_spec("ctranslate2") is not None
 
 @pytest.fixture(scope="module")
 def built(smoke):
-    store, arts = smoke.build("report", *OVERRIDES)
+    with one_torch_thread():
+        store, arts = smoke.build("report", *OVERRIDES)
     return store, arts, store.latest("smoke")["run"]
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """In-process stages (evaluate) on one thread: two threads on a loaded 2-core machine crawl.
+    (The benchmark's own measurements run in processes that set their threads themselves.)"""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_every_benchmark_row_has_numbers_or_a_reason(built):
@@ -166,8 +181,9 @@ def test_pipeline_report_and_compare(built, smoke, capsys):
 def test_onnx_packages_are_measured_in_onnxruntime(smoke):
     # The smoke student's export and quantize artifacts (shared with the ONNX tests); only the
     # onnxruntime rows are measured, so the others must say why not.
-    _, arts = smoke.build("benchmark", "prune=null", "benchmark.threads=[one]", "benchmark.sentences=4",
-                          "benchmark.runtimes=[onnxruntime]")
+    with one_torch_thread():
+        _, arts = smoke.build("benchmark", "prune=null", "benchmark.threads=[one]", "benchmark.sentences=4",
+                              "benchmark.runtimes=[onnxruntime]")
     rows = {r["name"]: r for r in arts["benchmark"].metrics["results"]}
     assert {n for n, r in rows.items() if not r["skipped"]} == {"student_onnx", "int8_dynamic", "int8_static"}
     assert rows["teacher"]["skipped"] == "runtime torch not in benchmark.runtimes"
