@@ -260,6 +260,7 @@ class BenchmarkConfig(Strict):
     test_set: str | None = None  # null: the first test set
     sentences: PositiveInt = 100
     batch_size: PositiveInt = 32
+    throughput_beam: PositiveInt = 4  # beam of the throughput runs (bulk translation); latency: greedy and 4
     threads: list[Literal["one", "all"] | PositiveInt] = ["one", "all"]
     runtimes: list[Literal["torch", "onnxruntime", "ctranslate2"]] = [
         "torch", "onnxruntime", "ctranslate2"]

@@ -1,0 +1,268 @@
+"""One benchmark measurement: one model, one runtime, one device, one thread count, in its own process.
+
+The benchmark stage runs `python -m pipeline.benchmarking JOB.json` once per measurement, so
+that every measurement starts from a fresh process: the thread count is set before any runtime
+starts its thread pool (torch's cannot always be re-sized after first use), and the peak RSS is
+that of this model alone. The process writes RESULT.json (the job's "result" path) and exits.
+
+What is timed is what a user waits for: text in, text out (tokenization and detokenization
+included), through the translator's `translate`. Warm-up runs are not timed. GPU timings are
+synchronised before the clock stops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+WARMUP_SENTENCES = 3
+BEAM = 4  # the "beam4_b1" latency of the report
+
+
+def percentiles(values: list[float]) -> dict:
+    """p50 / p90 / p99 in milliseconds (linear interpolation, as numpy does), and the mean:
+    1000 / mean is the sentences per second of one client translating one sentence at a time."""
+    ms = np.asarray(values) * 1000.0
+    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+    return {"p50": round(float(p50), 3), "p90": round(float(p90), 3), "p99": round(float(p99), 3),
+            "mean": round(float(ms.mean()), 3)}
+
+
+def until_stable(one_pass, min_repeats: int, max_repeats: int, within: float) -> tuple[list[float], list[float]]:
+    """Run `one_pass()` (a list of numbers) until two consecutive passes' medians differ by less
+    than `within` (relative), at least `min_repeats` and at most `max_repeats` times.
+    Returns (all values pooled, each pass's median)."""
+    pooled, medians = [], []
+    for repeat in range(max(max_repeats, min_repeats)):
+        values = one_pass()
+        pooled += values
+        medians.append(statistics.median(values))
+        if repeat + 1 >= min_repeats and len(medians) >= 2 and \
+                abs(medians[-1] - medians[-2]) <= within * abs(medians[-2]):
+            break
+    return pooled, medians
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory. Linux: VmHWM, which starts afresh at exec (ru_maxrss
+    would carry over the parent's peak across fork + exec)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)  # kB
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS
+    return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)
+
+
+def gpu_used_mb() -> float | None:
+    """Memory in use on GPU 0 (all processes), from nvidia-smi; None without one. The benchmark
+    machine runs one measurement at a time, so the growth of this figure is this process's."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=10)
+        return float(out.stdout.strip().splitlines()[0])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+class Skip(Exception):
+    """This measurement cannot be made here (e.g. the runtime has no CUDA); the reason is the row's."""
+
+
+def open_translator(job: dict):
+    """The translator of the job's runtime, on its device, with its thread count."""
+    runtime, device, threads = job["runtime"], job["device"], job["threads"]
+    folder = Path(job["folder"])
+    if runtime == "ctranslate2":
+        import ctranslate2
+
+        from model.ctranslate2_export import CTranslate2Translator
+
+        if device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+            raise Skip("ctranslate2 sees no CUDA device")
+        return CTranslate2Translator(folder, device=device, threads=threads, compute_type=job["compute_type"])
+    if runtime == "torch":
+        import torch
+
+        if device == "cuda" and not torch.cuda.is_available():
+            raise Skip(f"torch {torch.__version__} has no CUDA here")
+    from pipeline.translators import load_translator
+
+    translator = load_translator(folder, job.get("package"), device=device, threads=threads)
+    if runtime == "onnxruntime" and getattr(translator, "device", device) != device:
+        raise Skip(f"onnxruntime's {device} execution provider did not load "
+                   f"(providers: {getattr(translator, 'providers', '?')})")
+    return translator
+
+
+def synchronizer(runtime: str, device: str):
+    """A function that waits for the GPU (translate() already returns host data; this makes sure)."""
+    if device == "cuda" and runtime == "torch":
+        import torch
+
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def runtime_versions(runtime: str) -> dict:
+    info: dict = {}
+    if runtime == "torch":
+        import torch
+
+        info = {"torch": torch.__version__, "torch_cuda": torch.version.cuda, "torch_threads": torch.get_num_threads()}
+    elif runtime == "onnxruntime":
+        import onnxruntime
+
+        info = {"onnxruntime": onnxruntime.__version__, "providers": onnxruntime.get_available_providers()}
+    elif runtime == "ctranslate2":
+        import ctranslate2
+
+        info = {"ctranslate2": ctranslate2.__version__, "cuda_devices": ctranslate2.get_cuda_device_count()}
+    return info
+
+
+def measure(job: dict) -> dict:
+    sample: list[str] = job["sentences"]
+    gpu_base = gpu_used_mb() if job["device"] == "cuda" else None
+    gpu_samples: list[float] = []
+
+    def note_gpu():
+        if gpu_base is not None:
+            used = gpu_used_mb()
+            if used is not None:
+                gpu_samples.append(used - gpu_base)
+
+    t0 = time.perf_counter()
+    translator = open_translator(job)
+    load_s = time.perf_counter() - t0
+    sync = synchronizer(job["runtime"], job["device"])
+    note_gpu()
+    repeats = (job["min_repeats"], job["max_repeats"], job["stable_within"])
+
+    def timed(sentences, **kw) -> tuple[float, list[str]]:
+        sync()
+        start = time.perf_counter()
+        out = translator.translate(sentences, **kw)
+        sync()
+        return time.perf_counter() - start, out
+
+    result: dict = {"threads": job["threads"], "load_s": round(load_s, 3), "latency_ms": {}, "repeats": {},
+                    "pass_p50_ms": {}}
+    for key, beam in (("greedy_b1", 1), ("beam4_b1", BEAM)):
+        for sentence in sample[:WARMUP_SENTENCES]:
+            timed([sentence], beam=beam, max_batch=1)
+
+        def one_pass(beam=beam):
+            return [timed([s], beam=beam, max_batch=1)[0] for s in sample]
+
+        pooled, medians = until_stable(one_pass, *repeats)
+        result["latency_ms"][key] = percentiles(pooled)
+        result["repeats"][key] = len(medians)
+        result["pass_p50_ms"][key] = [round(m * 1000, 3) for m in medians]
+        note_gpu()
+
+    # Throughput: the whole sample in batches of `batch_size` sentences (no token cap); target
+    # tokens are the subword tokens of the outputs (EOS not counted), the same count for every runtime.
+    batch, beam = job["batch_size"], job["throughput_beam"]
+    kw = dict(beam=beam, max_batch=batch, batch_tokens=10 ** 9)
+    outputs = translator.translate(sample, **kw)  # warm-up (untimed), and the outputs to count
+    target_tokens = sum(len(ids) for ids in translator.tokenizer.encode(outputs))
+    seconds, medians = until_stable(lambda: [timed(sample, **kw)[0]], *repeats)
+    typical = statistics.median(seconds)
+    result["throughput"] = {"sent_per_s": round(len(sample) / typical, 2),
+                            "tok_per_s": round(target_tokens / typical, 1), "batch": batch, "beam": beam,
+                            "sentences": len(sample), "target_tokens": target_tokens}
+    result["repeats"]["throughput"] = len(medians)
+    note_gpu()
+
+    result["breakdown"] = time_breakdown(translator, sample, sync)
+    result["peak_rss_mb"] = peak_rss_mb()
+    result["gpu_mem_mb"] = round(max(gpu_samples), 1) if gpu_samples else None
+    result["versions"] = runtime_versions(job["runtime"])
+    if job.get("score"):
+        result["scores"] = score_test_set(translator, job["score"], job["batch_size"])
+    return result
+
+
+def time_breakdown(translator, sample: list[str], sync) -> dict | None:
+    """Where batch-1 greedy time goes, per sentence: the encoder, the decoder steps, and the rest
+    (tokenization, search in NumPy, detokenization). Needs a translator that drives an
+    IncrementalDecoder (`.decoder` with encode/step: ours); CTranslate2 is one opaque call."""
+    decoder = getattr(translator, "decoder", None)
+    if decoder is None or not hasattr(decoder, "step") or not hasattr(decoder, "encode"):
+        return None
+    spent = {"encode": 0.0, "step": 0.0, "steps": 0}
+
+    def timed_method(name):
+        method = getattr(decoder, name)
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            out = method(*args, **kwargs)
+            sync()
+            spent[name] += time.perf_counter() - start
+            spent["steps"] += name == "step"
+            return out
+        return wrapper
+
+    decoder.encode, decoder.step = timed_method("encode"), timed_method("step")  # shadow the methods
+    try:
+        start = time.perf_counter()
+        for sentence in sample:
+            translator.translate([sentence], beam=1, max_batch=1)
+        total = time.perf_counter() - start
+    finally:
+        del decoder.encode, decoder.step
+    n = len(sample)
+    return {"total_ms": round(total / n * 1000, 3), "encode_ms": round(spent["encode"] / n * 1000, 3),
+            "decode_steps_ms": round(spent["step"] / n * 1000, 3),
+            "other_ms": round((total - spent["encode"] - spent["step"]) / n * 1000, 3),
+            "steps_per_sentence": round(spent["steps"] / n, 2),
+            "ms_per_step": round(spent["step"] / max(spent["steps"], 1) * 1000, 4)}
+
+
+def score_test_set(translator, spec: dict, batch: int) -> dict:
+    """BLEU / chrF of this translator on a whole test set (for runtimes no evaluate stage covers)."""
+    from pipeline.scoring import score
+
+    src = Path(spec["src"]).read_text(encoding="utf-8").split("\n")[:-1]
+    refs = Path(spec["refs"]).read_text(encoding="utf-8").split("\n")[:-1]
+    out = {}
+    for beam in spec["beams"]:
+        hyps = translator.translate(src, beam=beam, length_penalty=spec.get("length_penalty", 1.0),
+                                    batch_tokens=spec.get("batch_tokens", 4000), max_batch=max(batch, 64))
+        s = score(hyps, refs)
+        out[f"beam{beam}"] = {k: s[k] for k in ("bleu", "chrf", "sentences", "bleu_signature", "chrf_signature")}
+    return out
+
+
+def main() -> None:
+    job_path = Path(sys.argv[1])
+    job = json.loads(job_path.read_text(encoding="utf-8"))
+    try:
+        result = measure(job)
+    except Skip as exc:
+        result = {"threads": job["threads"], "skipped": str(exc)}
+    out = Path(job["result"])
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, out)
+
+
+if __name__ == "__main__":
+    main()

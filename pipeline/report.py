@@ -1,0 +1,202 @@
+"""`pipeline report`: show a recipe's latest BLEU / latency table, or what changed between two runs.
+
+The report artifact (pipeline/stages/report.py) does not know which run made it, since artifacts
+are shared by every run that reuses them. Shown here, report.json's "run" is the newest run
+whose log lists that report artifact (built or reused).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .errors import UserInputError
+from .recipe import load_recipe
+from .store import Store
+
+
+def _out() -> Console:
+    console = Console(highlight=False)
+    if not console.is_terminal:  # a pipe or a file: do not squeeze the table into 80 columns
+        console = Console(highlight=False, width=200)
+    return console
+
+
+def run_of(store: Store, artifact_id: str) -> str | None:
+    """The newest run whose log lists this artifact as built or reused (run ids start with the time)."""
+    if not store.runs.is_dir():
+        return None
+    for path in sorted(store.runs.glob("*.json"), reverse=True):
+        try:
+            log = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        if any(rec.get("id") == artifact_id and rec.get("action") in ("built", "reused") for rec in log.get("nodes", [])):
+            return log.get("run", path.stem)
+    return None
+
+
+def load_report(store: Store, report_id: str) -> dict:
+    artifact = store.get(report_id)
+    report = json.loads(artifact.file("report.json").read_text(encoding="utf-8"))
+    report["run"] = run_of(store, report_id)
+    report["report_artifact"] = report_id
+    report["files"] = {name: str(artifact.path / name) for name in ("report.md", "report.json", "bleu_vs_latency.png")}
+    return report
+
+
+def latest_report(store: Store, recipe_path: str | Path) -> dict:
+    recipe, _ = load_recipe(recipe_path)
+    pointer = store.latest(recipe.name)
+    if pointer is None:
+        raise UserInputError(f"no run of recipe '{recipe.name}' in {store.root}: run `pipeline run {recipe_path}` first")
+    node = pointer.get("nodes", {}).get("report")
+    if node is None or not store.exists(node["id"]):
+        raise UserInputError(f"no report from recipe '{recipe.name}' in {store.root}: run `pipeline run {recipe_path}` "
+                             "to the end (the recipe needs evaluate, benchmark and report sections)")
+    return load_report(store, node["id"])
+
+
+def show_latest(store: Store, recipe_path: str | Path, json_out: bool = False) -> dict:
+    report = latest_report(store, recipe_path)
+    if json_out:
+        print(json.dumps(report, indent=2))
+        return report
+    out = _out()
+    m = report.get("machine") or {}
+    out.print(f"[bold]{report['recipe']}[/bold], run {report['run'] or '(unknown)'}: "
+              f"{m.get('cpu')}, {m.get('cores')} cores, GPU {m.get('gpu') or 'none'}")
+    out.print(report_table(report))
+    for r in report["rows"]:
+        if r["skipped"]:
+            out.print(f"[dim]{r['variant']} {r['runtime']} {r['device']} {r['compute_type']}: "
+                      f"skipped: {r['skipped']}[/dim]")
+    for mode, line in (report.get("recommendations") or {}).items():
+        out.print(f"{mode}: {line}")
+    out.print(f"[dim]{report['files']['report.md']}[/dim]")
+    return report
+
+
+def _num(value, fmt: str) -> str:
+    return "–" if value is None else fmt.format(value)
+
+
+def report_table(report: dict) -> Table:
+    b = report.get("benchmark") or {}
+    table = Table(title=f"BLEU against latency ({b.get('sentences')} sentences of {b.get('test_set')}, "
+                        f"throughput at batch {b.get('batch_size')})", title_justify="left")
+    for col in ("variant", "runtime", "device", "type", "thr", "BLEU", "chrF", "greedy p50 ms", "p90", "p99",
+                "beam4 p50 ms", "sent/s", "size MB", "params", "heads", "speedup", "Pareto"):
+        table.add_column(col, justify="left" if col in ("variant", "runtime", "device", "type") else "right")
+    for r in report["rows"]:
+        if r["skipped"]:
+            continue  # listed under the table, where the reason has room
+        head = [r["variant"], r["runtime"], r["device"], r["compute_type"]]
+        g = r["latency_ms"]["greedy_b1"]
+        vs = r.get("vs_teacher") or {}
+        table.add_row(*head, str(r["threads"]), _num(r["bleu"], "{:.2f}"), _num(r["chrf"], "{:.1f}"),
+                      f"{g['p50']:.1f}", f"{g['p90']:.1f}", f"{g['p99']:.1f}",
+                      f"{r['latency_ms']['beam4_b1']['p50']:.1f}", f"{r['throughput']['sent_per_s']:.1f}",
+                      _mb(r["bytes"]), _num(r["params"], "{:,}"),
+                      _num(r["heads"], "{}"), _num(vs.get("greedy_b1_speedup"), "{:.2f}x"),
+                      "*" if r.get("pareto") else "")
+    return table
+
+
+# ------------------------------------------------------------------------------ compare
+def compare_runs(store: Store, run_a: str, run_b: str) -> dict:
+    """What changed from run A to run B: recipe settings, rebuilt stages, machine, and per
+    report row the BLEU, latency, throughput and size. Prints it and returns it."""
+    from .runner import _diff_keys
+
+    logs = [store.read_run(run_a), store.read_run(run_b)]
+    nodes = [{rec["node"]: rec["id"] for rec in log.get("nodes", []) if rec.get("action") in ("built", "reused")}
+             for log in logs]
+    changed_nodes = [{"node": name, "a": nodes[0].get(name), "b": nodes[1].get(name)}
+                     for name in dict.fromkeys([*nodes[0], *nodes[1]]) if nodes[0].get(name) != nodes[1].get(name)]
+    settings = _diff_keys(logs[0].get("recipe_resolved"), logs[1].get("recipe_resolved"))
+    machine = _diff_keys(logs[0].get("machine"), logs[1].get("machine"))
+    reports = [load_report(store, n["report"]) if n.get("report") and store.exists(n["report"]) else None
+               for n in nodes]
+    rows = compare_rows(*reports) if all(reports) else []
+    result = {"a": run_a, "b": run_b, "recipes": [log.get("recipe") for log in logs], "settings_changed": settings,
+              "machine_changed": machine, "nodes_changed": changed_nodes, "rows": rows,
+              "reports": [r and r["report_artifact"] for r in reports]}
+    print_comparison(result)
+    return result
+
+
+def compare_rows(a: dict, b: dict) -> list[dict]:
+    """Per row name (variant x runtime x device): the figures of A and B side by side."""
+    def figures(row: dict | None) -> dict | None:
+        if row is None:
+            return None
+        if row["skipped"]:
+            return {"skipped": row["skipped"]}
+        return {"bleu": row["bleu"], "greedy_p50_ms": row["latency_ms"]["greedy_b1"]["p50"],
+                "beam4_p50_ms": row["latency_ms"]["beam4_b1"]["p50"], "sent_per_s": row["throughput"]["sent_per_s"],
+                "bytes": row["bytes"], "threads": row["threads"]}
+
+    by_a, by_b = ({r["name"]: r for r in rep["rows"]} for rep in (a, b))
+    out = []
+    for name in dict.fromkeys([*by_a, *by_b]):
+        fa, fb = figures(by_a.get(name)), figures(by_b.get(name))
+        entry = {"name": name, "a": fa, "b": fb}
+        if fa and fb and "skipped" not in fa and "skipped" not in fb:
+            entry["bleu_delta"] = None if fa["bleu"] is None or fb["bleu"] is None else round(fb["bleu"] - fa["bleu"], 2)
+            entry["greedy_p50_ratio"] = round(fb["greedy_p50_ms"] / fa["greedy_p50_ms"], 3)
+            entry["sent_per_s_ratio"] = round(fb["sent_per_s"] / fa["sent_per_s"], 3)
+        out.append(entry)
+    return out
+
+
+def print_comparison(result: dict) -> None:
+    out = _out()
+    out.print(f"[bold]{result['a']}[/bold] -> [bold]{result['b']}[/bold]")
+    out.print("recipe settings changed: " + (", ".join(result["settings_changed"]) or "none"))
+    if result["machine_changed"]:
+        out.print("machine changed: " + ", ".join(result["machine_changed"]))
+    if result["nodes_changed"]:
+        out.print("stages with different artifacts: " + ", ".join(
+            f"{n['node']} ({'new' if n['a'] is None else 'gone' if n['b'] is None else 'rebuilt'})"
+            for n in result["nodes_changed"]))
+    else:
+        out.print("stages with different artifacts: none (same artifacts)")
+    if not result["rows"]:
+        missing = [run for run, rep in zip((result["a"], result["b"]), result["reports"]) if rep is None]
+        out.print(f"no report to compare in {', '.join(missing)}" if missing else "no rows")
+        return
+    table = Table(title="per row: A -> B", title_justify="left")
+    for col in ("row", "BLEU", "greedy p50 ms", "sent/s", "size MB", "threads"):
+        table.add_column(col, justify="left" if col == "row" else "right")
+
+    def pair(entry, key, fmt):
+        fa, fb = entry["a"] or {}, entry["b"] or {}
+        if "skipped" in fa or "skipped" in fb or not fa or not fb:
+            return ""
+        va, vb = fa.get(key), fb.get(key)
+        return f"{_num(va, fmt)} -> {_num(vb, fmt)}"
+
+    for entry in result["rows"]:
+        fa, fb = entry["a"], entry["b"]
+        if fa is None or fb is None or "skipped" in fa or "skipped" in fb:
+            state = f"both {_state(fa)}" if fa == fb else f"{_state(fa)} -> {_state(fb)}"
+            table.add_row(entry["name"], f"[dim]{state}[/dim]", "", "", "", "")
+            continue
+        table.add_row(entry["name"], pair(entry, "bleu", "{:.2f}"), pair(entry, "greedy_p50_ms", "{:.1f}"),
+                      pair(entry, "sent_per_s", "{:.1f}"), f"{_mb(fa['bytes'])} -> {_mb(fb['bytes'])}",
+                      f"{fa['threads']} -> {fb['threads']}")
+    out.print(table)
+
+
+def _state(figures: dict | None) -> str:
+    if figures is None:
+        return "absent"
+    return f"skipped: {figures['skipped']}" if "skipped" in figures else "measured"
+
+
+def _mb(n: int | None) -> str:
+    return _num(None if n is None else n / 1e6, "{:.2f}")

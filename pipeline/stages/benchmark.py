@@ -1,0 +1,278 @@
+"""Benchmark stage: latency, throughput, memory and size of every variant on every runtime here.
+
+Rows, in report order:
+  - each variant the graph lists (models in PyTorch, ONNX packages in onnxruntime) on its device;
+  - the float32 ones again on CUDA when the recipe's devices include it;
+  - CTranslate2, the peer, on the final model: int8 and float32 on the CPU (float16 and
+    int8_float16 on CUDA). If the final model has uneven heads per layer, which CTranslate2
+    cannot express, zero heads are added (same outputs, more work for it; the row says so).
+A row that cannot be measured here is kept, with `skipped` saying why; it never fails the stage.
+
+Each row is measured once per thread count in `threads` (1 and all cores by default), each time
+in a fresh process (pipeline/benchmarking.py). The row shows the thread count with the lower
+batch-1 greedy p50; every measurement stays in the manifest under `by_threads`.
+The CTranslate2 rows also translate and score the whole test set (no evaluate stage covers
+them), and their greedy outputs are compared with our PyTorch model's.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from model.ctranslate2_export import NotConvertible, compare_greedy, export_ctranslate2, uniform_heads
+
+from ..context import StageContext
+from ..errors import UserInputError
+from ..graph import MODEL_NODES
+from ..store import Artifact, tool_versions
+from .data import read_split
+
+REPO = Path(__file__).resolve().parents[2]
+PARITY_SENTENCES = 10  # sentences whose greedy output ids CTranslate2 must reproduce
+MEASURE_TIMEOUT_S = 1800  # one measurement slower than this is a row that says so, not a hung run
+CT2_TYPES = {"cpu": ("int8", "float32"), "cuda": ("int8_float16", "float16")}
+
+
+def run(ctx: StageContext) -> dict:
+    cfg = ctx.config
+    data = ctx.input("data")
+    test_sets = data.metrics.get("test_sets", [])
+    test_set = cfg.get("test_set") or (test_sets[0] if test_sets else None)
+    if test_set not in test_sets:
+        raise UserInputError(f"benchmark.test_set: {test_set!r} not produced by the data stage (it has {test_sets})")
+    src, _ = read_split(data.path, f"test.{test_set}")
+    # A fixed sample: the first N non-empty sentences, so `head -n N` reproduces it.
+    sample = [s for s in src if s.strip()][: cfg["sentences"]]
+    (ctx.out / "sample.src").write_text("".join(s + "\n" for s in sample), encoding="utf-8")
+
+    machine = describe_machine(cfg.get("machine") or {})
+    has_cuda = bool(machine.get("gpu"))
+    threads = thread_counts(cfg["threads"], machine["usable_cores"])
+    rows = variant_rows(ctx, cfg, has_cuda) + peer_rows(ctx, cfg, has_cuda, sample)
+    ctx.log(f"{len(rows)} rows ({sum(1 for r in rows if not r['skipped'])} to measure) on {test_set}: "
+            f"{len(sample)} sentences, threads {threads}, batch {cfg['batch_size']}")
+
+    jobs = [(row, n) for row in rows if not row["skipped"] for n in threads]
+    score_spec = {"src": str(data.file(f"test.{test_set}.src")), "refs": str(data.file(f"test.{test_set}.tgt")),
+                  "beams": [1, 4], "test_set": test_set}
+    with ctx.progress("benchmark", total=len(jobs), unit="measurements") as bar:
+        for row, n in jobs:
+            score = score_spec if row["runtime"] == "ctranslate2" and not row["by_threads"] else None
+            row["by_threads"][str(n)] = measure(ctx, row, n, sample, cfg, score)
+            bar.advance(1, postfix=f"{row['name']} ({n} thread{'s' if n > 1 else ''})")
+    for row in rows:
+        row.pop("folder")  # a path into the store (or this stage's temporary folder): not for readers
+        if not row["skipped"]:
+            pick_best(row)  # may find every measurement skipped (e.g. a runtime without CUDA)
+        ctx.log(f"{row['name']}: skipped: {row['skipped']}" if row["skipped"] else summary_line(row))
+        for result in row["by_threads"].values():
+            versions = result.pop("versions", None)  # once per runtime is enough, in `machine`
+            if versions:
+                machine["runtimes"][row["runtime"]] = versions
+
+    report = {"test_set": test_set, "sentences": len(sample), "threads": threads, "batch_size": cfg["batch_size"],
+              "throughput_beam": cfg["throughput_beam"], "machine": machine, "rows": rows}
+    (ctx.out / "benchmark.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return {"rows": len(rows), "measured": sum(1 for r in rows if not r["skipped"]),
+            "skipped_rows": sum(1 for r in rows if r["skipped"]), **{k: v for k, v in report.items() if k != "rows"},
+            "results": rows}
+
+
+# ---------------------------------------------------------------------------------- rows
+def new_row(name: str, variant: str, runtime: str, device: str, compute_type: str, node: str,
+            package: str | None, skipped: str | None = None) -> dict:
+    return {"name": name, "variant": variant, "runtime": runtime, "device": device, "compute_type": compute_type,
+            "node": node, "package": package, "source": None, "artifact": None, "files": None, "folder": None,
+            "params": None, "heads": None, "bytes": None, "threads": None, "latency_ms": None, "throughput": None,
+            "peak_rss_mb": None, "gpu_mem_mb": None, "load_s": None, "breakdown": None, "skipped": skipped,
+            "note": None, "by_threads": {}}
+
+
+def variant_rows(ctx: StageContext, cfg: dict, has_cuda: bool) -> list[dict]:
+    rows = []
+    onnx_ready = importlib.util.find_spec("model.runtime") is not None
+    for v in cfg["variants"]:
+        row = new_row(v["name"], v["variant"], v["runtime"], v["device"], v["compute_type"], v["node"],
+                      v["package"], v.get("skipped"))
+        rows.append(row)
+        # On a GPU machine the float32 models also run on CUDA (int8 ONNX kernels are CPU-only).
+        if "cuda" in cfg["devices"] and v["device"] == "cpu" and v["compute_type"] == "float32":
+            rows.append({**copy.deepcopy(row), "name": f"{v['name']}_cuda", "device": "cuda"})
+    source_of = {v["name"]: source_model(v, cfg["final_model"]) for v in cfg["variants"]}
+    for row in rows:
+        base = row["name"].removesuffix("_cuda")
+        row["skipped"] = row["skipped"] or skip_reason(row, cfg, has_cuda, onnx_ready)
+        artifact = ctx.inputs.get(base)
+        if artifact is None:
+            row["skipped"] = row["skipped"] or f"no input artifact for {base}"
+            continue
+        row["artifact"] = artifact.id
+        row["folder"] = str(artifact.path / row["package"] if row["package"] else artifact.path)
+        row["bytes"] = model_bytes(Path(row["folder"])) if Path(row["folder"]).is_dir() else None
+        row["source"] = source_of[base]
+        source = ctx.inputs.get(row["source"])
+        if source is not None:
+            row["params"], row["heads"] = model_facts(source)
+    return rows
+
+
+def source_model(variant: dict, final_model: str | None) -> str:
+    """The PyTorch model a variant was made from (whose params and heads it has)."""
+    return variant["variant"] if variant["variant"] in MODEL_NODES else final_model
+
+
+def skip_reason(row: dict, cfg: dict, has_cuda: bool, onnx_ready: bool) -> str | None:
+    if row["runtime"] not in cfg["runtimes"]:
+        return f"runtime {row['runtime']} not in benchmark.runtimes"
+    if row["device"] not in cfg["devices"]:
+        return f"device {row['device']} not in benchmark.devices"
+    if row["device"] == "cuda" and not has_cuda:
+        return "no CUDA device on this machine"
+    if row["runtime"] == "onnxruntime" and not onnx_ready:
+        return "the ONNX runtime (model/runtime.py) is not available in this checkout"
+    return None
+
+
+def peer_rows(ctx: StageContext, cfg: dict, has_cuda: bool, sample: list[str]) -> list[dict]:
+    """CTranslate2 rows on the final model: convert it, check its greedy outputs against ours, and
+    leave the timing to measure(). A final model with uneven heads per layer (CTranslate2 has one
+    count per stack) is converted with zero heads added: the same function, more heads computed."""
+    model = cfg.get("final_model")
+    if model is None:
+        return []
+    rows = [new_row(f"ctranslate2_{model}_{ct}" + ("_cuda" if device == "cuda" else ""), model, "ctranslate2",
+                    device, ct, model, None) for device in ("cpu", "cuda") for ct in CT2_TYPES[device]]
+    missing = None if importlib.util.find_spec("ctranslate2") else "ctranslate2 is not installed (pip install '.[peer]')"
+    artifact = ctx.input(model)
+    params, heads = model_facts(artifact)
+    pad, note = False, None
+    try:
+        uniform_heads(json.loads(artifact.file("config.json").read_text(encoding="utf-8")))
+    except NotConvertible as exc:
+        pad, note = True, f"{exc}; zero heads were added up to each stack's largest count"
+    for row in rows:
+        row["skipped"] = skip_reason(row, cfg, has_cuda, onnx_ready=True) or missing
+        if row["skipped"]:
+            continue
+        folder = ctx.out / "ctranslate2" / f"{model}-{row['compute_type']}"
+        meta = export_ctranslate2(artifact.path, folder, row["compute_type"], pad_heads=pad)
+        row.update(artifact=artifact.id, folder=str(folder), bytes=model_bytes(folder), params=params, heads=heads,
+                   source=model, files=folder.relative_to(ctx.out).as_posix(), heads_computed=meta["heads_computed"])
+        if pad:
+            row["note"] = f"{note} (CTranslate2 computes {meta['heads_computed']} heads, ours {meta['heads']})"
+        if row["device"] == "cpu":
+            check = compare_greedy(artifact.path, folder, sample[:PARITY_SENTENCES])
+            row["parity"] = check
+            ctx.log(f"CTranslate2 {model} {row['compute_type']}: greedy outputs identical to ours on "
+                    f"{check['identical']}/{check['sentences']} sentences")
+    return rows
+
+
+# ------------------------------------------------------------------------------ measuring
+def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: dict, score: dict | None) -> dict:
+    """One measurement in a fresh process; a process that fails gives a skipped result, not a crash."""
+    tag = f"{row['name']}-t{threads}"
+    jobs = ctx.work / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    result_path, log_path = jobs / f"{tag}.result.json", jobs / f"{tag}.log"
+    result_path.unlink(missing_ok=True)
+    job = {"runtime": row["runtime"], "device": row["device"], "compute_type": row["compute_type"],
+           "folder": row["folder"], "threads": threads, "sentences": sample, "batch_size": cfg["batch_size"],
+           "throughput_beam": cfg["throughput_beam"], "min_repeats": cfg["min_repeats"],
+           "max_repeats": cfg["max_repeats"], "stable_within": cfg["stable_within"], "score": score,
+           "result": str(result_path)}
+    (jobs / f"{tag}.json").write_text(json.dumps(job), encoding="utf-8")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    with open(log_path, "w", encoding="utf-8") as log:
+        try:
+            rc = subprocess.run([sys.executable, "-m", "pipeline.benchmarking", str(jobs / f"{tag}.json")],
+                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                timeout=MEASURE_TIMEOUT_S).returncode
+        except subprocess.TimeoutExpired:
+            return {"threads": threads, "skipped": f"measurement took over {MEASURE_TIMEOUT_S} s and was stopped "
+                                                   "(an oversubscribed machine makes multi-thread runs crawl)"}
+    if rc == 0 and result_path.is_file():
+        return json.loads(result_path.read_text(encoding="utf-8"))
+    lines = [ln for ln in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    return {"threads": threads, "skipped": f"measurement process failed (exit {rc}): "
+                                           f"{lines[-1][:300] if lines else 'no output'}"}
+
+
+def pick_best(row: dict) -> None:
+    """The row shows the thread count with the lowest batch-1 greedy p50 latency."""
+    done = [r for r in row["by_threads"].values() if not r.get("skipped")]
+    if not done:
+        row["skipped"] = next(iter(row["by_threads"].values()))["skipped"]
+        return
+    best = min(done, key=lambda r: r["latency_ms"]["greedy_b1"]["p50"])
+    for key in ("threads", "latency_ms", "throughput", "peak_rss_mb", "gpu_mem_mb", "load_s", "breakdown"):
+        row[key] = best.get(key)
+    scored = [r["scores"] for r in row["by_threads"].values() if r.get("scores")]
+    if scored:
+        row["scores"] = scored[0]
+
+
+def summary_line(row: dict) -> str:
+    lat, tp = row["latency_ms"], row["throughput"]
+    return (f"{row['name']} ({row['runtime']}, {row['device']}, {row['compute_type']}, {row['threads']} thr): "
+            f"greedy p50 {lat['greedy_b1']['p50']:.1f} ms, beam4 p50 {lat['beam4_b1']['p50']:.1f} ms, "
+            f"{tp['sent_per_s']:.1f} sent/s at batch {tp['batch']}, RSS {row['peak_rss_mb']:.0f} MB")
+
+
+# ------------------------------------------------------------------------------ facts
+def thread_counts(spec: list, cores: int) -> list[int]:
+    counts = [1 if t == "one" else cores if t == "all" else int(t) for t in spec]
+    return list(dict.fromkeys(counts))  # "one" and "all" are the same on a 1-core machine
+
+
+def model_bytes(folder: Path) -> int:
+    """Bytes of the weights a runtime loads: safetensors, ONNX graphs and their external data,
+    CTranslate2's model.bin. Tokenizer and small JSON files are not counted."""
+    weights = [p for p in folder.iterdir() if p.is_file() and (
+        p.name in ("model.safetensors", "model.bin") or p.suffix in (".onnx", ".data") or p.name.endswith("_data"))]
+    return sum(p.stat().st_size for p in weights)
+
+
+def model_facts(artifact: Artifact) -> tuple[int | None, int | None]:
+    """(parameters, attention heads in total) of a PyTorch model artifact: its metrics, else its files."""
+    metrics = artifact.metrics
+    if metrics.get("params") is not None and metrics.get("heads") is not None:
+        return metrics["params"], metrics["heads"]
+    config = json.loads((artifact.path / "config.json").read_text(encoding="utf-8"))
+    heads = sum(config["enc_heads"]) + sum(config["dec_self_heads"]) + sum(config["dec_cross_heads"])
+    from safetensors import safe_open
+
+    params = 0
+    with safe_open(str(artifact.path / "model.safetensors"), "np") as f:
+        for key in f.keys():
+            size = 1
+            for dim in f.get_slice(key).get_shape():
+                size *= dim
+            params += size
+    return params, heads
+
+
+def describe_machine(machine: dict) -> dict:
+    """What a reader needs to interpret the numbers: CPU, cores, GPU, library versions."""
+    info = {"cpu": machine.get("cpu"), "cores": machine.get("cores") or os.cpu_count() or 1,
+            "gpu": machine.get("gpu"), "system": machine.get("system"), "versions": tool_versions(),
+            "runtimes": {}}
+    # "all" threads means the cores this process may use (a container can have fewer than the host).
+    info["usable_cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else info["cores"]
+    if info["gpu"] and shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader",
+                                  "-i", "0"], capture_output=True, text=True, timeout=10).stdout.strip()
+            driver, memory = (x.strip() for x in out.split(",", 1))
+            info.update(gpu_driver=driver, gpu_memory=memory)
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            pass
+    return info

@@ -1,0 +1,301 @@
+"""Report stage: BLEU against latency, as report.md, report.json and bleu_vs_latency.png.
+
+One row per benchmark row (variant x runtime x device), joined with the BLEU / chrF of its
+evaluate artifact (the CTranslate2 rows bring their own: the benchmark scored them), with ratios
+against the teacher in PyTorch on the CPU, the Pareto front marked, and recommendation lines.
+
+report.json is an interface others script against; its keys are documented in REPORT_KEYS and
+only ever added to. Its "run" is null here: an artifact is shared by every run that reuses it, so
+the stage cannot know a run id; `pipeline report` fills it in when showing the file (the latest
+run whose log lists this report artifact).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from ..context import StageContext
+from ..errors import StageFailed
+
+TEACHER = "teacher"  # the row every ratio is taken against: the teacher in PyTorch on the CPU
+# What report.json promises (others script against it): keys may be added, never renamed.
+REPORT_KEYS = ("recipe", "run", "machine", "rows")
+MACHINE_KEYS = ("cpu", "cores", "gpu", "versions")
+ROW_KEYS = ("variant", "runtime", "device", "compute_type", "params", "heads", "bytes", "bleu", "chrf",
+            "latency_ms", "throughput", "skipped")
+
+
+def run(ctx: StageContext) -> dict:
+    bench = ctx.input("benchmark").metrics
+    evaluations = {role.removeprefix("evaluate."): art.metrics for role, art in ctx.inputs.items()
+                   if role.startswith("evaluate.")}
+    rows = [report_row(row, evaluations) for row in bench.get("results", [])]
+    if not rows:
+        raise StageFailed("the benchmark artifact has no rows to report")
+    add_ratios(rows)
+    mark_pareto(rows)
+    max_loss = ctx.config["max_bleu_loss"]
+    recommendations = {mode: recommend(rows, mode, max_loss) for mode in ("greedy", "beam4")}
+    if any(r["device"] == "cuda" and not r["skipped"] for r in rows):
+        recommendations.update({f"{mode}_cuda": recommend(rows, mode, max_loss, "cuda") for mode in ("greedy", "beam4")})
+    report = {
+        "recipe": ctx.config.get("recipe"),
+        "run": None,
+        "run_note": "null in the artifact (shared by every run that reuses it); `pipeline report` fills in "
+                    "the latest run whose log lists this report artifact",
+        "machine": bench.get("machine"),
+        "benchmark": {k: bench.get(k) for k in ("test_set", "sentences", "threads", "batch_size", "throughput_beam")},
+        "teacher": TEACHER,
+        "rows": rows,
+        "recommendation": recommendations["greedy"],
+        "recommendations": recommendations,
+        "targets": targets(rows),
+    }
+    check_schema(report)
+    (ctx.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    from ..plotting import plot_bleu_vs_latency  # matplotlib only when a report is made
+
+    plot_bleu_vs_latency(rows, ctx.out / "bleu_vs_latency.png", title=f"{report['recipe']}: BLEU against latency")
+    (ctx.out / "report.md").write_text(markdown(report), encoding="utf-8")
+    ctx.log(report["recommendation"])
+    return {"rows": len(rows), "measured": sum(1 for r in rows if not r["skipped"]),
+            "recommendation": report["recommendation"], "targets": report["targets"]}
+
+
+def check_schema(report: dict) -> None:
+    missing = [k for k in REPORT_KEYS if k not in report] + [f"machine.{k}" for k in MACHINE_KEYS
+                                                             if k not in (report["machine"] or {})]
+    for row in report["rows"]:
+        missing += [f"rows[{row['name']}].{k}" for k in ROW_KEYS if k not in row]
+    if missing:
+        raise StageFailed(f"report.json would lack promised keys: {', '.join(missing[:5])}")
+
+
+# ------------------------------------------------------------------------------ rows
+def report_row(row: dict, evaluations: dict) -> dict:
+    """A benchmark row with its quality figures and the keys report.json promises."""
+    out = {k: row.get(k) for k in ("name", "variant", "runtime", "device", "compute_type", "threads", "params",
+                                   "heads", "bytes", "latency_ms", "throughput", "peak_rss_mb", "gpu_mem_mb",
+                                   "breakdown", "skipped", "note", "source", "artifact")}
+    out.update(bleu=None, chrf=None, bleu_greedy=None, chrf_greedy=None, bleu_beam=None, bleu_source=None)
+    if row.get("latency_ms"):
+        out["latency_ms"] = {k: row["latency_ms"][k] for k in ("greedy_b1", "beam4_b1")}
+    if row.get("throughput"):
+        out["throughput"] = {k: row["throughput"].get(k) for k in ("sent_per_s", "tok_per_s", "batch", "beam")}
+    scores = row.get("scores")
+    base = row["name"].removesuffix("_cuda")
+    if scores:  # CTranslate2: scored by the benchmark on the whole test set
+        beam4, greedy = scores.get("beam4", {}), scores.get("beam1", {})
+        out.update(bleu=beam4.get("bleu"), chrf=beam4.get("chrf"), bleu_greedy=greedy.get("bleu"),
+                   chrf_greedy=greedy.get("chrf"), bleu_beam=4,
+                   bleu_source=f"scored by the benchmark with this runtime: {beam4.get('sentences')} sentences, "
+                               "beam 4 and greedy")
+    elif base in evaluations:
+        ev = evaluations[base]
+        out.update(bleu=ev.get("bleu"), chrf=ev.get("chrf"), bleu_greedy=ev.get("bleu_greedy"),
+                   chrf_greedy=ev.get("chrf_greedy"), bleu_beam=ev.get("beam"),
+                   bleu_source=f"evaluate.{base}: {ev.get('test_set')}, beam {ev.get('beam')}"
+                               + (" (run on the CPU; same weights)" if base != row["name"] else ""))
+    if row.get("parity"):
+        p = row["parity"]
+        out["parity"] = f"greedy outputs identical to our PyTorch model on {p['identical']}/{p['sentences']} sentences"
+    return out
+
+
+def _teacher(rows: list[dict]) -> dict | None:
+    return next((r for r in rows if r["name"] == TEACHER and not r["skipped"]), None)
+
+
+def _ratio(a, b):
+    return round(a / b, 3) if a is not None and b not in (None, 0) else None
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """vs_teacher: speedups (teacher time / row time: batch-1 sentences per second, from the mean
+    latency), throughput and size ratios (row / teacher), BLEU differences (row - teacher)."""
+    t = _teacher(rows)
+    for row in rows:
+        if t is None:
+            row["vs_teacher"] = None
+            continue
+        lat, tlat = row.get("latency_ms") or {}, t["latency_ms"]
+        tp, ttp = row.get("throughput") or {}, t["throughput"]
+        row["vs_teacher"] = {
+            "greedy_b1_speedup": _ratio(tlat["greedy_b1"]["mean"], (lat.get("greedy_b1") or {}).get("mean")),
+            "beam4_b1_speedup": _ratio(tlat["beam4_b1"]["mean"], (lat.get("beam4_b1") or {}).get("mean")),
+            "throughput_ratio": _ratio(tp.get("sent_per_s"), ttp["sent_per_s"]),
+            "bytes_ratio": _ratio(row.get("bytes"), t.get("bytes")),
+            "bleu_delta": None if row["bleu"] is None or t["bleu"] is None else round(row["bleu"] - t["bleu"], 2),
+            "bleu_greedy_delta": None if row["bleu_greedy"] is None or t["bleu_greedy"] is None
+            else round(row["bleu_greedy"] - t["bleu_greedy"], 2),
+        }
+
+
+def points(rows: list[dict], mode: str) -> list[tuple[int, float, float]]:
+    """(row index, latency p50 ms, BLEU) of measured rows with a BLEU. Greedy latency pairs with
+    greedy BLEU, beam-4 latency with the main BLEU (the evaluate stage's beam)."""
+    key, bleu_key = ("greedy_b1", "bleu_greedy") if mode == "greedy" else ("beam4_b1", "bleu")
+    out = []
+    for i, r in enumerate(rows):
+        bleu = r.get(bleu_key)
+        if r["skipped"] or not r.get("latency_ms") or bleu is None:
+            continue
+        out.append((i, r["latency_ms"][key]["p50"], bleu))
+    return out
+
+
+def pareto_front(pts: list[tuple[float, float]]) -> list[bool]:
+    """For (latency, bleu) points: True where no other point is at least as fast and at least
+    as good, and strictly better in one of the two."""
+    flags = []
+    for i, (x, y) in enumerate(pts):
+        dominated = any(x2 <= x and y2 >= y and (x2 < x or y2 > y) for j, (x2, y2) in enumerate(pts) if j != i)
+        flags.append(not dominated)
+    return flags
+
+
+def mark_pareto(rows: list[dict]) -> None:
+    """`pareto` (greedy latency vs greedy BLEU) and `pareto_beam4`, within each device: a GPU row
+    does not push CPU rows off the front, since a user picks a device first."""
+    for row in rows:
+        row["pareto"], row["pareto_beam4"] = False, False
+    for mode, flag in (("greedy", "pareto"), ("beam4", "pareto_beam4")):
+        pts = points(rows, mode)
+        for device in {rows[i]["device"] for i, _, _ in pts}:
+            mine = [(i, x, y) for i, x, y in pts if rows[i]["device"] == device]
+            for (i, _, _), on in zip(mine, pareto_front([(x, y) for _, x, y in mine])):
+                rows[i][flag] = on
+
+
+def label(row: dict) -> str:
+    extra = "" if row["device"] == "cpu" else f", {row['device']}"
+    return f"{row['variant']} ({row['runtime']} {row['compute_type']}{extra})"
+
+
+def recommend(rows: list[dict], mode: str, max_loss: float, device: str = "cpu") -> str:
+    """The fastest row on `device` whose BLEU is within `max_loss` of the teacher's (same decoding).
+    Speed and size are compared with the teacher in PyTorch on the CPU."""
+    t = _teacher(rows)
+    bleu_key, lat_key = ("bleu_greedy", "greedy_b1") if mode == "greedy" else ("bleu", "beam4_b1")
+    what = f"batch-1 {'greedy' if mode == 'greedy' else 'beam 4'}, {device.upper()}"
+    if t is None or t.get(bleu_key) is None:
+        return f"no recommendation ({what}): the teacher has no measured row with a BLEU to compare against"
+    ok = [r for r in rows if not r["skipped"] and r["device"] == device and r.get(bleu_key) is not None
+          and r.get("latency_ms") and r[bleu_key] >= t[bleu_key] - max_loss]
+    if not ok:
+        return f"no recommendation ({what}): no measured row within {max_loss:g} BLEU of the teacher"
+    best = min(ok, key=lambda r: r["latency_ms"][lat_key]["p50"])
+    speed = _ratio(t["latency_ms"][lat_key]["mean"], best["latency_ms"][lat_key]["mean"])
+    size = _ratio(best.get("bytes"), t.get("bytes"))
+    return (f"fastest variant within {max_loss:g} BLEU of the teacher ({what}): {label(best)}, "
+            f"{best['threads']} thread(s): p50 {best['latency_ms'][lat_key]['p50']:.1f} ms, "
+            f"{speed:.2f}x the teacher's sentences/s, BLEU {best[bleu_key]:.2f} vs {t[bleu_key]:.2f}"
+            + (f", {size:.3f} of its bytes" if size is not None else ""))
+
+
+def targets(rows: list[dict]) -> dict:
+    """The issue's targets, measured: int8 (pruned) student in onnxruntime vs the teacher in
+    PyTorch, and vs CTranslate2 int8 at batch 1 (ours / theirs, lower is better for us)."""
+    out = {}
+    t = _teacher(rows)
+    peer = next((r for r in rows if r["runtime"] == "ctranslate2" and r["compute_type"] == "int8"
+                 and r["device"] == "cpu" and not r["skipped"]), None)
+    for r in rows:
+        if r["runtime"] != "onnxruntime" or r["compute_type"] != "int8" or r["skipped"]:
+            continue
+        entry = {"greedy_b1_speedup": (r.get("vs_teacher") or {}).get("greedy_b1_speedup"), "speedup_target": 8.0,
+                 "bleu_delta": (r.get("vs_teacher") or {}).get("bleu_delta"), "bleu_delta_target": -1.0,
+                 "bytes_ratio": (r.get("vs_teacher") or {}).get("bytes_ratio"), "bytes_ratio_target": 0.1}
+        if t is None:
+            entry["note"] = "no teacher row to compare against"
+        if peer is not None:
+            ours, theirs = r["latency_ms"], peer["latency_ms"]
+            entry["vs_ctranslate2_int8"] = {
+                "greedy_b1_p50_ratio": _ratio(ours["greedy_b1"]["p50"], theirs["greedy_b1"]["p50"]),
+                "beam4_b1_p50_ratio": _ratio(ours["beam4_b1"]["p50"], theirs["beam4_b1"]["p50"]),
+                "goal": "<= 1.0 (ours no slower)", "peer_variant": peer["variant"],
+                "same_weights": peer.get("source") == r.get("source"),
+                "ours_breakdown": r.get("breakdown"),
+            }
+        out[r["name"]] = entry
+    return out
+
+
+# ------------------------------------------------------------------------------ markdown
+def _f(value, fmt="{:.1f}", none="–"):
+    return none if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
+
+
+def _size(n) -> str:
+    if n is None:
+        return "–"
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.0f} kB"
+
+
+def markdown(report: dict) -> str:
+    m, b = report.get("machine") or {}, report["benchmark"]
+    versions = ", ".join(f"{k} {v}" for k, v in (m.get("versions") or {}).items())
+    lines = [
+        f"# {report['recipe']}: BLEU against latency", "",
+        f"**Machine**: {m.get('cpu')}, {m.get('cores')} cores ({m.get('usable_cores')} usable), "
+        f"GPU: {m.get('gpu') or 'none'}. {versions}.", "",
+        f"**How**: the first {b['sentences']} sentences of {b['test_set']}, text in to text out (tokenization "
+        f"included). Latency: one sentence at a time, warm-up excluded, passes repeated until the p50 is stable; "
+        f"p50/p90/p99 over all timed sentences. Throughput: the same sentences in batches of {b['batch_size']}, "
+        f"beam {b['throughput_beam']}. Each runtime measured at {' and '.join(map(str, b['threads'] or []))} "
+        f"thread(s) in a fresh process; a row shows the faster (batch-1 greedy p50). "
+        "Speedups are the teacher's (PyTorch, CPU) mean latency over the row's.", "",
+        f"**Recommendation**: {report['recommendation']}.", "",
+        *[f"- {line}." for mode, line in report["recommendations"].items() if mode != "greedy"], "",
+        "![BLEU against latency](bleu_vs_latency.png)", "",
+        "| variant | runtime | device | type | thr | params | heads | size | BLEU | BLEU greedy | chrF | "
+        "greedy p50 / p90 / p99 ms | beam4 p50 ms | sent/s | tok/s | RSS MB | speedup | size ratio | Pareto |",
+        "|" + "---|" * 19,
+    ]
+    for r in report["rows"]:
+        if r["skipped"]:
+            continue
+        lat, tp, vs = r["latency_ms"], r["throughput"], r.get("vs_teacher") or {}
+        g = lat["greedy_b1"]
+        pareto = ("greedy" if r["pareto"] else "") + (" beam4" if r["pareto_beam4"] else "")
+        lines.append(
+            f"| {r['variant']} | {r['runtime']} | {r['device']} | {r['compute_type']} | {r['threads']} | "
+            f"{_f(r['params'], '{:,}')} | {_f(r['heads'], '{}')} | {_size(r['bytes'])} | {_f(r['bleu'], '{:.2f}')} | "
+            f"{_f(r['bleu_greedy'], '{:.2f}')} | {_f(r['chrf'], '{:.1f}')} | "
+            f"{g['p50']:.1f} / {g['p90']:.1f} / {g['p99']:.1f} | {lat['beam4_b1']['p50']:.1f} | "
+            f"{tp['sent_per_s']:.1f} | {tp['tok_per_s']:.0f} | {_f(r['peak_rss_mb'], '{:.0f}')} | "
+            f"{_f(vs.get('greedy_b1_speedup'), '{:.2f}x')} | {_f(vs.get('bytes_ratio'), '{:.3f}')} | "
+            f"{pareto.strip() or ''} |")
+    skipped = [r for r in report["rows"] if r["skipped"]]
+    if skipped:
+        lines += ["", "**Not measured here**:", ""]
+        lines += [f"- {r['name']} ({r['runtime']}, {r['device']}, {r['compute_type']}): skipped: {r['skipped']}"
+                  for r in skipped]
+    if report["targets"]:
+        lines += ["", "**Targets** (int8 student in onnxruntime):", ""]
+        for name, t in report["targets"].items():
+            lines.append(f"- {name}: {_f(t['greedy_b1_speedup'], '{:.2f}')}x the teacher's batch-1 greedy "
+                         f"sentences/s (target >= 8), BLEU {_f(t['bleu_delta'], '{:+.2f}')} (target >= -1.0), "
+                         f"{_f(t['bytes_ratio'], '{:.3f}')} of its bytes (target <= 0.1)")
+            peer = t.get("vs_ctranslate2_int8")
+            if peer:
+                bd = peer.get("ours_breakdown") or {}
+                lines.append(f"  - vs CTranslate2 int8 ({peer['peer_variant']}): ours / theirs batch-1 p50 = "
+                             f"{_f(peer['greedy_b1_p50_ratio'], '{:.2f}')} greedy, "
+                             f"{_f(peer['beam4_b1_p50_ratio'], '{:.2f}')} beam 4 (goal <= 1.0)"
+                             + (f"; our greedy time per sentence: encoder {bd['encode_ms']:.2f} ms, "
+                                f"{bd['steps_per_sentence']:.1f} decoder steps {bd['decode_steps_ms']:.2f} ms, "
+                                f"search and tokenization {bd['other_ms']:.2f} ms" if bd else ""))
+    measured = [r for r in report["rows"] if not r["skipped"]]
+    notes = [f"- {r['name']}: BLEU {r['bleu_source']}" for r in measured if r.get("bleu_source") and
+             ("benchmark" in r["bleu_source"] or "CPU" in r["bleu_source"])]
+    beams = sorted({r["bleu_beam"] for r in measured if r.get("bleu_beam")})
+    if len(beams) > 1:
+        notes.append(f"- the BLEU column mixes beams {beams} (evaluate's beam, and beam 4 for the rows the "
+                     "benchmark scored); the greedy BLEU column compares like with like")
+    notes += [f"- {r['name']}: {r['parity']}" for r in measured if r.get("parity")]
+    notes += [f"- {r['name']}: {r['note']}" for r in report["rows"] if r.get("note")]
+    if notes:
+        lines += ["", "**Notes**:", "", *notes]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,195 @@
+"""Benchmark and report stages on the smoke recipe, and `pipeline report`.
+
+Built from the teacher alone (no distill / prune / export / quantize sections: the teacher's
+artifacts and evaluation are shared with other tests, so this adds only the benchmark and the
+report), with one thread count: a 2-thread measurement on a loaded 2-core machine can take
+minutes (threads wait on each other); the thread selection is tested on its own below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import struct
+
+import pytest
+import torch
+
+from pipeline.report import compare_runs, show_latest
+from pipeline.stages.benchmark import pick_best, thread_counts
+from pipeline.stages.report import pareto_front
+
+from .conftest import SMOKE, cli
+
+OVERRIDES = ("distill=null", "prune=null", "export=null", "quantize=null",
+             "benchmark.threads=[one]", "benchmark.sentences=4")
+HAS_CT2 = importlib.util.find_spec("ctranslate2") is not None
+
+
+@pytest.fixture(scope="module")
+def built(smoke):
+    with one_torch_thread():
+        store, arts = smoke.build("report", *OVERRIDES)
+    return store, arts, store.latest("smoke")["run"]
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """In-process stages (evaluate) on one thread: two threads on a loaded 2-core machine crawl.
+    (The benchmark's own measurements run in processes that set their threads themselves.)"""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_every_benchmark_row_has_numbers_or_a_reason(built):
+    store, arts, _ = built
+    bench = arts["benchmark"].metrics
+    rows = {r["name"]: r for r in bench["results"]}
+    expected = {"teacher", "teacher_cuda", "ctranslate2_teacher_int8", "ctranslate2_teacher_float32",
+                "ctranslate2_teacher_float16_cuda", "ctranslate2_teacher_int8_float16_cuda"}
+    assert set(rows) == expected
+    if not HAS_CT2:
+        assert all(rows[n]["skipped"].startswith("ctranslate2 is not installed") for n in expected if "ctrans" in n)
+    assert bench["threads"] == [1] and bench["sentences"] == 4
+    machine = bench["machine"]
+    assert machine["cpu"] and machine["cores"] >= 1 and "torch" in machine["versions"]
+    for row in rows.values():
+        if row["skipped"]:
+            assert isinstance(row["skipped"], str) and row["skipped"]
+            continue
+        lat = row["latency_ms"]
+        for key in ("greedy_b1", "beam4_b1"):
+            assert 0 < lat[key]["p50"] <= lat[key]["p90"] <= lat[key]["p99"]
+        assert row["throughput"]["sent_per_s"] > 0 and row["throughput"]["tok_per_s"] > 0
+        assert row["throughput"]["batch"] == 4 and row["threads"] == 1 and list(row["by_threads"]) == ["1"]
+        assert row["peak_rss_mb"] > 10 and row["bytes"] > 0 and row["params"] > 0 and row["heads"] > 0
+    if not machine["gpu"]:
+        assert all(r["skipped"] == "no CUDA device on this machine" for n, r in rows.items() if n.endswith("_cuda"))
+    # The sample is the first sentences of the test set, so `head -n 4` reproduces it.
+    sample = (arts["benchmark"].path / "sample.src").read_text(encoding="utf-8").splitlines()
+    test = (arts["data"].path / f"test.{bench['test_set']}.src").read_text(encoding="utf-8").splitlines()
+    assert sample == test[:4]
+    # Our torch rows say where the time goes.
+    breakdown = rows["teacher"]["breakdown"]
+    assert breakdown["steps_per_sentence"] >= 1 and breakdown["decode_steps_ms"] > 0
+
+
+@pytest.mark.skipif(not HAS_CT2, reason="ctranslate2 is not installed")
+def test_ctranslate2_rows_are_checked_scored_and_stored(built):
+    _, arts, _ = built
+    rows = {r["name"]: r for r in arts["benchmark"].metrics["results"]}
+    fp32, int8 = rows["ctranslate2_teacher_float32"], rows["ctranslate2_teacher_int8"]
+    assert fp32["parity"]["identical"] == fp32["parity"]["sentences"] == 4
+    assert int8["bytes"] < fp32["bytes"] and fp32["variant"] == "teacher" and fp32["source"] == "teacher"
+    for row in (fp32, int8):
+        assert row["scores"]["beam4"]["sentences"] == row["scores"]["beam1"]["sentences"] == 40
+        assert (arts["benchmark"].path / row["files"] / "model.bin").is_file()
+
+
+def test_report_files(built):
+    _, arts, _ = built
+    report = json.loads(arts["report"].file("report.json").read_text(encoding="utf-8"))
+    assert report["recipe"] == "smoke" and report["run"] is None
+    assert {"cpu", "cores", "gpu", "versions"} <= set(report["machine"])
+    types = {"variant": str, "runtime": str, "device": str, "compute_type": str, "params": int, "heads": int,
+             "bytes": int, "bleu": float, "chrf": float}
+    for row in report["rows"]:
+        assert {"variant", "runtime", "device", "compute_type", "params", "heads", "bytes", "bleu", "chrf",
+                "latency_ms", "throughput", "skipped", "pareto", "vs_teacher"} <= set(row)
+        assert row["runtime"] in ("torch", "onnxruntime", "ctranslate2")
+        if row["skipped"]:
+            assert isinstance(row["skipped"], str)
+            continue
+        for key, kind in types.items():
+            assert isinstance(row[key], (int, float) if kind is float else kind), (key, row[key])
+        assert set(row["latency_ms"]) == {"greedy_b1", "beam4_b1"}
+        assert {"p50", "p90", "p99"} <= set(row["latency_ms"]["greedy_b1"])
+        assert {"sent_per_s", "tok_per_s", "batch"} <= set(row["throughput"])
+        assert isinstance(row["pareto"], bool)
+    teacher = next(r for r in report["rows"] if r["name"] == "teacher")
+    assert teacher["vs_teacher"]["greedy_b1_speedup"] == 1.0 and teacher["vs_teacher"]["bytes_ratio"] == 1.0
+    assert any(r["pareto"] for r in report["rows"])
+    assert report["recommendation"].startswith("fastest variant within 1 BLEU of the teacher")
+
+    png = arts["report"].file("bleu_vs_latency.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", png[16:24])
+    assert width >= 800 and height >= 400 and len(png) > 20_000
+
+    md = arts["report"].file("report.md").read_text(encoding="utf-8")
+    assert "| variant | runtime |" in md and "![BLEU against latency](bleu_vs_latency.png)" in md
+    assert report["recommendation"] in md
+    assert report["machine"]["gpu"] or "skipped: no CUDA device" in md
+
+
+def test_pareto_front():
+    # (latency ms, BLEU): faster-and-better wins; ties in both are both kept.
+    pts = [(10, 30.0), (5, 29.0), (20, 29.5), (5, 28.0), (50, 31.0), (10, 30.0)]
+    assert pareto_front(pts) == [True, True, False, False, True, True]
+    assert pareto_front([]) == [] and pareto_front([(1, 0.0)]) == [True]
+
+
+def test_thread_counts_and_the_faster_setting_wins():
+    assert thread_counts(["one", "all"], 8) == [1, 8]
+    assert thread_counts(["one", "all"], 1) == [1]  # the same count is measured once
+    assert thread_counts([4, "one", 4], 2) == [4, 1]
+
+    def result(threads, p50):
+        lat = {"p50": p50, "p90": p50, "p99": p50, "mean": p50}
+        return {"threads": threads, "latency_ms": {"greedy_b1": lat, "beam4_b1": lat}, "throughput": {},
+                "peak_rss_mb": 1.0, "gpu_mem_mb": None, "load_s": 0.1}
+
+    row = {"skipped": None, "by_threads": {"1": result(1, 5.0), "2": result(2, 41.0)}}
+    pick_best(row)
+    assert row["threads"] == 1 and row["latency_ms"]["greedy_b1"]["p50"] == 5.0 and len(row["by_threads"]) == 2
+    row = {"skipped": None, "by_threads": {"1": {"threads": 1, "skipped": "why"}}}
+    pick_best(row)
+    assert row["skipped"] == "why"
+
+
+def test_pipeline_report_and_compare(built, smoke, capsys):
+    store, arts, report_run = built
+    report = show_latest(store, SMOKE, json_out=True)
+    assert json.loads(capsys.readouterr().out)["run"] == report_run == report["run"]
+
+    # A rerun reuses every artifact: nothing changed, every measured row identical.
+    smoke.build("report", *OVERRIDES)
+    rerun = store.latest("smoke")["run"]
+    same = compare_runs(store, report_run, rerun)
+    assert same["nodes_changed"] == [] and same["settings_changed"] == []
+    assert all(r.get("greedy_p50_ratio", 1.0) == 1.0 for r in same["rows"]) and same["rows"]
+    assert "same artifacts" in capsys.readouterr().out
+
+    # A run with no report: the comparison says so and lists what it lacks.
+    smoke.build("data", *OVERRIDES)
+    partial = store.latest("smoke")["run"]
+    diff = compare_runs(store, rerun, partial)
+    assert diff["rows"] == [] and {"report", "benchmark"} <= {n["node"] for n in diff["nodes_changed"]}
+    assert f"no report to compare in {partial}" in capsys.readouterr().out
+
+    # The CLI: --json prints report.json with the run filled in (the newest run that used it).
+    proc = cli("report", str(SMOKE), "--json", store=store.root)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert json.loads(proc.stdout)["run"] == rerun
+
+
+def test_onnx_packages_are_measured_in_onnxruntime(smoke):
+    # The smoke student's export and quantize artifacts (shared with the ONNX tests); only the
+    # onnxruntime rows are measured, so the others must say why not.
+    with one_torch_thread():
+        _, arts = smoke.build("benchmark", "prune=null", "benchmark.threads=[one]", "benchmark.sentences=4",
+                              "benchmark.runtimes=[onnxruntime]")
+    rows = {r["name"]: r for r in arts["benchmark"].metrics["results"]}
+    assert {n for n, r in rows.items() if not r["skipped"]} == {"student_onnx", "int8_dynamic", "int8_static"}
+    assert rows["teacher"]["skipped"] == "runtime torch not in benchmark.runtimes"
+    assert rows["ctranslate2_student_int8"]["skipped"] == "runtime ctranslate2 not in benchmark.runtimes"
+    assert rows["fp16"]["skipped"] and rows["fp16"]["device"] == "cuda"
+    fp32, int8 = rows["student_onnx"], rows["int8_dynamic"]
+    assert int8["bytes"] < fp32["bytes"] and int8["params"] == fp32["params"] == arts["student"].metrics["params"]
+    assert int8["compute_type"] == "int8" and int8["runtime"] == "onnxruntime" and int8["source"] == "student"
+    assert int8["latency_ms"]["greedy_b1"]["p50"] > 0 and int8["breakdown"]["steps_per_sentence"] >= 1

@@ -1,0 +1,106 @@
+"""CTranslate2 peer: a converted model computes what ours computes."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+import torch
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+from model.ctranslate2_export import (CTranslate2Translator, NotConvertible, compare_greedy,  # noqa: E402
+                                      export_ctranslate2)
+from model.tokenizer import SubwordTokenizer  # noqa: E402
+from model.transformer import Transformer, TransformerConfig, save_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def corpus(data_dir):
+    def lines(lang):
+        with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            return [next(f).strip() for _ in range(300)]
+    en, fr = lines("en"), lines("fr")
+    return en, SubwordTokenizer.train(en + fr, vocab_size=200)
+
+
+def tiny_model(tmp_path, tokenizer, pre_ln=False, activation="relu", heads=(3, 3, 3), seed=0):
+    """A randomly initialised model (biases and norms jittered so no layer is an identity),
+    with heads x head_dim != d_model and uneven FFN widths, which the converter must handle."""
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, head_dim=8, enc_heads=[heads[0]] * 2,
+                            dec_self_heads=[heads[1]] * 2, dec_cross_heads=[heads[2]] * 2, enc_ffn=[64, 48],
+                            dec_ffn=[40, 64], activation=activation, pre_ln=pre_ln, max_positions=64,
+                            pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+    model = Transformer(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    folder = tmp_path / "model"
+    save_model(model, folder)
+    tokenizer.save(folder / "tokenizer.json")
+    return model.eval(), folder
+
+
+@pytest.mark.parametrize("pre_ln,activation", [(False, "relu"), (True, "gelu")])
+def test_float32_conversion_reproduces_our_model(tmp_path, corpus, pre_ln, activation):
+    sentences, tokenizer = corpus
+    model, folder = tiny_model(tmp_path, tokenizer, pre_ln, activation)
+    out = tmp_path / "ct2"
+    meta = export_ctranslate2(folder, out, "float32")
+    assert meta["heads"] == 18 and (out / "model.bin").stat().st_size == meta["model_bytes"]
+
+    # Same greedy token ids, sentence by sentence (length limits included).
+    check = compare_greedy(folder, out, sentences[:8])
+    assert check["identical"] == check["sentences"] == 8, check["mismatches"]
+
+    # Same log-probabilities when both score a given target (teacher forcing).
+    peer = CTranslate2Translator(out, threads=1)
+    src, tgt = peer.pieces([sentences[10]]), peer.pieces(["Un homme fait du vélo dans la rue."])
+    theirs = peer.model.score_batch(src, tgt)[0].log_probs
+    src_ids = [peer.vocab[p] for p in src[0]] + [tokenizer.eos_id]
+    tgt_ids = [peer.vocab[p] for p in tgt[0]]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([src_ids]), torch.tensor([[tokenizer.bos_id] + tgt_ids])), -1)[0]
+    ours = [logp[i, t].item() for i, t in enumerate(tgt_ids + [tokenizer.eos_id])]
+    assert np.allclose(ours, theirs, atol=1e-4)
+
+    # Text in, text out, through our batching: same text as one sentence at a time.
+    batched = peer.translate(sentences[:6] + [""], beam=1, max_batch=4)
+    assert batched[-1] == "" and batched[:6] == [peer.translate([s], beam=1)[0] for s in sentences[:6]]
+
+
+def test_int8_conversion_is_smaller_and_translates(tmp_path, corpus):
+    sentences, tokenizer = corpus
+    _, folder = tiny_model(tmp_path, tokenizer)
+    fp32 = export_ctranslate2(folder, tmp_path / "fp32", "float32")
+    int8 = export_ctranslate2(folder, tmp_path / "int8", "int8")
+    assert int8["model_bytes"] < 0.6 * fp32["model_bytes"]
+    out = CTranslate2Translator(tmp_path / "int8", threads=1, compute_type="int8").translate(sentences[:3], beam=2)
+    assert len(out) == 3 and all(isinstance(s, str) for s in out)
+
+
+def test_uneven_heads_are_refused_or_padded_with_zero_heads(tmp_path, corpus):
+    sentences, tokenizer = corpus
+    _, folder = tiny_model(tmp_path, tokenizer)
+    # Uneven heads, as pruning leaves them.
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(enc_heads=[3, 1], dec_self_heads=[2, 3], dec_cross_heads=[3, 1])
+    pruned = Transformer(TransformerConfig.from_dict(cfg)).eval()
+    with torch.no_grad():
+        for p in pruned.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    save_model(pruned, tmp_path / "pruned")
+    tokenizer.save(tmp_path / "pruned" / "tokenizer.json")
+
+    with pytest.raises(NotConvertible, match="one head count for every layer"):
+        export_ctranslate2(tmp_path / "pruned", tmp_path / "ct2", "float32")
+    assert not (tmp_path / "ct2").exists()
+
+    meta = export_ctranslate2(tmp_path / "pruned", tmp_path / "ct2", "float32", pad_heads=True)
+    assert meta["heads"] == 13 and meta["heads_computed"] == 3 * 2 + 2 * 3 * 2
+    check = compare_greedy(tmp_path / "pruned", tmp_path / "ct2", sentences[:6])
+    assert check["identical"] == check["sentences"] == 6, check["mismatches"]
