@@ -40,7 +40,7 @@ def _assert_store_sound(store: Store) -> None:
 def test_sigkill_during_teacher_training_resumes_from_checkpoint(tmp_path):
     store = Store(tmp_path / "store")
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store.root).returncode == 0
-    proc = _spawn(store.root, "--until", "teacher", "--set", "teacher.train.max_epochs=40")
+    proc = _spawn(store.root, "--until", "teacher", "--set", "teacher.train.max_epochs=12")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list(store.work.glob("teacher-*/checkpoint/state.json")):
         time.sleep(0.05)
@@ -50,7 +50,7 @@ def test_sigkill_during_teacher_training_resumes_from_checkpoint(tmp_path):
     state = json.loads(next(store.work.glob("teacher-*/checkpoint/state.json")).read_text())
     assert state["step"] > 0
     _assert_store_sound(store)
-    again = cli("run", str(SMOKE), "--until", "teacher", "--set", "teacher.train.max_epochs=40", store=store.root)
+    again = cli("run", str(SMOKE), "--until", "teacher", "--set", "teacher.train.max_epochs=12", store=store.root)
     err = again.stderr.decode()
     assert again.returncode == 0, err
     assert "resumed from checkpoint at step" in err
@@ -87,7 +87,7 @@ def test_sigkill_at_random_moments_never_leaves_a_usable_half_artifact(tmp_path)
 def test_ctrl_c_stops_cleanly_with_one_line(tmp_path):
     store = tmp_path / "store"
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
-    proc = _spawn(store, "--until", "teacher", "--set", "teacher.train.max_epochs=40")
+    proc = _spawn(store, "--until", "teacher", "--set", "teacher.train.max_epochs=12")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not list((store / "work").glob("teacher-*")):
         time.sleep(0.05)
@@ -103,7 +103,7 @@ def test_ctrl_c_stops_cleanly_with_one_line(tmp_path):
 def test_concurrent_run_is_refused_with_the_holders_pid(tmp_path):
     store = tmp_path / "store"
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
-    first = _spawn(store, "--until", "teacher", "--set", "teacher.train.max_epochs=40")
+    first = _spawn(store, "--until", "teacher", "--set", "teacher.train.max_epochs=12")
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (store / "lock").read_text().strip():

@@ -14,7 +14,8 @@ from model.transformer import Transformer, TransformerConfig
 from pipeline.context import progress_bar
 from pipeline.recipe import TrainConfig
 from pipeline.stages.data import read_split
-from pipeline.training import Corpus, Trainer, ValidationSet, encode_corpus, inverse_sqrt_lr, make_batches
+from pipeline.training import (Corpus, Trainer, ValidationSet, cooldown_factor, encode_corpus, inverse_sqrt_lr,
+                               make_batches)
 
 from .conftest import SMOKE, cli
 
@@ -24,6 +25,13 @@ def test_inverse_sqrt_schedule():
     assert inverse_sqrt_lr(100, 1e-3, 100) == pytest.approx(1e-3)
     assert inverse_sqrt_lr(400, 1e-3, 100) == pytest.approx(5e-4)
     assert inverse_sqrt_lr(7, 1e-3, 0) == 1e-3
+
+
+def test_cooldown_falls_linearly_over_the_end_of_the_budget():
+    assert cooldown_factor(0.5, 0.0) == cooldown_factor(0.99, 0.0) == 1.0
+    assert cooldown_factor(0.6, 0.3) == 1.0
+    assert cooldown_factor(0.85, 0.3) == pytest.approx(0.5)
+    assert cooldown_factor(1.0, 0.3) == pytest.approx(0.02)
 
 
 def test_batches_respect_budget_and_cover_the_corpus_once():
