@@ -217,7 +217,7 @@ class Trainer:
         self.ckpt = Checkpoints(work)
         self.teacher = teacher.to(self.device).eval() if teacher is not None else None
         self.kd_alpha, self.kd_temperature = kd_alpha, kd_temperature
-        self.progress = 0.0  # fraction of the training budget used so far
+        self.budget_used = 0.0  # fraction of the training budget used so far (drives the cooldown)
         self.use_bf16 = cfg.bf16 == "on" or (cfg.bf16 == "auto" and self.device.type == "cuda")
         opt_cls = torch.optim.AdamW if cfg.weight_decay > 0 else torch.optim.Adam
         self.optimizer = opt_cls(self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9,
@@ -290,7 +290,7 @@ class Trainer:
             dist.barrier()
 
     def _budget_reached(self, state: dict, elapsed_s: float, epoch_fraction: float) -> str | None:
-        """Whether a budget is spent; also updates `self.progress`, the fraction of the budget used
+        """Whether a budget is spent; also updates `self.budget_used`, the fraction of the budget used
         (the first budget to run out decides), which the learning-rate cooldown follows."""
         cfg = self.cfg
         fractions = []
@@ -312,14 +312,14 @@ class Trainer:
             dist.broadcast(flag, 0)
             progress = float(flag[1])
             reason = reason or ("stopped by rank 0" if flag[0].item() else None)
-        self.progress = progress
+        self.budget_used = progress
         return reason
 
     def _train_step(self, index: np.ndarray, step: int) -> tuple[float, int]:
         cfg = self.cfg
         tok = self.tokenizer
         src, tin, tout = collate(self.train_set, index, tok.pad_id, tok.bos_id, tok.eos_id, self.device)
-        lr = inverse_sqrt_lr(step, cfg.lr, cfg.warmup_steps) * cooldown_factor(self.progress, cfg.cooldown)
+        lr = inverse_sqrt_lr(step, cfg.lr, cfg.warmup_steps) * cooldown_factor(self.budget_used, cfg.cooldown)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         target = tout[tout != tok.pad_id]
