@@ -27,6 +27,18 @@ def data_dir() -> Path:
 
 
 @pytest.fixture(autouse=True)
+def _one_torch_thread():
+    # Test models are tiny: a second intra-op thread only adds waiting, and on a busy 2-core
+    # machine PyTorch's spinning thread pool makes them crawl. Restored after each test.
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
 def _env(monkeypatch, data_dir, tmp_path):
     monkeypatch.setenv("PIPELINE_DATA", str(data_dir))
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))  # never touch the user's cache

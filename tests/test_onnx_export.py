@@ -28,14 +28,6 @@ from pipeline.translators import load_translator
 NO_PRUNE = "prune=null"  # the smoke student is then the final model: node export.student
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # PyTorch's thread pool on a shared 2-core machine makes small models crawl; restore after.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def tiny_uneven(pre_ln: bool) -> Transformer:
     torch.manual_seed(3)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from model.torch_decoder import TorchTranslator
 from model.transformer import load_model
@@ -15,14 +14,6 @@ from pipeline.recipe import PruneConfig, PruneFinetune, dump_config
 from pipeline.stages import prune
 from pipeline.training import Trainer
 
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # Small models: PyTorch's thread pool only adds waiting on a shared 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_prune_stage_through_smoke_recipe(smoke):

@@ -13,14 +13,6 @@ from model.transformer import Transformer, TransformerConfig, load_model, save_m
 VOCAB = 60
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    # Small models: PyTorch's thread pool only adds waiting on a shared 2-core machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def tiny(pre_ln: bool = False, seed: int = 0) -> Transformer:
     torch.manual_seed(seed)

@@ -25,13 +25,6 @@ from pipeline.translators import load_translator
 NO_PRUNE = "prune=null"
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
