@@ -156,6 +156,62 @@ def name_nodes(path: Path, model: Transformer) -> None:
     onnx.save(proto, str(path))
 
 
+# --------------------------------------------------------------------------- tied embedding
+OUTPUT_PROJECTION = "/logits/MatMul"
+
+
+def _initializers(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    return {i.name: i for i in graph.initializer}
+
+
+def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    used = {name for node in graph.node for name in node.input}
+    keep = [i for i in graph.initializer if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+
+
+def tie_decoder_embedding(path: Path) -> bool:
+    """Store the decoder's tied embedding table once instead of twice.
+
+    The tracer writes the target embedding ([vocab, d]) for the token lookup and its transpose
+    ([d, vocab]) for the output projection: two copies of the largest tensor in the model. This
+    points the lookup at the projection's weight, as a Gather along axis 1 followed by a
+    Transpose of the few gathered columns (cheap per step), so the file and the int8 form derived
+    from it (see model/onnx_quantize.py: retie_quantized_embedding) hold one table.
+    Returns False, changing nothing, when the graph does not have the expected shape."""
+    proto = onnx.load(str(path))
+    graph = proto.graph
+    weights = _initializers(graph)
+    projection = next((n for n in graph.node if n.name == OUTPUT_PROJECTION and n.op_type == "MatMul"), None)
+    if projection is None or projection.input[1] not in weights:
+        return False
+    table_t = numpy_helper.to_array(weights[projection.input[1]])
+    token_rank = {i.name: len(i.type.tensor_type.shape.dim) for i in graph.input}
+    for index, node in enumerate(graph.node):
+        if node.op_type != "Gather" or node.input[0] not in weights or node.input[1] not in token_rank:
+            continue
+        if any(a.name == "axis" and a.i != 0 for a in node.attribute):
+            continue
+        table = numpy_helper.to_array(weights[node.input[0]])
+        if table.shape != table_t.shape[::-1] or not np.array_equal(table, table_t.T):
+            continue
+        rank = token_rank[node.input[1]]
+        columns = f"{node.name}/tied_columns"
+        gather = onnx.helper.make_node("Gather", [projection.input[1], node.input[1]], [columns],
+                                       name=f"{node.name}_tied", axis=1)
+        # [d, *token_shape] -> [*token_shape, d]
+        transpose = onnx.helper.make_node("Transpose", [columns], list(node.output), name=f"{node.name}_tied_T",
+                                          perm=[*range(1, rank + 1), 0])
+        graph.node.remove(node)
+        graph.node.insert(index, transpose)
+        graph.node.insert(index, gather)
+        _drop_unused_initializers(graph)
+        onnx.save(proto, str(path))
+        return True
+    return False
+
+
 # --------------------------------------------------------------------------- optimisation
 def optimize_onnx(source: Path, dest: Path) -> dict:
     """ONNX Runtime's own graph optimiser, run offline: its basic passes (constant folding,

@@ -45,9 +45,76 @@ def weight_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     for node in model.graph.node:
         if node.op_type == "MatMul" and node.input[1] in weights:
             out.append(node)
-        elif node.op_type == "Gather" and node.input[0] in weights:
+        elif node.op_type == "Gather" and node.input[0] in weights and not _gathers_columns(node):
             out.append(node)
     return out
+
+
+def _gathers_columns(node: onnx.NodeProto) -> bool:
+    """The decoder's token lookup from the output projection's weight (tie_decoder_embedding):
+    quantized with that weight, by retie_quantized_embedding, not as an embedding of its own."""
+    return any(a.name == "axis" and a.i != 0 for a in node.attribute)
+
+
+def retie_quantized_embedding(path: Path) -> bool:
+    """Point the decoder's tied token lookup at the int8 output-projection weight.
+
+    After quantization the projection reads `W_quantized` (int8, one scale and zero point per
+    vocabulary column) while the lookup would still read the float `W`, keeping a float copy of
+    the largest tensor in the file. The lookup becomes Gather(int8 columns) -> Cast -> minus the
+    gathered zero points -> times the gathered scales: the same dequantized values the projection
+    uses, computed only for the tokens of the step. Returns False, changing nothing, when there
+    is no such lookup or its weight was left in float."""
+    proto = onnx.load(str(path))
+    graph = proto.graph
+    weights = {i.name: i for i in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    for index, node in enumerate(graph.node):
+        if node.op_type != "Gather" or not _gathers_columns(node):
+            continue
+        source = node.input[0]
+        dq = producers.get(source)
+        if dq is not None and dq.op_type == "DequantizeLinear" and all(i in weights for i in dq.input):
+            quantized, scale, zero_point = (list(dq.input) + [None])[:3]
+        elif f"{source}_quantized" in weights and f"{source}_scale" in weights:
+            quantized, scale, zero_point = f"{source}_quantized", f"{source}_scale", f"{source}_zero_point"
+            zero_point = zero_point if zero_point in weights else None
+        else:
+            return False
+        tokens, name, out = node.input[1], node.name, node.output[0]
+
+        def per_token(tensor: str) -> tuple[list[onnx.NodeProto], str]:
+            # A per-column scale or zero point is gathered for the step's tokens; a per-tensor one is used as is.
+            if len(weights[tensor].dims) == 0:
+                return [], tensor
+            picked = f"{name}/{tensor}_picked"
+            return [onnx.helper.make_node("Gather", [tensor, tokens], [picked], name=f"{name}_{tensor}_gather")], picked
+
+        make = onnx.helper.make_node
+        new_nodes = [make("Gather", [quantized, tokens], [f"{name}/q"], name=f"{name}_int8", axis=1),
+                     make("Cast", [f"{name}/q"], [f"{name}/qf"], name=f"{name}_cast", to=onnx.TensorProto.FLOAT)]
+        value = f"{name}/qf"
+        if zero_point is not None:
+            zp_nodes, zp = per_token(zero_point)
+            new_nodes += zp_nodes + [
+                make("Cast", [zp], [f"{name}/zf"], name=f"{name}_zp_cast", to=onnx.TensorProto.FLOAT),
+                make("Sub", [value, f"{name}/zf"], [f"{name}/centred"], name=f"{name}_sub")]
+            value = f"{name}/centred"
+        scale_nodes, picked_scale = per_token(scale)
+        new_nodes += scale_nodes + [make("Mul", [value, picked_scale], [out], name=f"{name}_scale")]
+        graph.node.remove(node)
+        for offset, new_node in enumerate(new_nodes):
+            graph.node.insert(index + offset, new_node)
+        used = {i for n in graph.node for i in n.input}
+        if dq is not None and dq.output[0] not in used:
+            graph.node.remove(dq)
+            used = {i for n in graph.node for i in n.input}
+        keep = [i for i in graph.initializer if i.name in used]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+        onnx.save(proto, str(path))
+        return True
+    return False
 
 
 def group_of(node_name: str) -> str | None:
@@ -115,6 +182,7 @@ def quantize_dynamic(paths: dict[str, Path], out: Path, groups: dict, keep_float
                                      per_channel=per_channel, nodes_to_quantize=nodes,
                                      op_types_to_quantize=["MatMul", "Gather"],
                                      extra_options={"MatMulConstBOnly": True, **_FLOAT})
+            retie_quantized_embedding(dest)
         result[graph] = dest
     return result
 
@@ -172,6 +240,7 @@ def quantize_static(paths: dict[str, Path], out: Path, groups: dict, feeds: dict
                     calibration_cache_path=str(cache / f"{graph}.{method}.json") if cache else None,
                     extra_options={"CalibStridedMinMax": 1, "ActivationSymmetric": True, "WeightSymmetric": True,
                                    "CalibTensorRangeSymmetric": True, **_FLOAT})
+            retie_quantized_embedding(dest)
         result[graph] = dest
     return result
 

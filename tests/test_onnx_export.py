@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
 
 from model.onnx_export import (DecoderGraph, EncoderGraph, decoder_input_names, example_inputs, export_onnx,
-                               optimize_onnx)
+                               optimize_onnx, tie_decoder_embedding)
 from model.runtime import OnnxDecoder, PackageError, Translator
 from model.search import GenerationConfig, beam_search, greedy_search
 from model.torch_decoder import TorchDecoder, TorchTranslator
@@ -48,6 +49,11 @@ def exported(request, tmp_path_factory):
     paths = export_onnx(model, folder)
     for name, path in paths.items():
         optimize_onnx(path, folder / f"{name}_opt.onnx")
+    # As the export stage does: the decoder's token lookup reads the output projection's weight.
+    assert tie_decoder_embedding(folder / "decoder_opt.onnx")
+    tables = [i for i in onnx.load(str(folder / "decoder_opt.onnx")).graph.initializer
+              if sorted(i.dims) == sorted([model.cfg.vocab_size, model.cfg.d_model])]
+    assert len(tables) == 1  # one copy of the tied embedding, not two
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     sessions = {name: ort.InferenceSession(str(folder / f"{name}_opt.onnx"), options,

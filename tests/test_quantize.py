@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from model.onnx_export import export_onnx, optimize_onnx
+from model.onnx_export import export_onnx, optimize_onnx, tie_decoder_embedding
 from model.onnx_quantize import (RecordingDecoder, node_groups, onnx_bytes, quantize_dynamic, quantize_static,
                                  weight_nodes)
 from model.runtime import OnnxDecoder, Translator
@@ -39,6 +39,7 @@ def tiny(tmp_path_factory):
     for name, path in raw.items():
         paths[name] = folder / f"{name}.onnx"
         optimize_onnx(path, paths[name])
+    assert tie_decoder_embedding(paths["decoder"])
     return model, paths, folder
 
 
@@ -76,7 +77,7 @@ def test_dynamic_int8_is_smaller_close_and_keeps_float_groups(tiny):
     kept = quantize_dynamic(paths, folder / "dyn_keep", groups, keep_float=["output_projection", "embeddings"])
     decoder_graph = onnx.load(str(kept["decoder"]))
     float_names = {n.name for n in decoder_graph.graph.node if n.op_type in ("MatMul", "Gather")}
-    assert {"/logits/MatMul", "/embed/Gather"} <= float_names
+    assert {"/logits/MatMul", "/embed/Gather_tied"} <= float_names
     assert "/decoder.0/ffn/fc1/MatMul" not in float_names  # quantized: replaced by an integer MatMul
     # Real decoding steps: the int8 model mostly picks the fp32 model's next token. (This random
     # model's next-token distributions are flat, so int8 noise flips more than a trained one's.)
@@ -92,6 +93,49 @@ def test_dynamic_int8_is_smaller_close_and_keeps_float_groups(tiny):
         error.append(np.abs(a - b).mean())
         spread.append(a.std(-1).mean())
     assert len(feeds) > 3 and np.mean(agree) > 0.75 and np.mean(error) < 0.3 * np.mean(spread)
+
+
+def _float_tables(path, cfg) -> list[str]:
+    return [i.name for i in onnx.load(str(path)).graph.initializer
+            if i.data_type == onnx.TensorProto.FLOAT and sorted(i.dims) == sorted([cfg.vocab_size, cfg.d_model])]
+
+
+@pytest.mark.parametrize("form", ["dynamic", "static"])
+def test_int8_decoder_looks_tokens_up_in_the_int8_projection(tiny, form):
+    """The tied lookup reads the int8 projection weight: no float copy of the table is left, and
+    the embedding it computes is exactly that weight's dequantized column."""
+    model, paths, folder = tiny
+    groups = node_groups(paths)
+    if form == "dynamic":
+        out = quantize_dynamic(paths, folder / "tie_dyn", groups)
+    else:
+        recorder = RecordingDecoder(_decoder(paths))
+        greedy_search(recorder, _sources(3, seed=4), GenerationConfig(beam=1, max_len_b=3, max_positions=64))
+        out = quantize_static(paths, folder / "tie_static", groups, recorder.feeds, "minmax")
+    assert _float_tables(paths["decoder"], model.cfg) and not _float_tables(out["decoder"], model.cfg)
+    decoder = onnx.load(str(out["decoder"]))
+    weights = {i.name: onnx.numpy_helper.to_array(i) for i in decoder.graph.initializer}
+    lookup = next(n for n in decoder.graph.node if n.name == "/embed/Gather_tied_T")  # [tokens, 1, d]
+    # Run the lookup alone: a graph from tokens to the looked-up (scaled) embedding.
+    nodes = [n for n in decoder.graph.node if n.name.startswith("/embed/Gather_tied")]
+    needed = {i for n in nodes for i in n.input}
+    sub = onnx.helper.make_model(
+        onnx.helper.make_graph(nodes, "lookup",
+                               [onnx.helper.make_tensor_value_info("tokens", onnx.TensorProto.INT64, [None, 1])],
+                               [onnx.helper.make_tensor_value_info(lookup.output[0], onnx.TensorProto.FLOAT, None)],
+                               [onnx.numpy_helper.from_array(v, k) for k, v in weights.items() if k in needed]),
+        opset_imports=decoder.opset_import, ir_version=decoder.ir_version)
+    tokens = np.array([[5], [17], [299]], dtype=np.int64)
+    got = ort.InferenceSession(sub.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"tokens": tokens})[0]
+    q = next(v for k, v in weights.items() if v.dtype == np.int8 and v.shape == (model.cfg.d_model, model.cfg.vocab_size))
+    name = next(k for k, v in weights.items() if v is q)
+    scale = weights[name.replace("_quantized", "_scale")]
+    zero = weights.get(name.replace("_quantized", "_zero_point"), np.zeros_like(scale)).astype(np.float32)
+    want = ((q[:, tokens[:, 0]].astype(np.float32) - zero[tokens[:, 0]]) * scale[tokens[:, 0]]).T
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-6)
+    # And it is the fp32 embedding to within int8 rounding.
+    table = model.embed.weight.detach().numpy()[tokens[:, 0]]
+    assert np.abs(want - table).max() <= scale[tokens[:, 0]].max() * 0.51 + 1e-7
 
 
 @pytest.mark.parametrize("method", ["minmax", "entropy", "percentile"])

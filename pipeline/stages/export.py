@@ -18,7 +18,7 @@ import onnxruntime as ort
 import torch
 
 from model.onnx_export import (DecoderGraph, EncoderGraph, decoder_input_names, example_inputs, export_onnx,
-                               optimize_onnx, to_fp16)
+                               optimize_onnx, tie_decoder_embedding, to_fp16)
 from model.runtime import Translator
 from model.search import GenerationConfig, beam_search, greedy_search, prepare_sources
 from model.tokenizer import SubwordTokenizer
@@ -51,6 +51,7 @@ def run(ctx: StageContext) -> dict:
         opt.mkdir(exist_ok=True)
         metrics["optimizer"] = {name: optimize_onnx(path, opt / path.name) for name, path in graphs.items()}
         graphs = {name: opt / path.name for name, path in graphs.items()}
+    metrics["tied_embedding"] = tie_decoder_embedding(graphs["decoder"])
     ctx.log(f"exported {source.id} (opset {cfg['opset']}); checking parity on random inputs and "
             f"{len(sentences)} validation sentences")
 

@@ -1,0 +1,116 @@
+"""Where the batch-1 greedy time of an ONNX package goes: tokenizer, encoder, decoder steps,
+the search loop around them, and inside the decoder graph the operators ORT spends it on.
+
+    python scripts/profile_runtime.py PACKAGE_DIR SENTENCES.txt [--threads 1] [--sentences 40]
+
+It times the same sentences as the benchmark stage (one at a time, after a warm-up pass), then
+runs them once more with onnxruntime's profiler on to split the decoder's time by operator type.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from model.runtime import OnnxDecoder, Translator
+from model.search import greedy_search, prepare_sources
+
+
+class TimedDecoder:
+    """An IncrementalDecoder that adds up the time spent inside encode() and step()."""
+
+    def __init__(self, inner: OnnxDecoder):
+        self.inner = inner
+        self.encode_s = self.step_s = 0.0
+        self.steps = 0
+
+    def encode(self, src, beam):
+        t = time.perf_counter()
+        self.inner.encode(src, beam)
+        self.encode_s += time.perf_counter() - t
+
+    def step(self, tokens, parents):
+        t = time.perf_counter()
+        out = self.inner.step(tokens, parents)
+        self.step_s += time.perf_counter() - t
+        self.steps += 1
+        return out
+
+
+def sessions(folder: Path, threads: int, profile: bool) -> OnnxDecoder:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.enable_profiling = profile
+    made = [ort.InferenceSession(str(folder / f"{g}.onnx"), options, providers=["CPUExecutionProvider"])
+            for g in ("encoder", "decoder")]
+    return OnnxDecoder(*made, pad_id=Translator(folder, threads=1).generation.pad_id)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("package", type=Path)
+    ap.add_argument("sentences", type=Path)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--sentences", dest="count", type=int, default=40)
+    args = ap.parse_args()
+
+    translator = Translator(args.package, threads=args.threads)
+    gen = translator.generation.__class__(**{**translator.generation.__dict__, "beam": 1})
+    lines = args.sentences.read_text(encoding="utf-8").splitlines()[: args.count]
+
+    decoder = TimedDecoder(sessions(args.package, args.threads, profile=False))
+    for line in lines:  # warm-up
+        greedy_search(decoder, prepare_sources(translator.tokenizer, [line], gen.max_positions), gen)
+    decoder = TimedDecoder(decoder.inner)
+    tokenize_s = detok_s = 0.0
+    start = time.perf_counter()
+    for line in lines:
+        t = time.perf_counter()
+        src = prepare_sources(translator.tokenizer, [line], gen.max_positions)
+        tokenize_s += time.perf_counter() - t
+        out = greedy_search(decoder, src, gen)
+        t = time.perf_counter()
+        translator.tokenizer.decode(out)
+        detok_s += time.perf_counter() - t
+    total = time.perf_counter() - start
+    n = len(lines)
+    ms = lambda s: round(1000 * s / n, 3)  # noqa: E731  per sentence
+    breakdown = {"sentences": n, "threads": args.threads, "total_ms": ms(total), "tokenize_ms": ms(tokenize_s),
+                 "encoder_ms": ms(decoder.encode_s), "decoder_ms": ms(decoder.step_s),
+                 "search_loop_ms": ms(total - tokenize_s - detok_s - decoder.encode_s - decoder.step_s),
+                 "detokenize_ms": ms(detok_s), "steps_per_sentence": round(decoder.steps / n, 2),
+                 "ms_per_decoder_step": round(1000 * decoder.step_s / decoder.steps, 4)}
+
+    profiled = sessions(args.package, args.threads, profile=True)
+    for line in lines:
+        greedy_search(profiled, prepare_sources(translator.tokenizer, [line], gen.max_positions), gen)
+    trace = Path(profiled.decoder.end_profiling())
+    profiled.encoder.end_profiling()
+    by_op: dict[str, float] = collections.defaultdict(float)
+    run_us = 0.0
+    for event in json.loads(trace.read_text()):
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            by_op[event["args"]["op_name"]] += event["dur"]
+        elif event.get("cat") == "Session" and event["name"] == "model_run":
+            run_us += event["dur"]
+    kernels = sum(by_op.values())
+    breakdown["decoder_graph"] = {
+        "kernel_share_of_run": round(kernels / run_us, 3) if run_us else None,
+        "ops_ms_per_sentence": {op: round(us / 1000 / n, 3)
+                                for op, us in sorted(by_op.items(), key=lambda kv: -kv[1])[:12]}}
+    for path in Path(".").glob("onnxruntime_profile_*.json"):
+        path.unlink()
+    print(json.dumps(breakdown, indent=2))
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=3)
+    main()
