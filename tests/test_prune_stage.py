@@ -116,3 +116,10 @@ def test_max_bleu_drop_rolls_back_the_step_past_the_tolerance(smoke, tmp_path, m
     assert m["heads"] == m["steps"][0]["heads_left"] == 6 and m["finetune_data"] == "train split"
     assert (m["valid_bleu_before"], m["valid_bleu_pruned"], m["valid_bleu_after"]) == (30.0, 29.0, 29.8)
     assert load_model(ctx.out).cfg.total_heads() == 6
+
+
+def test_prune_finetunes_on_what_the_student_learnt_from(smoke):
+    """A student trained on KD + references is fine-tuned on the same mix after pruning."""
+    _, arts = smoke.build("pruned", "distill.student.reference_mix=0.5", "distill.student.train.max_epochs=1")
+    mixed = arts["student"].metrics["reference_pairs_mixed"]
+    assert mixed > 0 and arts["pruned"].metrics["finetune_data"] == f"kd_corpus + {mixed} references"

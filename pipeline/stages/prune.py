@@ -3,9 +3,10 @@ trained model, in one or more steps, each followed by a short fine-tune.
 
 Each step measures head importance (Michel et al., 2019; model/pruning.py) on validation batches
 of the current model, removes the lowest-ranked heads so that the cumulative count reaches its
-share of `target_fraction`, and fine-tunes on the distillation corpus (or the training split
-when there is none). With `max_bleu_drop`, a step whose fine-tuned model has lost more valid
-BLEU than that (against the unpruned model) is rolled back and pruning stops there.
+share of `target_fraction`, and fine-tunes on the pairs the model was trained on (the
+distillation corpus with its share of references, or the training split). With `max_bleu_drop`,
+a step whose fine-tuned model has lost more valid BLEU than that (against the unpruned model)
+is rolled back and pruning stops there.
 
 The output is an ordinary model folder (model.safetensors with fewer weights, config.json with
 the per-layer head counts, tokenizer.json) plus importance.json, so export, evaluate and the
@@ -40,6 +41,7 @@ from ..recipe import PruneConfig, TrainConfig
 from ..scoring import bleu_only
 from ..training import Corpus, Trainer, ValidationSet, collate, encode_corpus, make_batches
 from .data import read_split
+from .train import training_pairs
 
 DECODER_STEPS = 20  # forced decoder steps per sentence when timing one step
 
@@ -146,11 +148,18 @@ def run(ctx: StageContext) -> dict:
 
 
 def finetune_pairs(ctx: StageContext) -> tuple[list[str], list[str], str]:
-    """The distillation corpus when the recipe has one (what the student learnt from), else the
-    training split."""
+    """What the model learnt from: the distillation corpus, with the share of references its
+    recipe mixed in (the same pairs, drawn with the same seed), else the training split.
+    Fine-tuning a KD + references student on the KD corpus alone moves it away from the
+    references the test set is scored against."""
     if "kd_corpus" in ctx.inputs:
-        src, tgt = read_split(ctx.input("kd_corpus").path, "kd")
-        return src, tgt, "kd_corpus"
+        trained = ctx.input("model").config or {}
+        job = {"data": str(ctx.input("data").path), "kd_corpus": str(ctx.input("kd_corpus").path),
+               "reference_mix": trained.get("reference_mix", 0.0),
+               "train": {"seed": (trained.get("train") or {}).get("seed", TrainConfig().seed)}}
+        src, tgt, info = training_pairs(job, ctx.log)
+        mixed = info.get("reference_pairs_mixed", 0)
+        return src, tgt, "kd_corpus" + (f" + {mixed} references" if mixed else "")
     src, tgt = read_split(ctx.input("data").path, "train")
     return src, tgt, "train split"
 
