@@ -21,6 +21,22 @@ def _data_dir() -> Path:
     return path
 
 
+# Counts the fault and fuzz tests report (kills survived, inputs tried), printed after the run
+# even under -q, where a test's own output is captured.
+SUMMARY: dict[str, int] = {}
+
+
+def count(name: str, amount: int = 1) -> None:
+    SUMMARY[name] = SUMMARY.get(name, 0) + amount
+
+
+def pytest_terminal_summary(terminalreporter):
+    if SUMMARY:
+        terminalreporter.section("fault and fuzz counts")
+        for name, value in SUMMARY.items():
+            terminalreporter.write_line(f"{name}: {value}")
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     return _data_dir()

@@ -21,7 +21,7 @@ from pipeline.graph import build_graph
 from pipeline.recipe import load_recipe
 from pipeline.store import Store
 
-from .conftest import REPO, SMOKE, cli
+from .conftest import REPO, SMOKE, cli, count
 
 
 def _spawn(store: Path, *args: str) -> subprocess.Popen:
@@ -79,7 +79,8 @@ def test_sigkill_at_random_moments_never_leaves_a_usable_half_artifact(tmp_path)
     assert final.returncode == 0, final.stderr.decode()[-2000:]
     _assert_store_sound(store)
     assert cli("artifacts", "verify", store=store.root).returncode == 0
-    print(f"\n{kills} kills survived in {runs} runs")
+    count("SIGKILLs survived (random moments, smoke recipe)", kills)
+    count("runs started by the kill test", runs)
     assert kills >= 5
 
 
@@ -134,6 +135,7 @@ _recipes = st.one_of(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(_recipes)
 def test_fuzzed_recipes_never_crash(tmp_path, doc):
+    count("fuzzed recipe documents tried")
     path = tmp_path / "fuzz.yaml"
     try:
         text = yaml.safe_dump(doc)
@@ -152,6 +154,7 @@ def test_fuzzed_recipes_never_crash(tmp_path, doc):
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=200))
 def test_fuzzed_bytes_never_crash_the_loader(tmp_path, blob):
+    count("fuzzed recipe byte strings tried")
     path = tmp_path / "bytes.yaml"
     path.write_bytes(blob)
     try:
@@ -170,6 +173,7 @@ def test_malformed_recipes_through_the_cli_exit_2_with_one_line(tmp_path):
         path = tmp_path / "m.yaml"
         path.write_text(text, encoding="utf-8")
         proc = cli("validate", str(path))
+        count("malformed recipes through the CLI")
         err = [line for line in proc.stderr.decode().splitlines() if line.strip()]
         assert proc.returncode == 2 and len(err) >= 1 and all(line.startswith("error: ") for line in err), (text, err)
         assert "Traceback" not in proc.stderr.decode()
