@@ -60,16 +60,22 @@ def test_sigkill_during_teacher_training_resumes_from_checkpoint(tmp_path):
 
 
 def test_sigkill_at_random_moments_never_leaves_a_usable_half_artifact(tmp_path):
-    store = Store(tmp_path / "store")
     rng = random.Random(20261130)
-    kills, runs = 0, 0
-    while kills < 20 and runs < 40:
+    kills, runs, completed = 0, 0, 0
+    store = Store(tmp_path / "store0")
+    while kills < 20 and runs < 60:
         runs += 1
         proc = _spawn(store.root, "--until", "evaluate")
         try:
             proc.wait(timeout=rng.uniform(1.5, 5.0))
             assert proc.returncode == 0, proc.stderr.read().decode()[-2000:]
-            break
+            # A killed-and-resumed run finished: check what it left, then start again on an
+            # empty store so that the later kills land in the early stages too.
+            _assert_store_sound(store)
+            assert cli("artifacts", "verify", store=store.root).returncode == 0
+            completed += 1
+            store = Store(tmp_path / f"store{completed}")
+            continue
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(30)
@@ -81,6 +87,8 @@ def test_sigkill_at_random_moments_never_leaves_a_usable_half_artifact(tmp_path)
     assert cli("artifacts", "verify", store=store.root).returncode == 0
     count("SIGKILLs survived (random moments, smoke recipe)", kills)
     count("runs started by the kill test", runs)
+    count("killed runs resumed to completion", completed + 1)
+    assert kills == 20
     assert kills >= 5
 
 
