@@ -25,6 +25,7 @@ import torch
 from onnx import numpy_helper
 from torch import Tensor, nn
 
+from .onnx_graph import drop_unused_initializers, gathers_columns
 from .transformer import Transformer
 
 OPSET = 17
@@ -160,17 +161,6 @@ def name_nodes(path: Path, model: Transformer) -> None:
 OUTPUT_PROJECTION = "/logits/MatMul"
 
 
-def _initializers(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
-    return {i.name: i for i in graph.initializer}
-
-
-def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
-    used = {name for node in graph.node for name in node.input}
-    keep = [i for i in graph.initializer if i.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
-
-
 def tie_decoder_embedding(path: Path) -> bool:
     """Store the decoder's tied embedding table once instead of twice.
 
@@ -182,16 +172,15 @@ def tie_decoder_embedding(path: Path) -> bool:
     Returns False, changing nothing, when the graph does not have the expected shape."""
     proto = onnx.load(str(path))
     graph = proto.graph
-    weights = _initializers(graph)
+    weights = {i.name: i for i in graph.initializer}
     projection = next((n for n in graph.node if n.name == OUTPUT_PROJECTION and n.op_type == "MatMul"), None)
     if projection is None or projection.input[1] not in weights:
         return False
     table_t = numpy_helper.to_array(weights[projection.input[1]])
     token_rank = {i.name: len(i.type.tensor_type.shape.dim) for i in graph.input}
     for index, node in enumerate(graph.node):
-        if node.op_type != "Gather" or node.input[0] not in weights or node.input[1] not in token_rank:
-            continue
-        if any(a.name == "axis" and a.i != 0 for a in node.attribute):
+        if node.op_type != "Gather" or gathers_columns(node) or node.input[0] not in weights \
+                or node.input[1] not in token_rank:
             continue
         table = numpy_helper.to_array(weights[node.input[0]])
         if table.shape != table_t.shape[::-1] or not np.array_equal(table, table_t.T):
@@ -206,7 +195,7 @@ def tie_decoder_embedding(path: Path) -> bool:
         graph.node.remove(node)
         graph.node.insert(index, transpose)
         graph.node.insert(index, gather)
-        _drop_unused_initializers(graph)
+        drop_unused_initializers(graph)
         onnx.save(proto, str(path))
         return True
     return False

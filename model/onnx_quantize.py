@@ -25,6 +25,8 @@ from typing import Iterable
 import numpy as np
 import onnx
 
+from .onnx_graph import drop_unused_initializers, gathers_columns
+
 GRAPHS = ("encoder", "decoder")
 # Node names come from the exporter's module scopes (see model/onnx_export.py: name_nodes).
 _GROUP_PATTERNS = [
@@ -45,15 +47,9 @@ def weight_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     for node in model.graph.node:
         if node.op_type == "MatMul" and node.input[1] in weights:
             out.append(node)
-        elif node.op_type == "Gather" and node.input[0] in weights and not _gathers_columns(node):
-            out.append(node)
+        elif node.op_type == "Gather" and node.input[0] in weights and not gathers_columns(node):
+            out.append(node)  # the tied lookup is left to retie_quantized_embedding
     return out
-
-
-def _gathers_columns(node: onnx.NodeProto) -> bool:
-    """The decoder's token lookup from the output projection's weight (tie_decoder_embedding):
-    quantized with that weight, by retie_quantized_embedding, not as an embedding of its own."""
-    return any(a.name == "axis" and a.i != 0 for a in node.attribute)
 
 
 def retie_quantized_embedding(path: Path) -> bool:
@@ -70,7 +66,7 @@ def retie_quantized_embedding(path: Path) -> bool:
     weights = {i.name: i for i in graph.initializer}
     producers = {out: node for node in graph.node for out in node.output}
     for index, node in enumerate(graph.node):
-        if node.op_type != "Gather" or not _gathers_columns(node):
+        if not gathers_columns(node):
             continue
         source = node.input[0]
         dq = producers.get(source)
@@ -117,13 +113,9 @@ def retie_quantized_embedding(path: Path) -> bool:
         graph.node.remove(node)
         for offset, new_node in enumerate(new_nodes):
             graph.node.insert(index + offset, new_node)
-        used = {i for n in graph.node for i in n.input}
-        if dq is not None and dq.output[0] not in used:
+        if dq is not None and not any(dq.output[0] in n.input for n in graph.node):
             graph.node.remove(dq)
-            used = {i for n in graph.node for i in n.input}
-        keep = [i for i in graph.initializer if i.name in used]
-        del graph.initializer[:]
-        graph.initializer.extend(keep)
+        drop_unused_initializers(graph)
         onnx.save(proto, str(path))
         return True
     return False

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import time
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 
 from model.runtime import OnnxDecoder, Translator
@@ -43,7 +43,7 @@ class TimedDecoder:
         return out
 
 
-def sessions(folder: Path, threads: int, profile: bool) -> OnnxDecoder:
+def sessions(folder: Path, threads: int, pad_id: int, profile: bool) -> OnnxDecoder:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
@@ -51,7 +51,7 @@ def sessions(folder: Path, threads: int, profile: bool) -> OnnxDecoder:
     options.enable_profiling = profile
     made = [ort.InferenceSession(str(folder / f"{g}.onnx"), options, providers=["CPUExecutionProvider"])
             for g in ("encoder", "decoder")]
-    return OnnxDecoder(*made, pad_id=Translator(folder, threads=1).generation.pad_id)
+    return OnnxDecoder(*made, pad_id=pad_id)
 
 
 def main() -> None:
@@ -63,10 +63,10 @@ def main() -> None:
     args = ap.parse_args()
 
     translator = Translator(args.package, threads=args.threads)
-    gen = translator.generation.__class__(**{**translator.generation.__dict__, "beam": 1})
+    gen = dataclasses.replace(translator.generation, beam=1)
     lines = args.sentences.read_text(encoding="utf-8").splitlines()[: args.count]
 
-    decoder = TimedDecoder(sessions(args.package, args.threads, profile=False))
+    decoder = TimedDecoder(sessions(args.package, args.threads, gen.pad_id, profile=False))
     for line in lines:  # warm-up
         greedy_search(decoder, prepare_sources(translator.tokenizer, [line], gen.max_positions), gen)
     decoder = TimedDecoder(decoder.inner)
@@ -89,7 +89,7 @@ def main() -> None:
                  "detokenize_ms": ms(detok_s), "steps_per_sentence": round(decoder.steps / n, 2),
                  "ms_per_decoder_step": round(1000 * decoder.step_s / decoder.steps, 4)}
 
-    profiled = sessions(args.package, args.threads, profile=True)
+    profiled = sessions(args.package, args.threads, gen.pad_id, profile=True)
     for line in lines:
         greedy_search(profiled, prepare_sources(translator.tokenizer, [line], gen.max_positions), gen)
     trace = Path(profiled.decoder.end_profiling())
@@ -112,5 +112,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    np.set_printoptions(precision=3)
     main()

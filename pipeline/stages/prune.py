@@ -152,16 +152,16 @@ def finetune_pairs(ctx: StageContext) -> tuple[list[str], list[str], str]:
     recipe mixed in (the same pairs, drawn with the same seed), else the training split.
     Fine-tuning a KD + references student on the KD corpus alone moves it away from the
     references the test set is scored against."""
-    if "kd_corpus" in ctx.inputs:
-        trained = ctx.input("model").config or {}
-        job = {"data": str(ctx.input("data").path), "kd_corpus": str(ctx.input("kd_corpus").path),
-               "reference_mix": trained.get("reference_mix", 0.0),
-               "train": {"seed": (trained.get("train") or {}).get("seed", TrainConfig().seed)}}
-        src, tgt, info = training_pairs(job, ctx.log)
-        mixed = info.get("reference_pairs_mixed", 0)
-        return src, tgt, "kd_corpus" + (f" + {mixed} references" if mixed else "")
-    src, tgt = read_split(ctx.input("data").path, "train")
-    return src, tgt, "train split"
+    trained = ctx.input("model").config or {}
+    kd = ctx.inputs.get("kd_corpus")
+    job = {"data": str(ctx.input("data").path), "kd_corpus": str(kd.path) if kd else None,
+           "reference_mix": trained.get("reference_mix", 0.0),
+           "train": {"seed": (trained.get("train") or {}).get("seed", TrainConfig().seed)}}
+    src, tgt, info = training_pairs(job, ctx.log)
+    if kd is None:
+        return src, tgt, "train split"
+    mixed = info.get("reference_pairs_mixed", 0)
+    return src, tgt, "kd_corpus" + (f" + {mixed} references" if mixed else "")
 
 
 def prune_step(ctx: StageContext, cfg: PruneConfig, step: int, model: Transformer, held_out: list,

@@ -1,0 +1,19 @@
+"""Small edits of ONNX graphs shared by export and quantization (onnx only: no torch, so the
+quantization code that uses them does not import it)."""
+
+from __future__ import annotations
+
+import onnx
+
+
+def drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    used = {name for node in graph.node for name in node.input}
+    keep = [i for i in graph.initializer if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+
+
+def gathers_columns(node: onnx.NodeProto) -> bool:
+    """A Gather along an axis other than 0: the decoder's tied token lookup, which reads columns
+    of the output projection's [d, vocab] weight (tie_decoder_embedding)."""
+    return node.op_type == "Gather" and any(a.name == "axis" and a.i != 0 for a in node.attribute)
