@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import RecipeError
 
@@ -127,6 +127,12 @@ class TrainConfig(Strict):
     checkpoint_every_minutes: PositiveFloat = 2.0
     num_threads: PositiveInt | None = None  # torch intra-op threads; all cores if null
     bf16: Literal["auto", "on", "off"] = "auto"  # auto: bf16 autocast on CUDA only
+
+    @field_validator("bf16", mode="before")
+    @classmethod
+    def _yaml_switch(cls, value):
+        # YAML 1.1 reads a bare `on`/`off` as a boolean; the user meant the word.
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _some_budget(self):
