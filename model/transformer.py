@@ -230,8 +230,12 @@ class Transformer(nn.Module):
     # -------------------------------------------------------------------- pieces
     def _embed(self, tokens: Tensor, offset: Tensor | int = 0) -> Tensor:
         t = tokens.shape[1]
-        pos = self.positions[offset: offset + t] if isinstance(offset, int) else \
-            self.positions.narrow(0, offset, t)
+        if t == 1:  # one decoding step: a single row, which a traced graph reads with one Gather
+            pos = self.positions[offset]
+        elif isinstance(offset, int):
+            pos = self.positions[offset: offset + t]
+        else:
+            pos = self.positions.narrow(0, offset, t)
         return self.drop(self.embed(tokens) * self.embed_scale + pos)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:

@@ -72,7 +72,8 @@ def graph_io(path: Path) -> dict:
         return out
 
     return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output),
-            "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))}
+            "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+            "contrib_ops": sorted({n.op_type for n in model.graph.node if n.domain == "com.microsoft"})}
 
 
 def package_bytes(folder: Path) -> int:
@@ -80,6 +81,15 @@ def package_bytes(folder: Path) -> int:
 
 
 # ------------------------------------------------------------------------------ the card
+def _operators(io: dict) -> str:
+    contrib = sorted({op for graph in io.values() for op in graph.get("contrib_ops", [])})
+    if not contrib:
+        return "operators: standard ONNX only"
+    return (f"operators: standard ONNX plus onnxruntime's contrib ops ({', '.join(contrib)}): run it with "
+            "onnxruntime; for other runtimes (TensorRT) export with `export.fused_attention: false` and "
+            "`export.optimize: false`, which write standard ONNX only")
+
+
 def _shape(dims) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
@@ -108,6 +118,7 @@ def model_card(about: dict, figures: dict, io: dict, generation: dict) -> str:
   vocabulary {layers.get('vocab_size')}; {layers.get('params', '?')} parameters
 - languages: {about.get('src_lang', '?')} -> {about.get('tgt_lang', '?')}
 - ONNX opset {io['decoder']['opset']}; exported with onnxruntime {about.get('onnxruntime')}
+- {_operators(io)}
 
 ## Figures
 

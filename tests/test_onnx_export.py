@@ -42,11 +42,21 @@ def tiny_uneven(pre_ln: bool) -> Transformer:
     return model
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["post_ln", "pre_ln"])
+@pytest.fixture(scope="module", params=[(False, True), (True, True), (False, False)],
+                ids=["post_ln", "pre_ln", "post_ln-standard_ops"])
 def exported(request, tmp_path_factory):
-    model = tiny_uneven(request.param)
+    pre_ln, fused = request.param
+    model = tiny_uneven(pre_ln)
     folder = tmp_path_factory.mktemp("onnx")
-    paths = export_onnx(model, folder)
+    paths = export_onnx(model, folder, fused=fused)
+    attention_nodes = {name: [n for n in onnx.load(str(path)).graph.node if n.op_type == "MultiHeadAttention"]
+                       for name, path in paths.items()}
+    if fused:  # one node per attention: encoder self; decoder self and cross
+        assert len(attention_nodes["encoder"]) == model.cfg.encoder_layers
+        assert len(attention_nodes["decoder"]) == 2 * model.cfg.decoder_layers
+        assert {n.domain for nodes in attention_nodes.values() for n in nodes} == {"com.microsoft"}
+    else:  # standard ONNX only, for runtimes without onnxruntime's contrib ops
+        assert all(n.domain in ("", "ai.onnx") for p in paths.values() for n in onnx.load(str(p)).graph.node)
     for name, path in paths.items():
         optimize_onnx(path, folder / f"{name}_opt.onnx")
     # As the export stage does: the decoder's token lookup reads the output projection's weight.
@@ -115,6 +125,8 @@ def test_export_stage_parity_and_packages(export_artifact):
     card = (art.path / "fp32" / "MODEL_CARD.md").read_text()
     for name in ("src_ids", "cache_index", "past_k_0", "present_v_0", "log_probs", "cross_k_0"):
         assert f"`{name}`" in card
+    # The card says which onnxruntime-only operators the graphs use.
+    assert m["fused_attention"] and "MultiHeadAttention" in card and "fused_attention: false" in card
 
 
 def test_onnx_translator_matches_torch_translator(export_artifact):

@@ -42,9 +42,10 @@ def run(ctx: StageContext) -> dict:
     sentences = valid_src[: parity_cfg["decode_sentences"]]
 
     raw = ctx.work / "raw"
-    export_onnx(model, raw, opset=cfg["opset"])
+    export_onnx(model, raw, opset=cfg["opset"], fused=cfg["fused_attention"])
     graphs = {"encoder": raw / "encoder.onnx", "decoder": raw / "decoder.onnx"}
-    metrics: dict = {"opset": cfg["opset"], "onnxruntime": ort.__version__, "torch": torch.__version__,
+    metrics: dict = {"opset": cfg["opset"], "fused_attention": cfg["fused_attention"], "onnxruntime": ort.__version__,
+                     "torch": torch.__version__,
                      "source_artifact": source.id, "threads": threads, "packages": {}, "parity": {}}
     if cfg["optimize"]:
         opt = ctx.work / "optimized"
