@@ -43,11 +43,13 @@ _GROUP_PATTERNS = [
 def weight_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """MatMuls by a weight matrix and Gathers from an embedding table: what gets quantized."""
     weights = {i.name for i in model.graph.initializer}
+    token_inputs = {i.name for i in model.graph.input}  # a lookup reads ids the caller gives
     out = []
     for node in model.graph.node:
         if node.op_type == "MatMul" and node.input[1] in weights:
             out.append(node)
-        elif node.op_type == "Gather" and node.input[0] in weights and not gathers_columns(node):
+        elif node.op_type == "Gather" and node.input[0] in weights and node.input[1] in token_inputs \
+                and not gathers_columns(node):  # (not the sinusoidal positions' row for a step)
             out.append(node)  # the tied lookup is left to retie_quantized_embedding
     return out
 
@@ -170,25 +172,26 @@ class _Quiet:
 
 def quantize_dynamic(paths: dict[str, Path], out: Path, groups: dict, keep_float: Iterable[str] = (),
                      per_channel: bool = True) -> dict[str, Path]:
-    from onnxruntime.quantization import QuantType
-    from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
-
     out.mkdir(parents=True, exist_ok=True)
     result = {}
     for graph in GRAPHS:
-        dest = out / f"{graph}.onnx"
-        nodes = nodes_for(groups, graph, keep_float)
-        if not nodes:
-            onnx.save(onnx.load(str(paths[graph])), str(dest))
-        else:
-            with _Quiet():
-                ort_quantize_dynamic(str(paths[graph]), str(dest), weight_type=QuantType.QInt8,
-                                     per_channel=per_channel, nodes_to_quantize=nodes,
-                                     op_types_to_quantize=["MatMul", "Gather"],
-                                     extra_options={"MatMulConstBOnly": True, **_FLOAT})
-            retie_quantized_embedding(dest)
-        result[graph] = dest
+        result[graph] = out / f"{graph}.onnx"
+        _dynamic_graph(paths[graph], result[graph], nodes_for(groups, graph, keep_float), per_channel)
     return result
+
+
+def _dynamic_graph(source: Path, dest: Path, nodes: list[str], per_channel: bool) -> None:
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
+
+    if not nodes:
+        onnx.save(onnx.load(str(source)), str(dest))
+        return
+    with _Quiet():
+        ort_quantize_dynamic(str(source), str(dest), weight_type=QuantType.QInt8, per_channel=per_channel,
+                             nodes_to_quantize=nodes, op_types_to_quantize=["MatMul", "Gather"],
+                             extra_options={"MatMulConstBOnly": True, **_FLOAT})
+    retie_quantized_embedding(dest)
 
 
 class FeedReader:
@@ -273,3 +276,127 @@ class RecordingDecoder:
             feed["cache_index"] = self.inner.arange if parents is None else np.array(parents)
             self.feeds["decoder"].append(feed)
         return self.inner.step(tokens, parents)
+
+
+# --------------------------------------------------------------------- block-wise int8 (CPUs)
+def quantize_blockwise(paths: dict[str, Path], out: Path, groups: dict, keep_float: Iterable[str] = (),
+                       block_size: int = 32, per_channel: bool = True) -> dict[str, Path]:
+    """The decoder's weights as int8 blocks along the input dimension (one scale per block of
+    each output column), run by onnxruntime's MatMulNBits with accuracy_level 4: activations
+    are quantized to int8 per block at run time, products accumulate in int32. The encoder,
+    which runs once per sentence on all its rows, gets quantize_dynamic's per-channel form.
+
+    MatMulNBits is the kernel ORT tunes for one-row decoding; MatMulInteger, which
+    quantize_dynamic writes, is a general GEMM, and at one row was barely faster than fp32
+    here. The packing and scales come from ORT's own quantize_matmul_8bits. The tied token
+    lookup reads the packed projection through GatherBlockQuantized: one table, no float copy.
+
+    `block_size` is used where it divides a matrix's input dimension; elsewhere the block
+    (16..128) that stores the fewest bytes (padding plus scales) is used instead."""
+    out.mkdir(parents=True, exist_ok=True)
+    result = {graph: out / f"{graph}.onnx" for graph in GRAPHS}
+    _dynamic_graph(paths["encoder"], result["encoder"], nodes_for(groups, "encoder", keep_float), per_channel)
+    proto = onnx.load(str(paths["decoder"]))
+    chosen = set(nodes_for(groups, "decoder", keep_float))
+    if chosen:
+        _to_nbits(proto.graph, chosen, block_size)
+        if not any(o.domain == "com.microsoft" for o in proto.opset_import):
+            proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    onnx.save(proto, str(result["decoder"]))
+    return result
+
+
+BLOCK_SIZES = (16, 32, 64, 128)
+
+
+def block_for(rows: int, preferred: int) -> int:
+    if rows % preferred == 0:
+        return preferred
+    def stored(b: int) -> int:  # bytes per column: padded int8 blocks + a float32 scale each
+        blocks = -(-rows // b)
+        return blocks * b + 4 * blocks
+    return min(BLOCK_SIZES, key=lambda b: (stored(b), -b))
+
+
+def _pack_int8_blocks(weight: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """[K, N] float -> (packed uint8 [N, K_blocks, block_size], scales float32 [N, K_blocks]):
+    symmetric, stored with the implicit zero point 128 that MatMulNBits and GatherBlockQuantized
+    assume when none is given."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_8bits
+
+    rows, cols = weight.shape
+    blocks = -(-rows // block_size)
+    padded = np.zeros((blocks * block_size, cols), dtype=np.float32)
+    padded[:rows] = weight
+    packed = np.zeros((cols, blocks, block_size), dtype=np.uint8)
+    scales = np.zeros((cols, blocks), dtype=np.float32)
+    zero_points = np.zeros((cols, blocks), dtype=np.uint8)  # unused when symmetric
+    quantize_matmul_8bits(packed, padded, scales, zero_points, block_size, cols, blocks * block_size, True)
+    return packed, scales
+
+
+def _to_nbits(graph: onnx.GraphProto, chosen: set[str], block_size: int) -> None:
+    from onnx import numpy_helper
+
+    make = onnx.helper.make_node
+    weights = {i.name: i for i in graph.initializer}
+    packed: dict[str, tuple[str, str, int, int]] = {}  # float weight -> (packed, scales, rows, block)
+
+    def pack(name: str, matrix: np.ndarray) -> tuple[str, str, int, int]:
+        if name not in packed:
+            block = block_for(matrix.shape[0], block_size)
+            q, s = _pack_int8_blocks(matrix, block)
+            graph.initializer.extend([numpy_helper.from_array(q, f"{name}_int8_blocks"),
+                                      numpy_helper.from_array(s, f"{name}_block_scales")])
+            packed[name] = (f"{name}_int8_blocks", f"{name}_block_scales", matrix.shape[0], block)
+        return packed[name]
+
+    def lookup(node_name: str, table: str, indices: str, output: str, d: int) -> list[onnx.NodeProto]:
+        q, s, _, block = packed[table]
+        rows, blocks, _ = weights_shape(q)
+        width = blocks * block
+        # The table as [rows, blocks * block_size]: a Reshape of an initializer, which ORT folds
+        # when the session loads (the file keeps one copy).
+        shape = f"{node_name}/table_shape"
+        graph.initializer.append(numpy_helper.from_array(np.array([rows, width], dtype=np.int64), shape))
+        gathered = output if width == d else f"{node_name}/padded"
+        nodes = [make("Reshape", [q, shape], [f"{node_name}/table"], name=f"{node_name}_table"),
+                 make("GatherBlockQuantized", [f"{node_name}/table", indices, s], [gathered], name=node_name,
+                      domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=block, bits=8)]
+        if width != d:  # K was padded to whole blocks
+            bounds = [f"{node_name}/{k}" for k in ("starts", "ends", "axes")]
+            graph.initializer.extend(numpy_helper.from_array(np.array([v], dtype=np.int64), n)
+                                     for n, v in zip(bounds, (0, d, -1)))
+            nodes.append(make("Slice", [gathered, *bounds], [output], name=f"{node_name}_unpad"))
+        return nodes
+
+    def weights_shape(name: str) -> list[int]:
+        return [t for t in graph.initializer if t.name == name][0].dims
+
+    new_nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if node.name in chosen and node.op_type == "MatMul":
+            w = numpy_helper.to_array(weights[node.input[1]])
+            q, s, rows, block = pack(node.input[1], w)
+            new_nodes.append(make("MatMulNBits", [node.input[0], q, s], list(node.output), name=node.name,
+                                  domain="com.microsoft", K=rows, N=w.shape[1], bits=8, block_size=block,
+                                  accuracy_level=4))
+        elif node.name in chosen and node.op_type == "Gather":  # a [vocab, d] table, rows gathered
+            table = numpy_helper.to_array(weights[node.input[0]])
+            pack(node.input[0], table.T)
+            new_nodes += lookup(node.name, node.input[0], node.input[1], node.output[0], table.shape[1])
+        else:
+            new_nodes.append(node)
+    # The decoder's tied lookup (Gather of [d, vocab] columns + Transpose) reads the packed
+    # output projection when that was quantized: its packed rows are the vocabulary entries.
+    for node in list(new_nodes):
+        if not gathers_columns(node) or node.input[0] not in packed:
+            continue
+        transpose = next(n for n in new_nodes if n.op_type == "Transpose" and node.output[0] in n.input)
+        index = new_nodes.index(node)
+        replacement = lookup(node.name, node.input[0], node.input[1], transpose.output[0], packed[node.input[0]][2])
+        new_nodes[index: index + 1] = replacement
+        new_nodes.remove(transpose)
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    drop_unused_initializers(graph)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from model.onnx_export import export_onnx, optimize_onnx, tie_decoder_embedding
-from model.onnx_quantize import (RecordingDecoder, node_groups, onnx_bytes, quantize_dynamic, quantize_static,
-                                 weight_nodes)
+from model.onnx_quantize import (RecordingDecoder, block_for, node_groups, onnx_bytes, quantize_blockwise,
+                                 quantize_dynamic, quantize_static, weight_nodes)
 from model.runtime import OnnxDecoder, Translator
 from model.search import GenerationConfig, greedy_search
 from model.transformer import Transformer, TransformerConfig
@@ -28,12 +28,15 @@ NO_PRUNE = "prune=null"
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
+    return export_tiny(tmp_path_factory.mktemp("q"))
+
+
+def export_tiny(folder, d_model: int = 32):
     """A small model with uneven heads, exported and optimised like the export stage does."""
     torch.manual_seed(5)
-    cfg = TransformerConfig(vocab_size=300, d_model=32, head_dim=8, enc_heads=[4, 2], dec_self_heads=[1, 3],
+    cfg = TransformerConfig(vocab_size=300, d_model=d_model, head_dim=8, enc_heads=[4, 2], dec_self_heads=[1, 3],
                             dec_cross_heads=[2, 4], enc_ffn=[64, 48], dec_ffn=[40, 64], max_positions=64)
     model = Transformer(cfg).eval()
-    folder = tmp_path_factory.mktemp("q")
     raw = export_onnx(model, folder / "raw")
     paths = {}
     for name, path in raw.items():
@@ -93,6 +96,66 @@ def test_dynamic_int8_is_smaller_close_and_keeps_float_groups(tiny):
         error.append(np.abs(a - b).mean())
         spread.append(a.std(-1).mean())
     assert len(feeds) > 3 and np.mean(agree) > 0.75 and np.mean(error) < 0.3 * np.mean(spread)
+
+
+def _next_token_agreement(paths, int8_paths) -> tuple[float, float, float]:
+    """Over real decoding steps of the fp32 graphs: how often the int8 graphs pick the same next
+    token, their mean |log p| error, and the fp32 log-probabilities' spread."""
+    fp32, int8 = RecordingDecoder(_decoder(paths)), _decoder(int8_paths)
+    greedy_search(fp32, _sources(), GenerationConfig(beam=1, max_len_b=3, max_positions=64))
+    agree, error, spread = [], [], []
+    for feed in fp32.feeds["decoder"]:
+        a = fp32.inner.decoder.run(["log_probs"], feed)[0]
+        b = int8.decoder.run(["log_probs"], feed)[0]
+        agree.append((a.argmax(-1) == b.argmax(-1)).mean())
+        error.append(np.abs(a - b).mean())
+        spread.append(a.std(-1).mean())
+    assert len(agree) > 3
+    return float(np.mean(agree)), float(np.mean(error)), float(np.mean(spread))
+
+
+@pytest.mark.parametrize("d_model,block_size", [(32, 16), (24, 32)])  # 24: blocks of 16, the lookup unpads
+def test_blockwise_int8_runs_matmulnbits_and_shares_the_tied_table(tiny, tmp_path, d_model, block_size):
+    model, paths, folder = tiny if d_model == 32 else export_tiny(tmp_path, d_model)
+    groups = node_groups(paths)
+    out = quantize_blockwise(paths, folder / f"nbits{block_size}", groups, block_size=block_size)
+    assert onnx_bytes(out) < 0.6 * onnx_bytes(paths)
+    block_size = block_for(d_model, block_size)
+    decoder = onnx.load(str(out["decoder"]))
+    ops = [n.op_type for n in decoder.graph.node]
+    assert "MatMul" not in ops and ops.count("MatMulNBits") == sum(len(g.get("decoder", [])) for g in groups.values())
+    assert not _float_tables(out["decoder"], model.cfg)  # the lookup reads the packed projection
+    packed = [i for i in decoder.graph.initializer if i.data_type == onnx.TensorProto.UINT8
+              and i.dims[0] == model.cfg.vocab_size]
+    assert len(packed) == 1
+    agree, error, spread = _next_token_agreement(paths, out)
+    assert agree > 0.75 and error < 0.3 * spread
+    # The lookup alone, against the dequantized packed rows and the fp32 table.
+    lookup = [n for n in decoder.graph.node if n.name.startswith("/embed/Gather_tied")]
+    weights = {i.name: onnx.numpy_helper.to_array(i) for i in decoder.graph.initializer}
+    needed = {i for n in lookup for i in n.input}
+    sub = onnx.helper.make_model(
+        onnx.helper.make_graph(lookup, "lookup",
+                               [onnx.helper.make_tensor_value_info("tokens", onnx.TensorProto.INT64, [None, 1])],
+                               [onnx.helper.make_tensor_value_info(lookup[-1].output[0], onnx.TensorProto.FLOAT, None)],
+                               [onnx.numpy_helper.from_array(v, k) for k, v in weights.items() if k in needed]),
+        opset_imports=decoder.opset_import, ir_version=decoder.ir_version)
+    tokens = np.array([[5], [17], [299]], dtype=np.int64)
+    got = ort.InferenceSession(sub.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"tokens": tokens})[0].reshape(3, -1)
+    q = weights[packed[0].name][tokens[:, 0]].astype(np.float32) - 128  # [3, blocks, block]
+    scales = weights[packed[0].name.replace("_int8_blocks", "_block_scales")][tokens[:, 0]]
+    want = (q * scales[..., None]).reshape(3, -1)[:, : model.cfg.d_model]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    table = model.embed.weight.detach().numpy()[tokens[:, 0]]
+    # Within one step of each block's scale (ORT's scales carry a sign: the largest magnitude
+    # maps to -128, so the opposite extreme may clip at 127).
+    step = np.repeat(np.abs(scales), block_size, axis=-1)[:, : model.cfg.d_model]
+    assert np.all(np.abs(want - table) <= step * 1.001 + 1e-7)
+    kept = quantize_blockwise(paths, folder / f"nbits{block_size}_keep", groups, keep_float=["output_projection"],
+                              block_size=block_size)
+    kept_nodes = {n.name: n.op_type for n in onnx.load(str(kept["decoder"])).graph.node}
+    assert kept_nodes["/logits/MatMul"] == "MatMul" and kept_nodes["/embed/Gather_tied"] == "Gather"
 
 
 def _float_tables(path, cfg) -> list[str]:

@@ -19,7 +19,8 @@ from typing import Callable
 
 import onnxruntime as ort
 
-from model.onnx_quantize import (RecordingDecoder, node_groups, onnx_bytes, quantize_dynamic, quantize_static)
+from model.onnx_quantize import (RecordingDecoder, node_groups, onnx_bytes, quantize_blockwise, quantize_dynamic,
+                                 quantize_static)
 from model.runtime import OnnxDecoder, Translator
 from model.search import greedy_search, prepare_sources, translate_sentences
 
@@ -32,6 +33,8 @@ from .data import read_split
 CALIBRATION_BATCH = 16
 _PRECISION = {
     "int8_dynamic": "int8 weights (per channel), activations quantized at run time; for CPUs",
+    "int8_dynamic/matmul_nbits": "int8 weights in blocks of {block} along each column, activations quantized "
+                                 "to int8 per block at run time (MatMulNBits); for CPUs",
     "int8_static": "int8 QDQ (symmetric weights and activations, calibrated); for TensorRT and other int8 runtimes",
 }
 
@@ -57,10 +60,14 @@ def run(ctx: StageContext) -> dict:
             f"{len(groups)} weight groups")
     metrics: dict = {"fp32_bleu": fp32_bleu, "guard_sentences": n_guard, "beam": fp32.generation.beam,
                      "max_bleu_drop": cfg["max_bleu_drop"], "fp32_onnx_bytes": onnx_bytes(paths),
-                     "groups": list(groups), "onnxruntime": ort.__version__, "variants": {}}
+                     "groups": list(groups), "onnxruntime": ort.__version__, "variants": {},
+                     "dynamic_kernel": cfg["dynamic_kernel"]}
 
     makers: dict[str, Callable] = {}
-    if cfg["dynamic"]:
+    if cfg["dynamic"] and cfg["dynamic_kernel"] == "matmul_nbits":
+        makers["int8_dynamic"] = lambda keep, out: quantize_blockwise(paths, out, groups, keep, cfg["block_size"],
+                                                                     cfg["per_channel"])
+    elif cfg["dynamic"]:
         makers["int8_dynamic"] = lambda keep, out: quantize_dynamic(paths, out, groups, keep, cfg["per_channel"])
     if cfg["static"]:
         feeds = calibration_feeds(fp32, valid_src[: cfg["calibration_sentences"]], ctx)
@@ -85,7 +92,7 @@ def run(ctx: StageContext) -> dict:
             report.update(latency_vs_fp32(paths, graphs, fp32, valid_src[: cfg["latency_sentences"]], ctx, variant))
         meta = write_package(ctx.out / variant, graphs["encoder"], graphs["decoder"], fp32_dir / "tokenizer.json",
                              json.loads((fp32_dir / "generation.json").read_text(encoding="utf-8")),
-                             _about(fp32.package, variant, result["float_groups"], metrics.get("calibration")),
+                             _about(fp32.package, variant, result["float_groups"], metrics.get("calibration"), cfg),
                              _figures(report, fp32_bleu, n_guard))
         report["package_bytes"] = package_bytes(ctx.out / variant)
         assert meta["onnx_bytes"] == report["onnx_bytes"]
@@ -183,10 +190,15 @@ def latency_vs_fp32(fp32_graphs: dict, graphs: dict, fp32: Translator, sentences
             "latency_sentences": len(src)}
 
 
-def _about(fp32_package: dict, variant: str, float_groups: list[str], calibration: dict | None) -> dict:
+def _about(fp32_package: dict, variant: str, float_groups: list[str], calibration: dict | None, cfg: dict) -> dict:
     keep = ("title", "description", "source_artifact", "src_lang", "tgt_lang", "model", "onnxruntime")
     about = {k: fp32_package[k] for k in keep if k in fp32_package}
-    about.update(variant=variant, precision=_PRECISION[variant], float_groups=float_groups)
+    precision = _PRECISION[variant]
+    if variant == "int8_dynamic" and cfg["dynamic_kernel"] == "matmul_nbits":
+        precision = _PRECISION["int8_dynamic/matmul_nbits"].format(block=cfg["block_size"])
+        about["kernel"] = {"op": "com.microsoft.MatMulNBits", "bits": 8, "block_size": cfg["block_size"],
+                           "accuracy_level": 4}
+    about.update(variant=variant, precision=precision, float_groups=float_groups)
     if variant == "int8_static" and calibration:
         about["calibration"] = calibration
     return about
