@@ -37,6 +37,13 @@ def test_prune_stage_through_smoke_recipe(smoke):
                 "sentence_ms_pruned", "decoder_step_ms_unpruned", "decoder_step_ms_pruned"):
         assert isinstance(m[key], (int, float)), key
     assert m["sentence_ms_pruned"] > 0 and m["decoder_step_ms_pruned"] > 0
+    # The same pair timed in onnxruntime, each model exported as the export stage does.
+    ort_figures = m["onnxruntime"]
+    for name in ("unpruned", "pruned"):
+        assert ort_figures[f"sentence_ms_{name}"] > 0 and ort_figures[f"decoder_step_ms_{name}"] > 0
+        assert ort_figures[f"decoder_steps_per_sentence_{name}"] >= 1
+    assert ort_figures["decoder_step_speedup"] == round(
+        ort_figures["decoder_step_ms_unpruned"] / ort_figures["decoder_step_ms_pruned"], 3)
 
     # The importance table: every original head once, the lowest-scoring ones pruned.
     table = json.loads(pruned.file("importance.json").read_text())["heads"]

@@ -121,9 +121,11 @@ def run(ctx: StageContext) -> dict:
     bleu_after = accepted[-1]["valid_bleu_finetuned"] if accepted else bleu_before
     heads_left = model.cfg.total_heads()
     ctx.log(f"{total_heads} -> {heads_left} heads, {original.num_parameters():,} -> {model.num_parameters():,} "
-            f"parameters, valid BLEU {bleu_before:.2f} -> {bleu_after:.2f}; sentence "
-            f"{latency['sentence_ms_unpruned']:.1f} -> {latency['sentence_ms_pruned']:.1f} ms, decoder step "
-            f"{latency['decoder_step_ms_unpruned']:.2f} -> {latency['decoder_step_ms_pruned']:.2f} ms")
+            f"parameters, valid BLEU {bleu_before:.2f} -> {bleu_after:.2f}")
+    for runtime, figures in (("PyTorch", latency), ("onnxruntime", latency["onnxruntime"])):
+        ctx.log(f"{runtime}, 1 thread: sentence {figures['sentence_ms_unpruned']:.2f} -> "
+                f"{figures['sentence_ms_pruned']:.2f} ms, decoder step {figures['decoder_step_ms_unpruned']:.3f} "
+                f"-> {figures['decoder_step_ms_pruned']:.3f} ms")
     return {
         "source_model": source.id, "ranking": cfg.ranking, "normalize": cfg.normalize,
         "finetune_data": train_origin,
@@ -265,55 +267,95 @@ def greedy_bleu(ctx: StageContext, model: Transformer, valid: ValidationSet, tok
 
 def measure_latency(ctx: StageContext, models: dict[str, Transformer], sources: list[list[int]],
                     cfg: PruneConfig) -> dict:
-    """Batch-1 greedy latency on the CPU, one thread, of each model on the same sentences.
+    """Batch-1 greedy latency on the CPU, one thread, of each model on the same sentences, in
+    PyTorch eager (keys sentence_ms_<name>, decoder_step_ms_<name>) and in onnxruntime with each
+    model exported the way the export stage exports it (the same keys under "onnxruntime"): the
+    runtime the pruned model ships in, where a step is not dominated by PyTorch's per-operator
+    overhead.
 
-    Sentence: encode + greedy decode of one sentence (each model's own output length).
-    Decoder step: DECODER_STEPS forced steps with the cache, so every model does the same work.
-    The models take turns sentence by sentence (alternating who goes first), so a noisy neighbour
-    slows both alike; each figure is the median over `latency_repeats` passes of the mean per
-    sentence (or step)."""
+    Sentence: encode + greedy decode of one sentence (each model's own output length; the mean
+    length is reported). Decoder step: DECODER_STEPS forced steps with the cache, so every model
+    does the same work. The models take turns sentence by sentence (alternating who goes first),
+    so a noisy neighbour slows both alike; each figure is the median over `latency_repeats`
+    passes of the mean per sentence (or step)."""
     sources = sources[: cfg.latency_sentences]
-    names = list(models)
     any_cfg = next(iter(models.values())).cfg
     gen = GenerationConfig(beam=1, bos_id=any_cfg.bos_id, eos_id=any_cfg.eos_id, pad_id=any_cfg.pad_id,
                            max_positions=any_cfg.max_positions)
-    decoders = {name: TorchDecoder(m.cpu().eval(), "cpu") for name, m in models.items()}
-    sentence = {n: [] for n in names}
-    step = {n: [] for n in names}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for dec in decoders.values():  # warm-up: first calls allocate
-            for src in sources[:2]:
-                greedy_search(dec, [src], gen)
-        with ctx.progress("latency unpruned vs pruned", total=cfg.latency_repeats * len(sources),
-                          unit="sentences") as bar:
-            for r in range(cfg.latency_repeats):
-                s_total = dict.fromkeys(names, 0.0)
-                d_total = dict.fromkeys(names, 0.0)
-                for j, src in enumerate(sources):
-                    for name in (names if (r + j) % 2 == 0 else names[::-1]):
-                        dec = decoders[name]
-                        t0 = time.perf_counter()
-                        greedy_search(dec, [src], gen)
-                        s_total[name] += time.perf_counter() - t0
-                        dec.encode([src], 1)
-                        token = np.array([gen.bos_id], dtype=np.int64)
-                        t0 = time.perf_counter()
-                        for _ in range(DECODER_STEPS):
-                            dec.step(token, None)
-                        d_total[name] += time.perf_counter() - t0
-                    bar.advance(1)
-                for name in names:
-                    sentence[name].append(1000 * s_total[name] / len(sources))
-                    step[name].append(1000 * d_total[name] / (len(sources) * DECODER_STEPS))
+        eager = {name: TorchDecoder(m.cpu().eval(), "cpu") for name, m in models.items()}
+        out = _timed(ctx, eager, sources, gen, cfg.latency_repeats, "PyTorch")
+        out["onnxruntime"] = _timed(ctx, onnx_decoders(models, ctx.work / "latency"), sources, gen,
+                                    cfg.latency_repeats, "onnxruntime")
     finally:
         torch.set_num_threads(threads)
-    out: dict = {"latency_sentences": len(sources), "latency_repeats": cfg.latency_repeats, "latency_threads": 1}
+    return {"latency_sentences": len(sources), "latency_repeats": cfg.latency_repeats, "latency_threads": 1, **out}
+
+
+def onnx_decoders(models: dict[str, Transformer], folder: Path) -> dict:
+    """Each model as fp32 ONNX (exported, optimised and tied as the export stage does), in
+    one-thread onnxruntime sessions."""
+    import onnxruntime as ort
+
+    from model.onnx_export import export_onnx, optimize_onnx, tie_decoder_embedding
+    from model.runtime import OnnxDecoder
+
+    decoders = {}
+    for name, model in models.items():
+        raw = export_onnx(model, folder / name / "raw")
+        graphs = {g: folder / name / f"{g}.onnx" for g in raw}
+        for g, path in raw.items():
+            optimize_onnx(path, graphs[g])
+        tie_decoder_embedding(graphs["decoder"])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
+        options.log_severity_level = 3
+        sessions = [ort.InferenceSession(str(graphs[g]), options, providers=["CPUExecutionProvider"])
+                    for g in ("encoder", "decoder")]
+        decoders[name] = OnnxDecoder(*sessions, pad_id=model.cfg.pad_id)
+    return decoders
+
+
+def _timed(ctx: StageContext, decoders: dict, sources: list[list[int]], gen: GenerationConfig, repeats: int,
+           runtime: str) -> dict:
+    names = list(decoders)
+    sentence: dict[str, list[float]] = {n: [] for n in names}
+    step: dict[str, list[float]] = {n: [] for n in names}
+    lengths: dict[str, int] = dict.fromkeys(names, 0)
+    for dec in decoders.values():  # warm-up: first calls allocate
+        for src in sources[:2]:
+            greedy_search(dec, [src], gen)
+    with ctx.progress(f"latency unpruned vs pruned, {runtime}", total=repeats * len(sources),
+                      unit="sentences") as bar:
+        for r in range(repeats):
+            s_total = dict.fromkeys(names, 0.0)
+            d_total = dict.fromkeys(names, 0.0)
+            for j, src in enumerate(sources):
+                for name in (names if (r + j) % 2 == 0 else names[::-1]):
+                    dec = decoders[name]
+                    t0 = time.perf_counter()
+                    hyp = greedy_search(dec, [src], gen)[0]
+                    s_total[name] += time.perf_counter() - t0
+                    if r == 0:
+                        lengths[name] += len(hyp) + 1  # + </s>: one decoder step each
+                    dec.encode([src], 1)
+                    token = np.array([gen.bos_id], dtype=np.int64)
+                    t0 = time.perf_counter()
+                    for _ in range(DECODER_STEPS):
+                        dec.step(token, None)
+                    d_total[name] += time.perf_counter() - t0
+                bar.advance(1)
+            for name in names:
+                sentence[name].append(1000 * s_total[name] / len(sources))
+                step[name].append(1000 * d_total[name] / (len(sources) * DECODER_STEPS))
+    out: dict = {}
     for name in names:
         out[f"sentence_ms_{name}"] = round(statistics.median(sentence[name]), 3)
         out[f"decoder_step_ms_{name}"] = round(statistics.median(step[name]), 4)
-    if "unpruned" in models and "pruned" in models:
+        out[f"decoder_steps_per_sentence_{name}"] = round(lengths[name] / max(len(sources), 1), 2)
+    if "unpruned" in decoders and "pruned" in decoders:
         out["sentence_speedup"] = round(out["sentence_ms_unpruned"] / out["sentence_ms_pruned"], 3)
         out["decoder_step_speedup"] = round(out["decoder_step_ms_unpruned"] / out["decoder_step_ms_pruned"], 3)
     return out
