@@ -99,3 +99,14 @@ def test_shipped_recipes_validate():
     for recipe in sorted(Path(__file__).resolve().parent.parent.glob("recipes/*.yaml")):
         proc = cli("validate", str(recipe))
         assert proc.returncode == 0, (recipe, proc.stderr.decode())
+
+
+def test_bare_yaml_on_off_means_the_word(tmp_path):
+    """YAML 1.1 reads `on`/`off` as booleans; for a three-way switch the user meant the word."""
+    path = write(tmp_path, "tokenizer: {}\nteacher:\n  train: {bf16: on}\n")
+    recipe, _ = load_recipe(path)
+    assert recipe.teacher.train.bf16 == "on"
+    recipe, _ = load_recipe(path, ["teacher.train.bf16=off"])
+    assert recipe.teacher.train.bf16 == "off"
+    with pytest.raises(RecipeError, match=r"teacher\.train\.bf16: must be one of"):
+        load_recipe(path, ["teacher.train.bf16=sometimes"])
