@@ -81,7 +81,7 @@ class _SelfAttention(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, q, k, v, bias, key_mask, heads):
-        return g.op(f"{_PLACEHOLDER}::SelfAttention", q, k, v, bias, key_mask, num_heads_i=heads)
+        return g.op(f"{_PLACEHOLDER}::SelfAttention", q, k, v, bias, key_mask, num_heads_i=heads).setType(q.type())
 
 
 class _CachedSelfAttention(torch.autograd.Function):
@@ -97,8 +97,14 @@ class _CachedSelfAttention(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, q, k, v, bias, past_k, past_v, heads):
-        return g.op(f"{_PLACEHOLDER}::CachedSelfAttention", q, k, v, bias, past_k, past_v, num_heads_i=heads,
-                    outputs=3)
+        y, present_k, present_v = g.op(f"{_PLACEHOLDER}::CachedSelfAttention", q, k, v, bias, past_k, past_v,
+                                       num_heads_i=heads, outputs=3)
+        # Types for the exporter's shape inference (else it warns): y is shaped like q; the
+        # presents like the pasts but one step longer, so their sizes are left open.
+        y.setType(q.type())
+        for present, past in ((present_k, past_k), (present_v, past_v)):
+            present.setType(past.type().with_sizes([None] * 4))
+        return y, present_k, present_v
 
 
 class _CrossAttention(torch.autograd.Function):
@@ -112,7 +118,7 @@ class _CrossAttention(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, q, k, v, key_mask, heads):
-        return g.op(f"{_PLACEHOLDER}::CrossAttention", q, k, v, key_mask, num_heads_i=heads)
+        return g.op(f"{_PLACEHOLDER}::CrossAttention", q, k, v, key_mask, num_heads_i=heads).setType(q.type())
 
 
 _FUNCTIONS = {f.__name__.lstrip("_"): f for f in (_SelfAttention, _CachedSelfAttention, _CrossAttention)}
