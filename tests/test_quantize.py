@@ -269,6 +269,12 @@ def test_quantize_stage_writes_guarded_packages(quantized):
     m = art.metrics
     assert set(m["variants"]) == {"int8_dynamic", "int8_static"}
     assert m["calibration"]["method"] == "minmax" and m["calibration"]["decoder_feeds"] > 0
+    # The default dynamic form: MatMulNBits in the decoder; the package names the blocks it really uses.
+    dynamic = json.loads((art.path / "int8_dynamic" / "package.json").read_text())
+    decoder_ops = {n.op_type for n in onnx.load(str(art.path / "int8_dynamic" / "decoder.onnx")).graph.node}
+    assert m["dynamic_kernel"] == "matmul_nbits" and "MatMulNBits" in decoder_ops and "MatMul" not in decoder_ops
+    assert dynamic["kernel"]["block_sizes"] and all(b in (16, 32, 64, 128) for b in dynamic["kernel"]["block_sizes"])
+    assert f"blocks of {' / '.join(map(str, dynamic['kernel']['block_sizes']))}" in dynamic["precision"]
     src, _ = read_split(arts["data"].path, "valid")
     fp32 = Translator(arts["export.student"].path / "fp32", threads=1)
     for variant, report in m["variants"].items():

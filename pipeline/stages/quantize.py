@@ -33,8 +33,9 @@ from .data import read_split
 CALIBRATION_BATCH = 16
 _PRECISION = {
     "int8_dynamic": "int8 weights (per channel), activations quantized at run time; for CPUs",
-    "int8_dynamic/matmul_nbits": "int8 weights in blocks of {block} along each column, activations quantized "
-                                 "to int8 per block at run time (MatMulNBits); for CPUs",
+    "int8_dynamic/matmul_nbits": "decoder: int8 weights in blocks of {blocks} along each column, activations "
+                                 "quantized to int8 per block at run time (MatMulNBits); encoder: int8 weights "
+                                 "per channel (MatMulInteger); for CPUs",
     "int8_static": "int8 QDQ (symmetric weights and activations, calibrated); for TensorRT and other int8 runtimes",
 }
 
@@ -92,7 +93,8 @@ def run(ctx: StageContext) -> dict:
             report.update(latency_vs_fp32(paths, graphs, fp32, valid_src[: cfg["latency_sentences"]], ctx, variant))
         meta = write_package(ctx.out / variant, graphs["encoder"], graphs["decoder"], fp32_dir / "tokenizer.json",
                              json.loads((fp32_dir / "generation.json").read_text(encoding="utf-8")),
-                             _about(fp32.package, variant, result["float_groups"], metrics.get("calibration"), cfg),
+                             _about(fp32.package, variant, result["float_groups"], metrics.get("calibration"), cfg,
+                                    graphs["decoder"]),
                              _figures(report, fp32_bleu, n_guard))
         report["package_bytes"] = package_bytes(ctx.out / variant)
         assert meta["onnx_bytes"] == report["onnx_bytes"]
@@ -190,14 +192,19 @@ def latency_vs_fp32(fp32_graphs: dict, graphs: dict, fp32: Translator, sentences
             "latency_sentences": len(src)}
 
 
-def _about(fp32_package: dict, variant: str, float_groups: list[str], calibration: dict | None, cfg: dict) -> dict:
+def _about(fp32_package: dict, variant: str, float_groups: list[str], calibration: dict | None, cfg: dict,
+           decoder: Path) -> dict:
     keep = ("title", "description", "source_artifact", "src_lang", "tgt_lang", "model", "onnxruntime")
     about = {k: fp32_package[k] for k in keep if k in fp32_package}
     precision = _PRECISION[variant]
     if variant == "int8_dynamic" and cfg["dynamic_kernel"] == "matmul_nbits":
-        precision = _PRECISION["int8_dynamic/matmul_nbits"].format(block=cfg["block_size"])
-        about["kernel"] = {"op": "com.microsoft.MatMulNBits", "bits": 8, "block_size": cfg["block_size"],
-                           "accuracy_level": 4}
+        import onnx
+
+        blocks = sorted({a.i for n in onnx.load(str(decoder)).graph.node if n.op_type == "MatMulNBits"
+                         for a in n.attribute if a.name == "block_size"})  # as chosen per matrix
+        precision = _PRECISION["int8_dynamic/matmul_nbits"].format(blocks=" / ".join(map(str, blocks)) or "-")
+        about["kernel"] = {"op": "com.microsoft.MatMulNBits", "bits": 8, "block_sizes": blocks,
+                           "preferred_block_size": cfg["block_size"], "accuracy_level": 4}
     about.update(variant=variant, precision=precision, float_groups=float_groups)
     if variant == "int8_static" and calibration:
         about["calibration"] = calibration
