@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .onnx_graph import drop_unused_initializers, gathers_columns
-from .transformer import CrossAttention, SelfAttention, Transformer
+from .transformer import CrossAttention, SelfAttention, Transformer, sinusoidal_positions
 
 OPSET = 17
 
@@ -342,6 +342,58 @@ def tie_decoder_embedding(path: Path) -> bool:
         graph.node.remove(node)
         graph.node.insert(index, transpose)
         graph.node.insert(index, gather)
+        drop_unused_initializers(graph)
+        onnx.save(proto, str(path))
+        return True
+    return False
+
+
+# --------------------------------------------------------------------------- positions
+def positions_as_formula(path: Path, d_model: int) -> bool:
+    """Replace the sinusoidal position table the tracer stored ([max_positions, d] float32, about
+    115 KB per graph at d 112) by the few nodes that compute it: angle = position * 10000^(-2i/d),
+    sin and cos interleaved. Every input is a constant, so ORT folds them into the same table
+    when a session loads: the file is smaller, the run is not slower. Returns False, changing
+    nothing, when the graph holds no such table. Apply after offline optimisation (which would
+    fold the table back in) and to float32 graphs (in float16 the angles lose their precision)."""
+    from onnx import helper, numpy_helper
+
+    proto = onnx.load(str(path))
+    graph = proto.graph
+    for index, init in enumerate(graph.initializer):
+        if init.data_type != onnx.TensorProto.FLOAT or len(init.dims) != 2 or init.dims[1] != d_model:
+            continue
+        rows = int(init.dims[0])
+        table = sinusoidal_positions(rows, d_model).numpy()
+        if not np.array_equal(numpy_helper.to_array(init), table):
+            continue
+        name, prefix = init.name, "/positions"
+        half = (d_model + 1) // 2  # sin columns; cos fills the odd ones (one fewer when d is odd)
+        div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-np.log(10000.0) / d_model))
+        constants = {f"{prefix}/index": np.arange(rows, dtype=np.float32).reshape(rows, 1),
+                     f"{prefix}/div": div.numpy().reshape(1, half),
+                     f"{prefix}/axis": np.array([2], dtype=np.int64),
+                     f"{prefix}/shape": np.array([rows, 2 * half], dtype=np.int64),
+                     f"{prefix}/starts": np.array([0], dtype=np.int64),
+                     f"{prefix}/ends": np.array([d_model], dtype=np.int64),
+                     f"{prefix}/last": np.array([1], dtype=np.int64)}
+        make = helper.make_node
+        nodes = [make("Mul", [f"{prefix}/index", f"{prefix}/div"], [f"{prefix}/angles"], name=f"{prefix}/Mul"),
+                 make("Sin", [f"{prefix}/angles"], [f"{prefix}/sin"], name=f"{prefix}/Sin"),
+                 make("Cos", [f"{prefix}/angles"], [f"{prefix}/cos"], name=f"{prefix}/Cos"),
+                 make("Unsqueeze", [f"{prefix}/sin", f"{prefix}/axis"], [f"{prefix}/sin3"], name=f"{prefix}/U1"),
+                 make("Unsqueeze", [f"{prefix}/cos", f"{prefix}/axis"], [f"{prefix}/cos3"], name=f"{prefix}/U2"),
+                 make("Concat", [f"{prefix}/sin3", f"{prefix}/cos3"], [f"{prefix}/pairs"], name=f"{prefix}/Concat",
+                      axis=2),
+                 make("Reshape", [f"{prefix}/pairs", f"{prefix}/shape"],
+                      [name if 2 * half == d_model else f"{prefix}/padded"], name=f"{prefix}/Reshape")]
+        if 2 * half != d_model:  # odd d: the last cos column is not part of the table
+            nodes.append(make("Slice", [f"{prefix}/padded", f"{prefix}/starts", f"{prefix}/ends", f"{prefix}/last"],
+                              [name], name=f"{prefix}/Slice"))
+        del graph.initializer[index]
+        graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in constants.items())
+        for offset, node in enumerate(nodes):
+            graph.node.insert(offset, node)
         drop_unused_initializers(graph)
         onnx.save(proto, str(path))
         return True

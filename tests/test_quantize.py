@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from model.onnx_export import export_onnx, optimize_onnx, tie_decoder_embedding
+from model.onnx_export import export_onnx, optimize_onnx, positions_as_formula, tie_decoder_embedding
 from model.onnx_quantize import (RecordingDecoder, block_for, node_groups, onnx_bytes, quantize_blockwise,
                                  quantize_dynamic, quantize_static, weight_nodes)
 from model.runtime import OnnxDecoder, Translator
@@ -43,6 +43,7 @@ def export_tiny(folder, d_model: int = 32):
         paths[name] = folder / f"{name}.onnx"
         optimize_onnx(path, paths[name])
     assert tie_decoder_embedding(paths["decoder"])
+    assert all(positions_as_formula(p, d_model) for p in paths.values())
     return model, paths, folder
 
 

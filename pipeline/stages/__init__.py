@@ -27,7 +27,7 @@ STAGES: dict[str, StageInfo] = {
     "train": StageInfo("pipeline.stages.train", 1, "train a Transformer (teacher, student, ablation)"),
     "kd_corpus": StageInfo("pipeline.stages.kd_corpus", 1, "translate the training sources with the teacher"),
     "prune": StageInfo("pipeline.stages.prune", 3, "remove attention heads (and FFN neurons), fine-tune"),
-    "export": StageInfo("pipeline.stages.export", 3, "export to ONNX, optimise, check parity"),
+    "export": StageInfo("pipeline.stages.export", 4, "export to ONNX, optimise, check parity"),
     "quantize": StageInfo("pipeline.stages.quantize", 5, "int8 dynamic and static quantization with a guard"),
     "evaluate": StageInfo("pipeline.stages.evaluate", 1, "translate the test sets, score BLEU and chrF"),
     "benchmark": StageInfo("pipeline.stages.benchmark", 1, "latency and throughput of every variant"),

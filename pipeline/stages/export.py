@@ -18,7 +18,7 @@ import onnxruntime as ort
 import torch
 
 from model.onnx_export import (DecoderGraph, EncoderGraph, decoder_input_names, example_inputs, export_onnx,
-                               optimize_onnx, tie_decoder_embedding, to_fp16)
+                               optimize_onnx, positions_as_formula, tie_decoder_embedding, to_fp16)
 from model.runtime import Translator
 from model.search import GenerationConfig, beam_search, greedy_search, prepare_sources
 from model.tokenizer import SubwordTokenizer
@@ -63,6 +63,9 @@ def run(ctx: StageContext) -> dict:
         for path in graphs.values():
             to_fp16(path, half / path.name)
         variants.append(("fp16", {name: half / path.name for name, path in graphs.items()}))
+    # After the fp16 copy is made: in float16 the formula's angles would lose their precision.
+    metrics["positions_as_formula"] = {name: positions_as_formula(path, model.cfg.d_model)
+                                       for name, path in graphs.items()}
 
     generation = dataclasses.asdict(GenerationConfig(
         beam=parity_cfg["beam"], bos_id=model.cfg.bos_id, eos_id=model.cfg.eos_id, pad_id=model.cfg.pad_id,

@@ -299,7 +299,7 @@ def onnx_decoders(models: dict[str, Transformer], folder: Path) -> dict:
     one-thread onnxruntime sessions."""
     import onnxruntime as ort
 
-    from model.onnx_export import export_onnx, optimize_onnx, tie_decoder_embedding
+    from model.onnx_export import export_onnx, optimize_onnx, positions_as_formula, tie_decoder_embedding
     from model.runtime import OnnxDecoder
 
     decoders = {}
@@ -309,6 +309,8 @@ def onnx_decoders(models: dict[str, Transformer], folder: Path) -> dict:
         for g, path in raw.items():
             optimize_onnx(path, graphs[g])
         tie_decoder_embedding(graphs["decoder"])
+        for path in graphs.values():
+            positions_as_formula(path, model.cfg.d_model)
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
         options.log_severity_level = 3
