@@ -61,6 +61,11 @@ def test_beam_one_is_greedy_and_batching_changes_nothing():
     batch = greedy_search(dec, SOURCES, greedy)
     assert batch == beam_search(dec, SOURCES, greedy)
     assert batch == [greedy_search(dec, [s], greedy)[0] for s in SOURCES]
+    # One sentence takes its own path (no batch bookkeeping): the same tokens, also when the
+    # length limit ends a sentence.
+    short = GenerationConfig(beam=1, max_positions=64, max_len_a=0, max_len_b=3)
+    batch = greedy_search(dec, SOURCES, short)
+    assert max(len(h) for h in batch) == 2 and batch == [greedy_search(dec, [s], short)[0] for s in SOURCES]
     beam4 = GenerationConfig(beam=4, max_positions=64)
     assert beam_search(dec, SOURCES, beam4) == [beam_search(dec, [s], beam4)[0] for s in SOURCES]
 

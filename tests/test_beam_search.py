@@ -1,0 +1,111 @@
+"""Beam search: the array implementation gives exactly what the per-sentence loop it replaced
+gave (kept here as the reference), over models, beam sizes, length penalties and limits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from model.search import GenerationConfig, IncrementalDecoder, beam_search, top_k_indices
+from model.torch_decoder import TorchDecoder
+
+from .test_model import tiny
+
+
+# The implementation model/search.py had until 2026-11-30, verbatim but for its name.
+def reference_beam_search(decoder: IncrementalDecoder, src: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
+    """Batched beam search. A sentence is finished once it holds `beam` ended hypotheses (or
+    reaches its length limit); the loop stops as soon as every sentence is finished."""
+    k = gen.beam
+    if k == 1:
+        raise ValueError("beam >= 2")
+    decoder.encode(src, k)
+    n = len(src)
+    limits = [gen.max_len(len(s)) for s in src]
+    scores = np.full((n, k), -np.inf, dtype=np.float64)
+    scores[:, 0] = 0.0  # all beams start identical: only the first may expand at step 0
+    seqs: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]
+    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(n)]
+    done = np.zeros(n, dtype=bool)
+    tokens = np.full(n * k, gen.bos_id, dtype=np.int64)
+    parents = None
+    for t in range(max(limits)):
+        logp = decoder.step(tokens, parents).astype(np.float64)
+        vocab = logp.shape[-1]
+        cand = (scores[:, :, None] + logp.reshape(n, k, vocab)).reshape(n, k * vocab)
+        top = np.argpartition(-cand, 2 * k, axis=1)[:, : 2 * k]
+        new_parents = np.zeros(n * k, dtype=np.int64)
+        new_tokens = np.full(n * k, gen.eos_id, dtype=np.int64)
+        new_scores = np.full((n, k), -np.inf)
+        new_seqs: list[list[list[int]]] = [[[] for _ in range(k)] for _ in range(n)]
+        for b in range(n):
+            if done[b]:
+                new_parents[b * k: (b + 1) * k] = b * k
+                continue
+            order = top[b][np.argsort(-cand[b, top[b]], kind="stable")]
+            last_step = t + 1 >= limits[b]
+            slot = 0
+            for flat in order:
+                score = cand[b, flat]
+                if not np.isfinite(score):
+                    break
+                beam_i, token = divmod(int(flat), vocab)
+                prefix = seqs[b][beam_i]
+                if token == gen.eos_id or last_step:
+                    if len(finished[b]) < k:
+                        length = len(prefix) + 1
+                        finished[b].append((score / length ** gen.length_penalty, prefix))
+                    continue
+                new_seqs[b][slot] = prefix + [token]
+                new_scores[b, slot] = score
+                new_parents[b * k + slot] = b * k + beam_i
+                new_tokens[b * k + slot] = token
+                slot += 1
+                if slot == k:
+                    break
+            for empty in range(slot, k):  # keep cache rows valid for unused slots
+                new_parents[b * k + empty] = b * k
+            if len(finished[b]) >= k or slot == 0:
+                done[b] = True
+        if done.all():
+            break
+        scores, seqs, parents, tokens = new_scores, new_seqs, new_parents, new_tokens
+    results = []
+    for b in range(n):
+        if finished[b]:
+            results.append(max(finished[b], key=lambda x: x[0])[1])
+        else:
+            best = int(np.argmax(scores[b]))
+            results.append(seqs[b][best])
+    return results
+
+
+
+
+@pytest.mark.parametrize("pre_ln,seed", [(False, 0), (True, 1), (False, 2)])
+def test_beam_search_equals_the_per_sentence_reference(pre_ln, seed):
+    decoder = TorchDecoder(tiny(pre_ln=pre_ln, seed=seed))
+    rng = np.random.default_rng(seed)
+    sources = [[int(t) for t in rng.integers(4, 60, rng.integers(1, 14))] + [2] for _ in range(9)]
+    compared = 0
+    for beam in (2, 4, 5):
+        for penalty in (0.6, 1.0, 1.5):
+            for a, b in ((1.5, 10), (0.0, 3), (0.0, 1)):
+                gen = GenerationConfig(beam=beam, length_penalty=penalty, max_len_a=a, max_len_b=b, max_positions=64)
+                assert beam_search(decoder, sources, gen) == reference_beam_search(decoder, sources, gen), \
+                    (beam, penalty, a, b)
+                assert beam_search(decoder, sources[:1], gen) == reference_beam_search(decoder, sources[:1], gen)
+                compared += 1
+    assert compared == 27
+
+
+@pytest.mark.parametrize("rows,width,m", [(3, 8000, 8), (128, 8000, 10), (2, 8001, 5), (4, 300, 8), (1, 61, 2)])
+def test_top_k_indices_finds_the_largest_entries(rows, width, m):
+    rng = np.random.default_rng(width + m)
+    x = rng.standard_normal((rows, width)).astype(np.float32)
+    x[0, -1] = 100.0  # the largest entry in the last (partial) chunk
+    got = top_k_indices(x, m)
+    assert got.shape == (rows, m) and all(len(set(r)) == m for r in got.tolist())
+    want = np.sort(np.partition(x, width - m, axis=1)[:, -m:], axis=1)
+    np.testing.assert_array_equal(np.sort(np.take_along_axis(x, got, axis=1), axis=1), want)
+    assert width - 1 in got[0]
