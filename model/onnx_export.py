@@ -30,12 +30,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
-from onnx import numpy_helper
 import torch.nn.functional as F
+from onnx import numpy_helper
 from torch import Tensor, nn
 
-from .onnx_graph import drop_unused_initializers, gathers_columns
-from .transformer import CrossAttention, SelfAttention, Transformer, sinusoidal_positions
+from .onnx_graph import gathers_columns, splice_and_save
+from .transformer import CrossAttention, SelfAttention, Transformer, sinusoidal_frequencies, sinusoidal_positions
 
 OPSET = 17
 
@@ -339,12 +339,7 @@ def tie_decoder_embedding(path: Path) -> bool:
         # [d, *token_shape] -> [*token_shape, d]
         transpose = onnx.helper.make_node("Transpose", [columns], list(node.output), name=f"{node.name}_tied_T",
                                           perm=[*range(1, rank + 1), 0])
-        graph.node.remove(node)
-        graph.node.insert(index, transpose)
-        graph.node.insert(index, gather)
-        drop_unused_initializers(graph)
-        onnx.save(proto, str(path))
-        return True
+        return splice_and_save(proto, path, index, [gather, transpose], remove=[node])
     return False
 
 
@@ -356,8 +351,6 @@ def positions_as_formula(path: Path, d_model: int) -> bool:
     when a session loads: the file is smaller, the run is not slower. Returns False, changing
     nothing, when the graph holds no such table. Apply after offline optimisation (which would
     fold the table back in) and to float32 graphs (in float16 the angles lose their precision)."""
-    from onnx import helper, numpy_helper
-
     proto = onnx.load(str(path))
     graph = proto.graph
     for index, init in enumerate(graph.initializer):
@@ -369,15 +362,14 @@ def positions_as_formula(path: Path, d_model: int) -> bool:
             continue
         name, prefix = init.name, "/positions"
         half = (d_model + 1) // 2  # sin columns; cos fills the odd ones (one fewer when d is odd)
-        div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-np.log(10000.0) / d_model))
         constants = {f"{prefix}/index": np.arange(rows, dtype=np.float32).reshape(rows, 1),
-                     f"{prefix}/div": div.numpy().reshape(1, half),
+                     f"{prefix}/div": sinusoidal_frequencies(d_model).numpy().reshape(1, half),
                      f"{prefix}/axis": np.array([2], dtype=np.int64),
                      f"{prefix}/shape": np.array([rows, 2 * half], dtype=np.int64),
                      f"{prefix}/starts": np.array([0], dtype=np.int64),
                      f"{prefix}/ends": np.array([d_model], dtype=np.int64),
                      f"{prefix}/last": np.array([1], dtype=np.int64)}
-        make = helper.make_node
+        make = onnx.helper.make_node
         nodes = [make("Mul", [f"{prefix}/index", f"{prefix}/div"], [f"{prefix}/angles"], name=f"{prefix}/Mul"),
                  make("Sin", [f"{prefix}/angles"], [f"{prefix}/sin"], name=f"{prefix}/Sin"),
                  make("Cos", [f"{prefix}/angles"], [f"{prefix}/cos"], name=f"{prefix}/Cos"),
@@ -392,11 +384,7 @@ def positions_as_formula(path: Path, d_model: int) -> bool:
                               [name], name=f"{prefix}/Slice"))
         del graph.initializer[index]
         graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in constants.items())
-        for offset, node in enumerate(nodes):
-            graph.node.insert(offset, node)
-        drop_unused_initializers(graph)
-        onnx.save(proto, str(path))
-        return True
+        return splice_and_save(proto, path, 0, nodes)
     return False
 
 

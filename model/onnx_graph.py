@@ -17,3 +17,17 @@ def gathers_columns(node: onnx.NodeProto) -> bool:
     """A Gather along an axis other than 0: the decoder's tied token lookup, which reads columns
     of the output projection's [d, vocab] weight (tie_decoder_embedding)."""
     return node.op_type == "Gather" and any(a.name == "axis" and a.i != 0 for a in node.attribute)
+
+
+def splice_and_save(proto: onnx.ModelProto, path, index: int, new_nodes: list[onnx.NodeProto],
+                    remove: list[onnx.NodeProto] = ()) -> bool:
+    """Remove `remove`, insert `new_nodes` at `index` (counted after the removal), drop the
+    initializers no node reads any more and save to `path`. Returns True: the graph changed."""
+    graph = proto.graph
+    for node in remove:
+        graph.node.remove(node)
+    for offset, node in enumerate(new_nodes):
+        graph.node.insert(index + offset, node)
+    drop_unused_initializers(graph)
+    onnx.save(proto, str(path))
+    return True

@@ -25,7 +25,7 @@ from typing import Iterable
 import numpy as np
 import onnx
 
-from .onnx_graph import drop_unused_initializers, gathers_columns
+from .onnx_graph import drop_unused_initializers, gathers_columns, splice_and_save
 
 GRAPHS = ("encoder", "decoder")
 # Node names come from the exporter's module scopes (see model/onnx_export.py: name_nodes).
@@ -113,13 +113,10 @@ def retie_quantized_embedding(path: Path) -> bool:
         scale_nodes, picked_scale = per_token(scale)
         new_nodes += scale_nodes + [make("Mul", [value, picked_scale], [out], name=f"{name}_scale")]
         graph.node.remove(node)
-        for offset, new_node in enumerate(new_nodes):
-            graph.node.insert(index + offset, new_node)
-        if dq is not None and not any(dq.output[0] in n.input for n in graph.node):
-            graph.node.remove(dq)
-        drop_unused_initializers(graph)
-        onnx.save(proto, str(path))
-        return True
+        orphan = [dq] if dq is not None and not any(dq.output[0] in n.input for n in graph.node) else []
+        if orphan and graph.node.index(dq) < index:
+            index -= 1
+        return splice_and_save(proto, path, index, new_nodes, remove=orphan)
     return False
 
 
@@ -340,20 +337,20 @@ def _to_nbits(graph: onnx.GraphProto, chosen: set[str], block_size: int) -> None
 
     make = onnx.helper.make_node
     weights = {i.name: i for i in graph.initializer}
-    packed: dict[str, tuple[str, str, int, int]] = {}  # float weight -> (packed, scales, rows, block)
+    # float weight -> (packed name, scales name, K, block, packed shape [N, K blocks, block])
+    packed: dict[str, tuple[str, str, int, int, tuple[int, ...]]] = {}
 
-    def pack(name: str, matrix: np.ndarray) -> tuple[str, str, int, int]:
+    def pack(name: str, matrix: np.ndarray) -> tuple[str, str, int, int, tuple[int, ...]]:
         if name not in packed:
             block = block_for(matrix.shape[0], block_size)
             q, s = _pack_int8_blocks(matrix, block)
             graph.initializer.extend([numpy_helper.from_array(q, f"{name}_int8_blocks"),
                                       numpy_helper.from_array(s, f"{name}_block_scales")])
-            packed[name] = (f"{name}_int8_blocks", f"{name}_block_scales", matrix.shape[0], block)
+            packed[name] = (f"{name}_int8_blocks", f"{name}_block_scales", matrix.shape[0], block, q.shape)
         return packed[name]
 
     def lookup(node_name: str, table: str, indices: str, output: str, d: int) -> list[onnx.NodeProto]:
-        q, s, _, block = packed[table]
-        rows, blocks, _ = weights_shape(q)
+        q, s, _, block, (rows, blocks, _) = packed[table]
         width = blocks * block
         # The table as [rows, blocks * block_size]: a Reshape of an initializer, which ORT folds
         # when the session loads (the file keeps one copy).
@@ -370,14 +367,11 @@ def _to_nbits(graph: onnx.GraphProto, chosen: set[str], block_size: int) -> None
             nodes.append(make("Slice", [gathered, *bounds], [output], name=f"{node_name}_unpad"))
         return nodes
 
-    def weights_shape(name: str) -> list[int]:
-        return [t for t in graph.initializer if t.name == name][0].dims
-
     new_nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         if node.name in chosen and node.op_type == "MatMul":
             w = numpy_helper.to_array(weights[node.input[1]])
-            q, s, rows, block = pack(node.input[1], w)
+            q, s, rows, block, _ = pack(node.input[1], w)
             new_nodes.append(make("MatMulNBits", [node.input[0], q, s], list(node.output), name=node.name,
                                   domain="com.microsoft", K=rows, N=w.shape[1], bits=8, block_size=block,
                                   accuracy_level=4))

@@ -115,8 +115,8 @@ def beam_search(decoder: IncrementalDecoder, src: list[list[int]], gen: Generati
     Each step, per sentence: the best 2k (beam, token) candidates in score order; the first k
     that do not end become the next beams; those that end (EOS, or the length limit) before the
     k-th of them join the sentence's finished list while it holds fewer than k. The bookkeeping
-    is array arithmetic over all sentences at once: in Python per sentence it cost more than the
-    decoder itself at batch 32."""
+    is array arithmetic over all sentences at once (at batch 32 the per-sentence Python loop it
+    replaces took 64 of 545 ms; the whole-vocabulary partition, now top_k_indices, took 282)."""
     k = gen.beam
     if k == 1:
         return greedy_search(decoder, src, gen)

@@ -85,9 +85,14 @@ class TransformerConfig:
         return cls(**data)
 
 
+def sinusoidal_frequencies(d_model: int) -> Tensor:
+    """10000^(-2i/d) for i < ceil(d/2): column 2i of the table is sin(position * it), 2i+1 cos."""
+    return torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+
+
 def sinusoidal_positions(length: int, d_model: int) -> Tensor:
     position = torch.arange(length, dtype=torch.float32).unsqueeze(1)
-    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    div = sinusoidal_frequencies(d_model)
     pe = torch.zeros(length, d_model)
     pe[:, 0::2] = torch.sin(position * div)
     pe[:, 1::2] = torch.cos(position * div)[:, : d_model // 2]
