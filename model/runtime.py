@@ -6,6 +6,11 @@ tokenizer.py), so it imports its siblings relatively and nothing else from this 
 A package folder holds encoder.onnx, decoder.onnx (graph I/O: see model/onnx_export.py and the
 package's MODEL_CARD.md), tokenizer.json, generation.json and package.json, which lists every
 file with its sha256. Translator refuses a package whose files differ from that list.
+
+Float32 packages also hold generate.onnx: the same two graphs inside onnxruntime's BeamSearch op
+(model/onnx_generate.py), so that a whole batch is translated by one onnxruntime call instead of
+one call per token plus a NumPy search loop. On the CPU, Translator uses it when it is there
+(search="auto"); search="python" uses the step graphs and model/search.py instead.
 """
 
 from __future__ import annotations
@@ -152,12 +157,39 @@ class OnnxDecoder:
         return out[0].numpy()
 
 
+class GraphSearch:
+    """Search with generate.onnx: one session.run per batch, the loop inside onnxruntime."""
+
+    def __init__(self, session: ort.InferenceSession):
+        self.session = session
+
+    def __call__(self, src: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
+        width = max(len(s) for s in src)
+        ids = np.full((len(src), width), gen.pad_id, dtype=np.int32)
+        for i, s in enumerate(src):
+            ids[i, : len(s)] = s
+        # Tokens including the start token, so max_len(...) - 1 generated tokens at most, as in
+        # model/search.py. The op takes one limit for the whole batch (the longest sentence's);
+        # each output is cut to its own limit below (for greedy that is exactly model/search.py).
+        limit = max(gen.max_len(len(s)) for s in src)
+        sequences = self.session.run(["sequences"], {
+            "input_ids": ids, "max_length": np.array([limit], dtype=np.int32),
+            "num_beams": np.array([gen.beam], dtype=np.int32),
+            "length_penalty": np.array([gen.length_penalty], dtype=np.float32)})[0]
+        out = []
+        for s, row in zip(src, sequences[:, 0, 1:].tolist()):  # drop the start token
+            end = next((j for j, t in enumerate(row) if t == gen.eos_id or t == gen.pad_id), len(row))
+            out.append(row[: min(end, gen.max_len(len(s)) - 1)])
+        return out
+
+
 class Translator:
     """Text in, text out, with an ONNX package. Same interface as the PyTorch translator."""
 
     runtime = "onnxruntime"
 
-    def __init__(self, folder: str | Path, device: str = "cpu", threads: int | None = None, device_id: int = 0):
+    def __init__(self, folder: str | Path, device: str = "cpu", threads: int | None = None, device_id: int = 0,
+                 search: str = "auto"):
         self.folder = Path(folder)
         self.package = verify_package(self.folder)
         gen = json.loads((self.folder / "generation.json").read_text(encoding="utf-8"))
@@ -185,6 +217,17 @@ class Translator:
         if device == "cuda" and self.device != "cuda":
             warnings.warn(f"{self.folder}: CUDA execution provider unavailable; running on the CPU", stacklevel=2)
         self.decoder = OnnxDecoder(encoder, decoder, self.generation.pad_id, self.device, device_id)
+        if search not in ("auto", "graph", "python"):
+            raise ValueError(f"search must be 'auto', 'graph' or 'python', got {search!r}")
+        # On CUDA the step graphs with I/O binding stay the path (the op's CUDA kernel is untested here).
+        has_graph = (self.folder / "generate.onnx").is_file() and self.device == "cpu"
+        if search == "graph" and not has_graph:
+            raise PackageError(f"{self.folder}: no generate.onnx usable on {self.device} (float32 CPU packages have one)")
+        self.graph_search = None
+        if has_graph and search != "python":
+            self.graph_search = GraphSearch(ort.InferenceSession(str(self.folder / "generate.onnx"), options,
+                                                                 providers=["CPUExecutionProvider"]))
+        self.search = "graph" if self.graph_search else "python"
 
     # The IncrementalDecoder protocol, so search code can drive a Translator directly.
     def encode(self, src: list[list[int]], beam: int) -> None:
@@ -197,9 +240,9 @@ class Translator:
                   batch_tokens: int = 4000, max_batch: int = 256, on_batch=None) -> list[str]:
         gen = dataclasses.replace(self.generation, beam=beam, length_penalty=length_penalty)
         return translate_sentences(self.decoder, self.tokenizer, sentences, gen, batch_tokens=batch_tokens,
-                                   max_batch=max_batch, on_batch=on_batch)
+                                   max_batch=max_batch, on_batch=on_batch, searcher=self.graph_search)
 
     def describe(self) -> dict:
         return {"runtime": self.runtime, "device": self.device, "providers": self.providers,
-                "threads": self.threads, "variant": self.package.get("variant"),
+                "threads": self.threads, "variant": self.package.get("variant"), "search": self.search,
                 "onnxruntime": ort.__version__}

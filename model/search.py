@@ -205,9 +205,10 @@ def prepare_sources(tokenizer: Tokenizer, sentences: Sequence[str], max_position
 
 def translate_sentences(decoder: IncrementalDecoder, tokenizer: Tokenizer, sentences: Sequence[str],
                         gen: GenerationConfig, batch_tokens: int = 4000, max_batch: int = 256,
-                        on_batch=None) -> list[str]:
+                        on_batch=None, searcher=None) -> list[str]:
     """Translate in length-sorted batches (less padding), returning results in input order.
-    Empty inputs give empty outputs without touching the model."""
+    Empty inputs give empty outputs without touching the model. `searcher(batch, gen)`, if
+    given, replaces search(decoder, batch, gen) (a search that runs inside onnxruntime)."""
     sentences = list(sentences)
     results = [""] * len(sentences)
     todo = [i for i, s in enumerate(sentences) if s.strip()]
@@ -222,7 +223,7 @@ def translate_sentences(decoder: IncrementalDecoder, tokenizer: Tokenizer, sente
                 break
             end += 1
         batch = [src[order[j]] for j in range(start, end)]
-        hyps = search(decoder, batch, gen)
+        hyps = searcher(batch, gen) if searcher else search(decoder, batch, gen)
         for j, text in zip(range(start, end), tokenizer.decode(hyps)):
             results[todo[order[j]]] = text
         if on_batch:

@@ -1,6 +1,8 @@
 """The shipped ONNX package: one self-contained folder per variant (fp32, fp16, int8_dynamic, ...).
 
     encoder.onnx, decoder.onnx   the graphs (I/O documented in MODEL_CARD.md)
+    generate.onnx                float32 packages: both graphs inside onnxruntime's BeamSearch op,
+                                 weights read from the two files above (model/onnx_generate.py)
     tokenizer.json               the subword tokenizer (HF tokenizers)
     generation.json              beam, length penalty, length limits, special ids, max positions
     mt_runtime/                  the torch-free runtime (onnxruntime + tokenizers + numpy)
@@ -16,12 +18,15 @@ import json
 import shutil
 from pathlib import Path
 
+from model.onnx_generate import write_generate_graph
+
 from .errors import UserInputError
 from .store import Artifact, now_iso, sha256_file
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
 RUNTIME_FILES = ("runtime.py", "search.py", "tokenizer.py")
 PACKAGE_JSON = "package.json"
+GENERATE = "generate.onnx"
 FORMAT = "mt-onnx-package/1"
 _INIT = '''"""Torch-free runtime for this package: `from mt_runtime import Translator`."""
 from .runtime import PackageError, Translator, verify_package
@@ -39,19 +44,23 @@ def write_package(dest: Path, encoder: Path, decoder: Path, tokenizer: Path, gen
         if src.resolve() != (dest / name).resolve():
             shutil.copyfile(src, dest / name)
     (dest / "generation.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (dest / GENERATE).unlink(missing_ok=True)
+    write_generate_graph(dest, generation)
     runtime = dest / "mt_runtime"
     runtime.mkdir(exist_ok=True)
     for name in RUNTIME_FILES:
         shutil.copyfile(MODEL_DIR / name, runtime / name)
     (runtime / "__init__.py").write_text(_INIT, encoding="utf-8")
     io = {"encoder": graph_io(dest / "encoder.onnx"), "decoder": graph_io(dest / "decoder.onnx")}
+    if (dest / GENERATE).is_file():
+        io["generate"] = graph_io(dest / GENERATE)
     (dest / "MODEL_CARD.md").write_text(model_card(about, figures or {}, io, generation), encoding="utf-8")
     files = {}
     for path in sorted(p for p in dest.rglob("*") if p.is_file() and p.name != PACKAGE_JSON):
         files[path.relative_to(dest).as_posix()] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
     meta = {"format": FORMAT, "created": now_iso(), **about, "figures": figures or {},
             "opset": io["decoder"]["opset"], "files": files,
-            "onnx_bytes": files["encoder.onnx"]["bytes"] + files["decoder.onnx"]["bytes"]}
+            "onnx_bytes": sum(files[g]["bytes"] for g in ("encoder.onnx", "decoder.onnx", GENERATE) if g in files)}
     (dest / PACKAGE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return meta
 
@@ -82,7 +91,7 @@ def package_bytes(folder: Path) -> int:
 
 # ------------------------------------------------------------------------------ the card
 def _operators(io: dict) -> str:
-    contrib = sorted({op for graph in io.values() for op in graph.get("contrib_ops", [])})
+    contrib = sorted({op for name in ("encoder", "decoder") for op in io[name].get("contrib_ops", [])})
     if not contrib:
         return "operators: standard ONNX only"
     return (f"operators: standard ONNX plus onnxruntime's contrib ops ({', '.join(contrib)}): run it with "
@@ -101,6 +110,21 @@ def _io_table(io: dict) -> str:
             for v in io[graph][direction]:
                 rows.append(f"| {graph} | {direction[:-1]} | `{v['name']}` | {v['type']} | {_shape(v['shape'])} |")
     return "\n".join(rows)
+
+
+def _generate_section(io: dict, generation: dict) -> str:
+    if "generate" not in io:
+        return ""
+    return f"""
+`generate.onnx` is the whole search in one graph (onnxruntime's `com.microsoft.BeamSearch` op with
+the two graphs below as its subgraphs; it reads their weights from `encoder.onnx` and
+`decoder.onnx`, so keep the three files together). On the CPU, `Translator` uses it: one
+onnxruntime call per batch. Inputs: `input_ids` int32 [batch, src_len] (as `src_ids` below),
+`max_length` int32 [1] (tokens including the start token), `num_beams` int32 [1] (1 = greedy),
+`length_penalty` float [1]; output `sequences` int32 [batch, 1, length]: the start token
+(id {generation['bos_id']}), the translation, then EOS (id {generation['eos_id']}) and PAD.
+`Translator(folder, search="python")` drives the two step graphs from Python instead.
+"""
 
 
 def model_card(about: dict, figures: dict, io: dict, generation: dict) -> str:
@@ -135,7 +159,7 @@ print(translator.translate(["A man is riding a bicycle."], beam=4))
 ```
 
 `Translator` checks every file against `package.json` (sha256) and refuses a modified package.
-
+{_generate_section(io, generation)}
 ## The graphs, for your own client
 
 Two graphs. Run the encoder once per batch, then the decoder once per generated token.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -17,7 +18,8 @@ import torch
 
 from model.onnx_export import (DecoderGraph, EncoderGraph, decoder_input_names, example_inputs, export_onnx,
                                optimize_onnx, positions_as_formula, tie_decoder_embedding)
-from model.runtime import OnnxDecoder, PackageError, Translator
+from model.onnx_generate import EXTERNAL_MIN_BYTES, write_generate_graph
+from model.runtime import GraphSearch, OnnxDecoder, PackageError, Translator
 from model.search import GenerationConfig, beam_search, greedy_search
 from model.torch_decoder import TorchDecoder, TorchTranslator
 from model.transformer import Transformer, TransformerConfig
@@ -107,6 +109,39 @@ def test_greedy_and_beam_identical_to_pytorch(exported):
     assert [greedy_search(onnx_decoder, [s], gen)[0] for s in src] == greedy_search(torch_decoder, src, gen)
 
 
+def test_generate_graph_search_matches_python_search(tmp_path):
+    """generate.onnx (onnxruntime's BeamSearch op around our two graphs) against model/search.py
+    on a model whose layers all have different head counts (the op's first cache has the heads
+    of the first cross-attention layer: 1 here, 2 and 3 in the self-attention layers)."""
+    model = tiny_uneven(pre_ln=False)
+    export_onnx(model, tmp_path)
+    gen = GenerationConfig(beam=3, max_len_a=1.0, max_len_b=4, max_positions=64)
+    assert write_generate_graph(tmp_path, dataclasses.asdict(gen)) == tmp_path / "generate.onnx"
+    proto = onnx.load(str(tmp_path / "generate.onnx"), load_external_data=False)
+    subgraphs = [a.g for a in proto.graph.node[-1].attribute if a.type == onnx.AttributeProto.GRAPH]
+    external = [t for g in subgraphs for t in g.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    embedded = [t for g in subgraphs for t in g.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
+    # No second copy of the weights: the big tensors are read from the step graphs' files.
+    assert {e.value for t in external for e in t.external_data if e.key == "location"} == {"encoder.onnx",
+                                                                                           "decoder.onnx"}
+    assert max(len(t.raw_data) for t in embedded) < EXTERNAL_MIN_BYTES
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    graph = GraphSearch(ort.InferenceSession(str(tmp_path / "generate.onnx"), options,
+                                             providers=["CPUExecutionProvider"]))
+    torch_decoder = TorchDecoder(model)
+    rng = np.random.default_rng(0)
+    src = [[int(t) for t in rng.integers(4, 61, n)] + [2] for n in (3, 11, 1, 7, 5, 9)]
+    greedy = dataclasses.replace(gen, beam=1)
+    expected = greedy_search(torch_decoder, src, greedy)
+    assert graph(src, greedy) == expected  # a padded batch: masks and per-sentence length limits
+    assert [graph([s], greedy)[0] for s in src] == expected
+    # Beam search one sentence at a time: in a batch the op has one length limit, the longest
+    # sentence's, and this untrained model runs every hypothesis to its limit (batched beam search
+    # on real sentences: test_onnx_translator_matches_torch_translator).
+    assert [graph([s], gen)[0] for s in src] == beam_search(torch_decoder, src, gen)
+
+
 # ------------------------------------------------------------------- through the smoke recipe
 @pytest.fixture(scope="module")
 def export_artifact(smoke):
@@ -124,8 +159,16 @@ def test_export_stage_parity_and_packages(export_artifact):
     assert set(m["packages"]) == {"fp32", "fp16"}
     assert m["packages"]["fp16"]["onnx_bytes"] < 0.75 * m["packages"]["fp32"]["onnx_bytes"]
     package = json.loads((art.path / "fp32" / "package.json").read_text())
-    assert {"encoder.onnx", "decoder.onnx", "tokenizer.json", "generation.json", "MODEL_CARD.md",
+    assert {"encoder.onnx", "decoder.onnx", "generate.onnx", "tokenizer.json", "generation.json", "MODEL_CARD.md",
             "mt_runtime/runtime.py", "mt_runtime/search.py"} <= set(package["files"])
+    # generate.onnx: the search inside onnxruntime, greedy token-for-token ours, no copy of the weights
+    graph = m["parity"]["fp32"]["graph_search"]
+    assert graph["greedy_identical"] == "20/20" and graph["greedy_sentences_per_s"] > 0
+    files = package["files"]
+    assert files["generate.onnx"]["bytes"] < 0.5 * (files["encoder.onnx"]["bytes"] + files["decoder.onnx"]["bytes"])
+    assert package["onnx_bytes"] == sum(files[g]["bytes"] for g in ("encoder.onnx", "decoder.onnx", "generate.onnx"))
+    assert "generate.onnx" not in json.loads((art.path / "fp16" / "package.json").read_text())["files"]
+    assert Translator(art.path / "fp32").search == "graph" and Translator(art.path / "fp16").search == "python"
     card = (art.path / "fp32" / "MODEL_CARD.md").read_text()
     for name in ("src_ids", "cache_index", "past_k_0", "present_v_0", "log_probs", "cross_k_0"):
         assert f"`{name}`" in card
@@ -139,8 +182,11 @@ def test_onnx_translator_matches_torch_translator(export_artifact):
     onnx = load_translator(arts["export.student"].path, "fp32", threads=1)
     torch_t = load_translator(arts["student"].path)
     assert onnx.runtime == "onnxruntime" and isinstance(torch_t, TorchTranslator)
+    assert onnx.search == "graph"
+    steps = Translator(arts["export.student"].path / "fp32", threads=1, search="python")
     for beam in (1, 3):
         assert onnx.translate(src[:8], beam=beam) == torch_t.translate(src[:8], beam=beam)
+        assert steps.translate(src[:8], beam=beam) == torch_t.translate(src[:8], beam=beam)
     assert onnx.translate(["", "  "]) == ["", ""]
 
 

@@ -20,7 +20,7 @@ import torch
 from model.onnx_export import (DecoderGraph, EncoderGraph, decoder_input_names, example_inputs, export_onnx,
                                optimize_onnx, positions_as_formula, tie_decoder_embedding, to_fp16)
 from model.runtime import Translator
-from model.search import GenerationConfig, beam_search, greedy_search, prepare_sources
+from model.search import GenerationConfig, prepare_sources, search
 from model.tokenizer import SubwordTokenizer
 from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, load_model
@@ -81,9 +81,14 @@ def run(ctx: StageContext) -> dict:
                    "greedy outputs identical to PyTorch": report["greedy_identical"],
                    "beam outputs identical to PyTorch": report["beam_identical"]}
         if variant == "fp32":
+            graph = report.get("graph_search")
             figures["CPU batch-1 greedy, validation sentences"] = (
-                f"{report['onnx_greedy_sentences_per_s']} sentences/s with onnxruntime vs "
+                (f"{graph['greedy_sentences_per_s']} sentences/s with generate.onnx, " if graph else "")
+                + f"{report['onnx_greedy_sentences_per_s']} sentences/s with the step graphs and a Python loop, "
                 f"{report['torch_greedy_sentences_per_s']} with PyTorch ({threads} threads)")
+            if graph:
+                figures["generate.onnx vs the step graphs (validation sentences)"] = (
+                    f"greedy identical {graph['greedy_identical']}, beam identical {graph['beam_identical']}")
         if "valid_bleu" in source.metrics:
             figures["validation BLEU of the PyTorch model (greedy, during training)"] = source.metrics["valid_bleu"]
         # Rewrite the package with its figures now known (the graphs do not change).
@@ -98,6 +103,10 @@ def run(ctx: StageContext) -> dict:
                    greedy_speedup=fp32["greedy_speedup"])
     ctx.log(f"fp32 parity: max |Δ log p| {fp32['max_abs_diff']:.2e}, greedy {fp32['greedy_identical']}, "
             f"beam {fp32['beam_identical']} identical; batch-1 greedy {fp32['greedy_speedup']}x PyTorch")
+    if "graph_search" in fp32:
+        graph = fp32["graph_search"]
+        ctx.log(f"generate.onnx: greedy {graph['greedy_identical']}, beam {graph['beam_identical']} identical to the "
+                f"Python search; batch-1 greedy {graph['greedy_speedup_vs_python_search']}x faster")
     return metrics
 
 
@@ -127,6 +136,10 @@ def _enforce(variant: str, report: dict, parity_cfg: dict) -> None:
     if report["max_abs_diff"] > parity_cfg["max_abs_diff"]:
         problems.append(f"max |log p difference| {report['max_abs_diff']:.3g} > {parity_cfg['max_abs_diff']:g} "
                         f"(worst case: {report['worst_case']})")
+    graph = report.get("graph_search")
+    if graph and graph["greedy_mismatches"]:
+        problems.append(f"generate.onnx's greedy search differs from ours on the same graphs (validation "
+                        f"sentences {graph['greedy_mismatches']})")
     for kind in ("greedy", "beam"):
         if report[f"{kind}_mismatches"]:
             first = report[f"{kind}_mismatches"][0]
@@ -190,34 +203,50 @@ def _maxdiff(a: torch.Tensor, b: np.ndarray) -> float:
 def decode_parity(model: Transformer, translator: Translator, tokenizer: SubwordTokenizer, sentences: list[str],
                   beam: int, ctx: StageContext, variant: str) -> dict:
     """Greedy (one sentence at a time, timed: the batch-1 latency both runtimes are judged on)
-    and batched beam search with both runtimes; the token ids must be identical."""
+    and batched beam search with both runtimes; the token ids must be identical. Where the
+    package has generate.onnx, its search is compared with ours on the same step graphs too."""
     gen = dataclasses.replace(translator.generation, beam=beam)
+    greedy_gen = dataclasses.replace(gen, beam=1)
     src = prepare_sources(tokenizer, sentences, gen.max_positions, warn=False)
     torch_decoder, onnx_decoder = TorchDecoder(model), translator.decoder
-    seconds = {"torch": 0.0, "onnx": 0.0}
-    greedy = {"torch": [], "onnx": []}
+    searches = {"torch": lambda batch, g: search(torch_decoder, batch, g),
+                "onnx": lambda batch, g: search(onnx_decoder, batch, g)}
+    if translator.graph_search:
+        searches["graph"] = translator.graph_search
+    seconds = dict.fromkeys(searches, 0.0)
+    greedy: dict = {name: [] for name in searches}
     with ctx.progress(f"{variant} greedy parity", total=len(src), unit="sentences") as bar:
         for s in src:
             # Alternate the runtimes sentence by sentence so that machine load hits both alike.
-            for name, decoder in (("torch", torch_decoder), ("onnx", onnx_decoder)):
+            for name, run in searches.items():
                 t0 = time.perf_counter()
-                greedy[name].append(greedy_search(decoder, [s], gen)[0])
+                greedy[name].append(run([s], greedy_gen)[0])
                 seconds[name] += time.perf_counter() - t0
             bar.advance(1)
-    beams = {"torch": [], "onnx": []}
+    beams: dict = {name: [] for name in searches}
     chunk = 16
     with ctx.progress(f"{variant} beam {beam} parity", total=len(src), unit="sentences") as bar:
         for start in range(0, len(src), chunk):
             batch = src[start: start + chunk]
-            for name, decoder in (("torch", torch_decoder), ("onnx", onnx_decoder)):
-                beams[name].extend(beam_search(decoder, batch, gen))
+            for name, run in searches.items():
+                beams[name].extend(run(batch, gen))
             bar.advance(len(batch))
     greedy_bad = [i for i, (a, b) in enumerate(zip(greedy["torch"], greedy["onnx"])) if a != b]
     beam_bad = [i for i, (a, b) in enumerate(zip(beams["torch"], beams["onnx"])) if a != b]
     n = len(src)
     torch_rate = n / seconds["torch"] if seconds["torch"] else 0.0
     onnx_rate = n / seconds["onnx"] if seconds["onnx"] else 0.0
-    return {"sentences": n, "beam": beam,
+    graph = {}
+    if "graph" in searches:
+        graph_greedy_bad = [i for i, (a, b) in enumerate(zip(greedy["onnx"], greedy["graph"])) if a != b]
+        graph_beam_same = sum(a == b for a, b in zip(beams["onnx"], beams["graph"]))
+        graph_rate = n / seconds["graph"] if seconds["graph"] else 0.0
+        graph = {"graph_search": {
+            "greedy_identical": f"{n - len(graph_greedy_bad)}/{n}", "greedy_mismatches": graph_greedy_bad[:20],
+            "beam_identical": f"{graph_beam_same}/{n}",
+            "greedy_sentences_per_s": round(graph_rate, 1),
+            "greedy_speedup_vs_python_search": round(graph_rate / onnx_rate, 2) if onnx_rate else None}}
+    return {"sentences": n, "beam": beam, **graph,
             "greedy_identical": f"{n - len(greedy_bad)}/{n}", "beam_identical": f"{n - len(beam_bad)}/{n}",
             "greedy_agreement": round((n - len(greedy_bad)) / n, 4) if n else 1.0,
             "beam_agreement": round((n - len(beam_bad)) / n, 4) if n else 1.0,

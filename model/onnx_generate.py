@@ -1,0 +1,241 @@
+"""generate.onnx: the whole search (greedy or beam) as one onnxruntime call.
+
+Our step graphs (encoder.onnx, decoder.onnx) are wrapped as the two subgraphs of onnxruntime's
+contrib op com.microsoft.BeamSearch, in its encoder-decoder ("T5", model_type 1) convention:
+
+    encoder subgraph  encoder_input_ids, encoder_attention_mask int32 [B, S]
+                      -> present_key_cross_i, present_value_cross_i
+    decoder subgraph  input_ids int32 [B, 1], encoder_attention_mask,
+                      past_key_self_i, past_value_self_i, past_key_cross_i, past_value_cross_i
+                      -> logits [B, 1, vocab], present_key_self_i, present_value_self_i
+
+Why: with a Python loop, every generated token costs a session.run (binding its inputs and
+outputs) plus NumPy bookkeeping; for beam search that bookkeeping costs as much as the model.
+Inside the op, the loop, the top-k and the cache reordering are C++. (Its GreedySearch sibling
+only takes decoder-only models, so greedy is BeamSearch with num_beams = 1.)
+
+generate.onnx holds no copy of the weights: every initializer of at least EXTERNAL_MIN_BYTES is
+stored as "external data" pointing at the bytes of the same tensor inside encoder.onnx or
+decoder.onnx (a protobuf keeps a raw tensor's bytes verbatim), so a package grows by the graph
+structure only (tens of KB), not by a second copy of the model.
+
+Semantics, as onnxruntime implements them (HF-style beam search, early stopping): hypothesis
+score = sum log p / (tokens incl. EOS) ** length_penalty, as in model/search.py; one length
+limit per call (the longest sentence's in a batch, where model/search.py has one per sentence);
+an EOS candidate counts only among the best `beam` candidates of a step. Greedy outputs are
+token-for-token those of model/search.py; beam outputs almost always are (the export stage
+records the agreement).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+EXTERNAL_MIN_BYTES = 256
+# Ops that only reshape or retype the source mask on its way to an attention's key_padding_mask.
+_MASK_PLUMBING = {"Cast", "Unsqueeze", "Flatten", "Reshape", "Squeeze"}
+KEY_PADDING_SLOT = 4
+
+
+def _rename(graph: onnx.GraphProto, old: str, new: str) -> None:
+    for node in graph.node:
+        for field in (node.input, node.output):
+            for i, name in enumerate(field):
+                if name == old:
+                    field[i] = new
+
+
+def _shape(value: onnx.ValueInfoProto) -> list:
+    return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in value.type.tensor_type.shape.dim]
+
+
+def _prune_dead_nodes(graph: onnx.GraphProto) -> None:
+    needed = {o.name for o in graph.output}
+    keep = []
+    for node in reversed(graph.node):
+        if any(o in needed for o in node.output):
+            keep.append(node)
+            needed.update(node.input)
+    del graph.node[:]
+    graph.node.extend(reversed(keep))
+    used = needed
+    inits = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+
+
+def _external(graph: onnx.GraphProto, source: Path) -> int:
+    """Point the graph's larger initializers at the same bytes inside `source`; returns how many."""
+    blob = source.read_bytes()
+    moved = 0
+    for tensor in graph.initializer:
+        raw = tensor.raw_data
+        if len(raw) < EXTERNAL_MIN_BYTES:
+            continue
+        offset = blob.find(raw)
+        if offset < 0:  # not stored verbatim (should not happen): keep the copy
+            continue
+        tensor.ClearField("raw_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        del tensor.external_data[:]
+        for key, value in (("location", source.name), ("offset", str(offset)), ("length", str(len(raw)))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+        moved += 1
+    return moved
+
+
+def _encoder_subgraph(encoder: onnx.ModelProto, layers: int) -> onnx.GraphProto:
+    g = copy.deepcopy(encoder.graph)
+    g.name = "encoder"
+    outputs = {o.name: o for o in g.output}
+    g.node.insert(0, helper.make_node("Cast", ["encoder_input_ids"], ["src_ids"], to=TensorProto.INT64,
+                                      name="generate/src_ids"))
+    new_outputs = []
+    for i in range(layers):
+        for ours, theirs in ((f"cross_k_{i}", f"present_key_cross_{i}"), (f"cross_v_{i}", f"present_value_cross_{i}")):
+            _rename(g, ours, theirs)
+            value = outputs[ours]
+            new_outputs.append(helper.make_tensor_value_info(theirs, value.type.tensor_type.elem_type,
+                                                             ["B", *_shape(value)[1:2], "S", *_shape(value)[3:]]))
+    del g.input[:]
+    # The mask is required by the op's convention; our encoder derives it from the ids.
+    g.input.extend([helper.make_tensor_value_info("encoder_input_ids", TensorProto.INT32, ["B", "S"]),
+                    helper.make_tensor_value_info("encoder_attention_mask", TensorProto.INT32, ["B", "S"])])
+    del g.output[:]
+    g.output.extend(new_outputs)
+    del g.value_info[:]
+    return g
+
+
+def _decoder_subgraph(decoder: onnx.ModelProto, layers: int, first_cache_heads: int) -> onnx.GraphProto:
+    g = copy.deepcopy(decoder.graph)
+    g.name = "decoder"
+    inputs = {i.name: i for i in g.input}
+    producer = {o: n for n in g.node for o in n.output}
+    float_type = inputs["past_k_0"].type.tensor_type.elem_type
+    head_dim = _shape(inputs["past_k_0"])[3]
+
+    # The op reorders the cache rows itself: our in-graph Gather by cache_index goes.
+    reorders = [n for n in g.node if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] == "cache_index"]
+    for node in reorders:
+        g.node.remove(node)
+        _rename(g, node.output[0], node.input[0])
+    # Attention masks straight from the op's int32 mask instead of bool -> unsqueezes -> int32.
+    for node in g.node:
+        if node.op_type != "MultiHeadAttention" or len(node.input) <= KEY_PADDING_SLOT or not node.input[KEY_PADDING_SLOT]:
+            continue
+        name = node.input[KEY_PADDING_SLOT]
+        while name in producer and producer[name].op_type in _MASK_PLUMBING:
+            name = producer[name].input[0]
+        if name == "src_mask":
+            node.input[KEY_PADDING_SLOT] = "encoder_attention_mask"
+    # The op takes logits and applies its own log-softmax: ours would be done twice.
+    logits = "log_probs"
+    if logits in producer and producer[logits].op_type == "LogSoftmax":
+        logits = producer[logits].input[0]
+    g.node.insert(0, helper.make_node("Cast", ["input_ids"], ["tokens"], to=TensorProto.INT64, name="generate/tokens"))
+    g.node.insert(1, helper.make_node("Cast", ["encoder_attention_mask"], ["src_mask"], to=TensorProto.BOOL,
+                                      name="generate/src_mask"))
+    g.node.append(helper.make_node("Unsqueeze", [logits, "generate/axis_1"], ["logits"], name="generate/logits"))
+    g.initializer.append(numpy_helper.from_array(np.array([1], dtype=np.int64), "generate/axis_1"))
+
+    new_inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["B", 1]),
+                  helper.make_tensor_value_info("encoder_attention_mask", TensorProto.INT32, ["B", "S"])]
+    new_outputs = [helper.make_tensor_value_info("logits", float_type, ["B", 1, _shape(g.output[0])[1]])]
+    for i in range(layers):
+        heads = _shape(inputs[f"past_k_{i}"])[1]
+        for ours, theirs in ((f"past_k_{i}", f"past_key_self_{i}"), (f"past_v_{i}", f"past_value_self_{i}")):
+            if heads != first_cache_heads:
+                # The op makes the first, empty, self-attention cache with the head count of the
+                # encoder's first output; a pruned layer with other heads reshapes it to its own.
+                shape = f"generate/cache_shape_{i}"
+                g.node.insert(0, helper.make_node("Reshape", [theirs, shape], [ours], name=f"generate/{theirs}"))
+                if not any(t.name == shape for t in g.initializer):
+                    g.initializer.append(numpy_helper.from_array(np.array([0, heads, -1, head_dim], np.int64), shape))
+                new_inputs.append(helper.make_tensor_value_info(theirs, float_type, ["B", f"heads_{i}", "P", head_dim]))
+            else:
+                _rename(g, ours, theirs)
+                new_inputs.append(helper.make_tensor_value_info(theirs, float_type, ["B", heads, "P", head_dim]))
+        for ours, theirs in ((f"present_k_{i}", f"present_key_self_{i}"), (f"present_v_{i}", f"present_value_self_{i}")):
+            _rename(g, ours, theirs)
+            new_outputs.append(helper.make_tensor_value_info(theirs, float_type, ["B", heads, "P1", head_dim]))
+    for i in range(layers):
+        for ours, theirs in ((f"cross_k_{i}", f"past_key_cross_{i}"), (f"cross_v_{i}", f"past_value_cross_{i}")):
+            _rename(g, ours, theirs)
+            new_inputs.append(helper.make_tensor_value_info(theirs, float_type, ["B", *_shape(inputs[ours])[1:2], "S",
+                                                                                 head_dim]))
+    # The op's convention: self-attention caches first (k, v per layer), then the cross ones.
+    order = [n.name for n in new_inputs]
+    self_names = [n for n in order if "_self_" in n]
+    cross_names = [n for n in order if "_cross_" in n]
+    by_name = {v.name: v for v in new_inputs}
+    del g.input[:]
+    g.input.extend([by_name["input_ids"], by_name["encoder_attention_mask"],
+                    *(by_name[n] for n in self_names), *(by_name[n] for n in cross_names)])
+    del g.output[:]
+    g.output.extend(new_outputs)
+    del g.value_info[:]
+    _prune_dead_nodes(g)
+    return g
+
+
+GENERATE_INPUTS = ("input_ids", "max_length", "num_beams", "length_penalty")
+
+
+def write_generate_graph(folder: Path, generation: dict) -> Path | None:
+    """Write folder/generate.onnx next to folder/encoder.onnx and folder/decoder.onnx; None (and
+    nothing written) for float16 graphs: the op's CPU kernel is float32 only, and on GPUs the
+    runtime drives the step graphs.
+
+    Inputs: input_ids int32 [batch, src_len] (ids + EOS, right-padded with PAD), max_length int32
+    [1] (tokens incl. the start token), num_beams int32 [1], length_penalty float [1].
+    Output: sequences int32 [batch, 1, len]: the start token, the translation, then EOS/PAD."""
+    encoder = onnx.load(str(folder / "encoder.onnx"))
+    decoder = onnx.load(str(folder / "decoder.onnx"))
+    cache_type = next(i for i in decoder.graph.input if i.name == "past_k_0").type.tensor_type.elem_type
+    if cache_type != TensorProto.FLOAT:
+        return None
+    layers = len(encoder.graph.output) // 2
+    first_cache_heads = _shape(encoder.graph.output[0])[1]
+    enc = _encoder_subgraph(encoder, layers)
+    dec = _decoder_subgraph(decoder, layers, first_cache_heads)
+    _external(enc, folder / "encoder.onnx")
+    _external(dec, folder / "decoder.onnx")
+
+    constants = [numpy_helper.from_array(np.array([1], np.int32), "min_length"),
+                 numpy_helper.from_array(np.array([1], np.int32), "num_return_sequences"),
+                 numpy_helper.from_array(np.array([1.0], np.float32), "repetition_penalty")]
+    # The op's own mask, when none is given, masks left padding only (Hugging Face's T5
+    # convention); ours is right padding, so the mask is made here: input_ids != PAD.
+    pad = numpy_helper.from_array(np.array(generation["pad_id"], np.int32), "pad_id")
+    mask_nodes = [helper.make_node("Equal", ["input_ids", "pad_id"], ["is_pad"], name="mask/equal"),
+                  helper.make_node("Not", ["is_pad"], ["is_token"], name="mask/not"),
+                  helper.make_node("Cast", ["is_token"], ["attention_mask"], to=TensorProto.INT32, name="mask/cast")]
+    node = helper.make_node(
+        "BeamSearch", ["input_ids", "max_length", "min_length", "num_beams", "num_return_sequences",
+                       "length_penalty", "repetition_penalty", "", "", "attention_mask"], ["sequences"],
+        domain="com.microsoft", name="search", model_type=1, early_stopping=1,
+        eos_token_id=generation["eos_id"], pad_token_id=generation["pad_id"],
+        decoder_start_token_id=generation["bos_id"], encoder=enc, decoder=dec)
+    graph = helper.make_graph(
+        [*mask_nodes, node], "generate",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", "src_len"]),
+         helper.make_tensor_value_info("max_length", TensorProto.INT32, [1]),
+         helper.make_tensor_value_info("num_beams", TensorProto.INT32, [1]),
+         helper.make_tensor_value_info("length_penalty", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("sequences", TensorProto.INT32, ["batch", 1, "length"])],
+        initializer=[*constants, pad])
+    opsets = {o.domain: o.version for o in [*encoder.opset_import, *decoder.opset_import]
+              if o.domain in ("", "ai.onnx", "com.microsoft")}
+    opsets.setdefault("com.microsoft", 1)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
+                              ir_version=decoder.ir_version, producer_name="mt-pipeline")
+    path = folder / "generate.onnx"
+    onnx.save(model, str(path))
+    return path
