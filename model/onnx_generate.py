@@ -90,6 +90,24 @@ def _external(graph: onnx.GraphProto, source: Path) -> int:
     return moved
 
 
+def _last_position_gather(graph: onnx.GraphProto, logits: str, producer: dict) -> onnx.NodeProto | None:
+    """The Gather(axis 1, index -1) upstream of `logits` that takes the decoder's last position."""
+    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer if not t.dims}
+    todo, seen = [logits], set()
+    while todo:
+        name = todo.pop()
+        node = producer.get(name)
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if node.op_type == "Gather" and axis == 1 and constants.get(node.input[1]) is not None \
+                and int(constants[node.input[1]]) == -1:
+            return node
+        todo.append(node.input[0])  # the data path: activations are every op's first input here
+    return None
+
+
 def _encoder_subgraph(encoder: onnx.ModelProto, layers: int) -> onnx.GraphProto:
     g = copy.deepcopy(encoder.graph)
     g.name = "encoder"
@@ -139,11 +157,26 @@ def _decoder_subgraph(decoder: onnx.ModelProto, layers: int, first_cache_heads: 
     logits = "log_probs"
     if logits in producer and producer[logits].op_type == "LogSoftmax":
         logits = producer[logits].input[0]
-    g.node.insert(0, helper.make_node("Cast", ["input_ids"], ["tokens"], to=TensorProto.INT64, name="generate/tokens"))
-    g.node.insert(1, helper.make_node("Cast", ["encoder_attention_mask"], ["src_mask"], to=TensorProto.BOOL,
+    # The op wants logits [B, 1, vocab]; our graph takes the last position ([B, 1, d] -> [B, d])
+    # before the output projection. With one position that Gather selects everything: drop it
+    # and the projection's output has the op's shape already.
+    last = _last_position_gather(g, logits, producer)
+    if last is not None:
+        g.node.remove(last)
+        _rename(g, last.output[0], last.input[0])
+        _rename(g, logits, "logits")
+    else:
+        g.node.append(helper.make_node("Unsqueeze", [logits, "generate/axis_1"], ["logits"], name="generate/logits"))
+        g.initializer.append(numpy_helper.from_array(np.array([1], dtype=np.int64), "generate/axis_1"))
+    # Token ids: the lookups take int32 indices as they are; anything else gets an int64 copy.
+    if all(n.op_type in ("Gather", "GatherBlockQuantized") and list(n.input).index("tokens") == 1
+           for n in g.node if "tokens" in n.input):
+        _rename(g, "tokens", "input_ids")
+    else:
+        g.node.insert(0, helper.make_node("Cast", ["input_ids"], ["tokens"], to=TensorProto.INT64,
+                                          name="generate/tokens"))
+    g.node.insert(0, helper.make_node("Cast", ["encoder_attention_mask"], ["src_mask"], to=TensorProto.BOOL,
                                       name="generate/src_mask"))
-    g.node.append(helper.make_node("Unsqueeze", [logits, "generate/axis_1"], ["logits"], name="generate/logits"))
-    g.initializer.append(numpy_helper.from_array(np.array([1], dtype=np.int64), "generate/axis_1"))
 
     new_inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["B", 1]),
                   helper.make_tensor_value_info("encoder_attention_mask", TensorProto.INT32, ["B", "S"])]
