@@ -158,10 +158,11 @@ class OnnxDecoder:
 
 
 class GraphSearch:
-    """Search with generate.onnx: one session.run per batch, the loop inside onnxruntime."""
+    """Search with generate.onnx: one session.run per batch, the loop inside onnxruntime.
+    `many_rows` (generate_batch.onnx, int8 packages) serves calls with batch x beam > 1."""
 
-    def __init__(self, session: ort.InferenceSession):
-        self.session = session
+    def __init__(self, session: ort.InferenceSession, many_rows: ort.InferenceSession | None = None):
+        self.session, self.many_rows = session, many_rows
 
     def __call__(self, src: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
         width = max(len(s) for s in src)
@@ -172,7 +173,8 @@ class GraphSearch:
         # model/search.py. The op takes one limit for the whole batch (the longest sentence's);
         # each output is cut to its own limit below (for greedy that is exactly model/search.py).
         limit = max(gen.max_len(len(s)) for s in src)
-        sequences = self.session.run(["sequences"], {
+        session = self.many_rows if self.many_rows is not None and len(src) * gen.beam > 1 else self.session
+        sequences = session.run(["sequences"], {
             "input_ids": ids, "max_length": np.array([limit], dtype=np.int32),
             "num_beams": np.array([gen.beam], dtype=np.int32),
             "length_penalty": np.array([gen.length_penalty], dtype=np.float32)})[0]
@@ -225,8 +227,9 @@ class Translator:
             raise PackageError(f"{self.folder}: no generate.onnx usable on {self.device} (float32 CPU packages have one)")
         self.graph_search = None
         if has_graph and search != "python":
-            self.graph_search = GraphSearch(ort.InferenceSession(str(self.folder / "generate.onnx"), options,
-                                                                 providers=["CPUExecutionProvider"]))
+            sessions = [ort.InferenceSession(str(self.folder / name), options, providers=["CPUExecutionProvider"])
+                        for name in ("generate.onnx", "generate_batch.onnx") if (self.folder / name).is_file()]
+            self.graph_search = GraphSearch(*sessions)
         self.search = "graph" if self.graph_search else "python"
 
     # The IncrementalDecoder protocol, so search code can drive a Translator directly.

@@ -3,6 +3,7 @@
     encoder.onnx, decoder.onnx   the graphs (I/O documented in MODEL_CARD.md)
     generate.onnx                float32 packages: both graphs inside onnxruntime's BeamSearch op,
                                  weights read from the two files above (model/onnx_generate.py)
+    generate_batch.onnx          int8 packages: the same with a kernel for many rows (beam, batches)
     tokenizer.json               the subword tokenizer (HF tokenizers)
     generation.json              beam, length penalty, length limits, special ids, max positions
     mt_runtime/                  the torch-free runtime (onnxruntime + tokenizers + numpy)
@@ -18,7 +19,7 @@ import json
 import shutil
 from pathlib import Path
 
-from model.onnx_generate import write_generate_graph
+from model.onnx_generate import GENERATE, GENERATE_MANY_ROWS, write_generate_graph
 
 from .errors import UserInputError
 from .store import Artifact, now_iso, sha256_file
@@ -26,7 +27,7 @@ from .store import Artifact, now_iso, sha256_file
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
 RUNTIME_FILES = ("runtime.py", "search.py", "tokenizer.py")
 PACKAGE_JSON = "package.json"
-GENERATE = "generate.onnx"
+GRAPHS = ("encoder.onnx", "decoder.onnx", GENERATE, GENERATE_MANY_ROWS)
 FORMAT = "mt-onnx-package/1"
 _INIT = '''"""Torch-free runtime for this package: `from mt_runtime import Translator`."""
 from .runtime import PackageError, Translator, verify_package
@@ -44,7 +45,8 @@ def write_package(dest: Path, encoder: Path, decoder: Path, tokenizer: Path, gen
         if src.resolve() != (dest / name).resolve():
             shutil.copyfile(src, dest / name)
     (dest / "generation.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    (dest / GENERATE).unlink(missing_ok=True)
+    for name in (GENERATE, GENERATE_MANY_ROWS):
+        (dest / name).unlink(missing_ok=True)
     write_generate_graph(dest, generation)
     runtime = dest / "mt_runtime"
     runtime.mkdir(exist_ok=True)
@@ -52,15 +54,16 @@ def write_package(dest: Path, encoder: Path, decoder: Path, tokenizer: Path, gen
         shutil.copyfile(MODEL_DIR / name, runtime / name)
     (runtime / "__init__.py").write_text(_INIT, encoding="utf-8")
     io = {"encoder": graph_io(dest / "encoder.onnx"), "decoder": graph_io(dest / "decoder.onnx")}
-    if (dest / GENERATE).is_file():
-        io["generate"] = graph_io(dest / GENERATE)
+    for name, key in ((GENERATE, "generate"), (GENERATE_MANY_ROWS, "generate_batch")):
+        if (dest / name).is_file():
+            io[key] = graph_io(dest / name)
     (dest / "MODEL_CARD.md").write_text(model_card(about, figures or {}, io, generation), encoding="utf-8")
     files = {}
     for path in sorted(p for p in dest.rglob("*") if p.is_file() and p.name != PACKAGE_JSON):
         files[path.relative_to(dest).as_posix()] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
     meta = {"format": FORMAT, "created": now_iso(), **about, "figures": figures or {},
             "opset": io["decoder"]["opset"], "files": files,
-            "onnx_bytes": sum(files[g]["bytes"] for g in ("encoder.onnx", "decoder.onnx", GENERATE) if g in files)}
+            "onnx_bytes": sum(files[g]["bytes"] for g in GRAPHS if g in files)}
     (dest / PACKAGE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return meta
 
@@ -124,6 +127,12 @@ onnxruntime call per batch. Inputs: `input_ids` int32 [batch, src_len] (as `src_
 `length_penalty` float [1]; output `sequences` int32 [batch, 1, length]: the start token
 (id {generation['bos_id']}), the translation, then EOS (id {generation['eos_id']}) and PAD.
 `Translator(folder, search="python")` drives the two step graphs from Python instead.
+{_MANY_ROWS if "generate_batch" in io else ""}"""
+
+
+_MANY_ROWS = """`generate_batch.onnx` (same inputs and output) computes the output projection with a kernel
+for many rows (DynamicQuantizeMatMul on the same int8 bytes, activations quantized per call
+instead of per block of a row): `Translator` uses it when batch x beam > 1.
 """
 
 

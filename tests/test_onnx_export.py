@@ -116,7 +116,7 @@ def test_generate_graph_search_matches_python_search(tmp_path):
     model = tiny_uneven(pre_ln=False)
     export_onnx(model, tmp_path)
     gen = GenerationConfig(beam=3, max_len_a=1.0, max_len_b=4, max_positions=64)
-    assert write_generate_graph(tmp_path, dataclasses.asdict(gen)) == tmp_path / "generate.onnx"
+    assert write_generate_graph(tmp_path, dataclasses.asdict(gen)) == [tmp_path / "generate.onnx"]  # float: one
     proto = onnx.load(str(tmp_path / "generate.onnx"), load_external_data=False)
     subgraphs = [a.g for a in proto.graph.node[-1].attribute if a.type == onnx.AttributeProto.GRAPH]
     external = [t for g in subgraphs for t in g.initializer if t.data_location == onnx.TensorProto.EXTERNAL]

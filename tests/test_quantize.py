@@ -3,6 +3,7 @@ and the quantize stage through the smoke recipe."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -14,7 +15,8 @@ import torch
 from model.onnx_export import export_onnx, optimize_onnx, positions_as_formula, tie_decoder_embedding
 from model.onnx_quantize import (RecordingDecoder, block_for, node_groups, onnx_bytes, quantize_blockwise,
                                  quantize_dynamic, quantize_static, weight_nodes)
-from model.runtime import OnnxDecoder, Translator
+from model.onnx_generate import EXTERNAL_MIN_BYTES, write_generate_graph
+from model.runtime import GraphSearch, OnnxDecoder, Translator
 from model.search import GenerationConfig, greedy_search
 from model.transformer import Transformer, TransformerConfig
 from pipeline.errors import StageFailed
@@ -282,8 +284,9 @@ def test_quantize_stage_writes_guarded_packages(quantized):
         assert report["attempts"][0]["float_groups"] == [] and report["bleu"] == report["attempts"][-1]["bleu"]
         package = json.loads((art.path / variant / "package.json").read_text())
         files, fp32_files = package["files"], fp32.package["files"]
-        assert report["onnx_bytes"] == package["onnx_bytes"] == sum(
-            files[g]["bytes"] for g in ("encoder.onnx", "decoder.onnx", "generate.onnx"))
+        graphs = ["encoder.onnx", "decoder.onnx", "generate.onnx"] + ["generate_batch.onnx"] * (variant == "int8_dynamic")
+        assert report["onnx_bytes"] == package["onnx_bytes"] == sum(files[g]["bytes"] for g in graphs)
+        assert set(graphs) == {f for f in files if f.endswith(".onnx")}  # the many-rows graph: int8 MatMulNBits only
         # Smoke-sized, structure weighs a lot (generate.onnx is all structure): the weights' graphs
         steps = sum(files[g]["bytes"] for g in ("encoder.onnx", "decoder.onnx"))
         assert steps < 0.9 * sum(fp32_files[g]["bytes"] for g in ("encoder.onnx", "decoder.onnx"))
@@ -296,3 +299,33 @@ def test_quantize_stage_writes_guarded_packages(quantized):
         assert len(out) == 8 and all(isinstance(s, str) for s in out)
         # Same search code and length limits as fp32: outputs are never longer than fp32 allows.
         assert out != [""] * 8 or fp32.translate(src[:8], beam=2) == [""] * 8
+
+
+def test_int8_package_gets_a_many_rows_search_graph(tiny, tmp_path):
+    """generate_batch.onnx: the output projection as DynamicQuantizeMatMul on MatMulNBits' own
+    bytes (no copy), for calls of more than one row; one row keeps MatMulNBits."""
+    model, paths, _ = tiny
+    out = quantize_blockwise(paths, tmp_path / "int8", node_groups(paths), block_size=32)
+    gen = GenerationConfig(beam=1, max_len_b=3, max_positions=64)
+    written = write_generate_graph(tmp_path / "int8", dataclasses.asdict(gen))
+    assert [p.name for p in written] == ["generate.onnx", "generate_batch.onnx"]
+    proto = onnx.load(str(written[1]), load_external_data=False)
+    [decoder] = [a.g for a in proto.graph.node[-1].attribute if a.name == "decoder"]
+    assert [n.op_type for n in decoder.node if "logits" in n.output] == ["DynamicQuantizeMatMul"]
+    assert not any(len(t.raw_data) >= EXTERNAL_MIN_BYTES for t in decoder.initializer)  # read from decoder.onnx
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    one, many = (ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"]) for p in written)
+    graph = GraphSearch(one, many)
+    src = _sources()
+    steps = greedy_search(_decoder(out), src, gen)
+    assert [graph([s], gen)[0] for s in src] == steps  # one row: generate.onnx, MatMulNBits, exactly ours
+    # Many rows: the same int8 weights, activations quantized per call instead of per row block.
+    batched = graph(src, gen)
+    assert batched == GraphSearch(many)(src, gen)  # more than one row: the many-rows graph
+    agree = np.mean([a[:1] == b[:1] for a, b in zip(batched, steps)])
+    assert agree >= 0.5
+    # Several blocks per output column: no per-column scale to hand over, so no such graph.
+    model64, paths64, _ = export_tiny(tmp_path / "d64", d_model=64)
+    out64 = quantize_blockwise(paths64, tmp_path / "int8_64", node_groups(paths64), block_size=32)
+    assert [p.name for p in write_generate_graph(tmp_path / "int8_64", dataclasses.asdict(gen))] == ["generate.onnx"]

@@ -47,6 +47,8 @@ def run(ctx: StageContext) -> dict:
     head = first[f"beam{cfg['beam']}"]
     metrics = {
         "variant": cfg.get("variant"), "runtime": translator.runtime, "device": cfg.get("device", "cpu"),
+        # model/search.py's loop, or "graph": onnxruntime's BeamSearch op (generate.onnx)
+        "search": getattr(translator, "search", "python"),
         "model_artifact": model.id, "bleu": head["bleu"], "chrf": head["chrf"], "test_set": test_sets[0],
         "beam": cfg["beam"], "bleu_signature": head["bleu_signature"], "chrf_signature": head["chrf_signature"],
         "results": {t: {k: {m: v[m] for m in ("bleu", "chrf", "seconds", "sentences_per_s", "bleu_detail")}
