@@ -161,8 +161,17 @@ class GraphSearch:
     """Search with generate.onnx: one session.run per batch, the loop inside onnxruntime.
     `many_rows` (generate_batch.onnx, int8 packages) serves calls with batch x beam > 1."""
 
+    FILES = ("generate.onnx", "generate_batch.onnx")
+
     def __init__(self, session: ort.InferenceSession, many_rows: ort.InferenceSession | None = None):
         self.session, self.many_rows = session, many_rows
+
+    @classmethod
+    def load(cls, folder: Path, options: ort.SessionOptions) -> GraphSearch | None:
+        """The folder's generate graphs on the CPU, or None where it has none."""
+        sessions = [ort.InferenceSession(str(folder / name), options, providers=["CPUExecutionProvider"])
+                    for name in cls.FILES if (folder / name).is_file()]
+        return cls(*sessions) if sessions else None
 
     def __call__(self, src: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
         width = max(len(s) for s in src)
@@ -222,14 +231,10 @@ class Translator:
         if search not in ("auto", "graph", "python"):
             raise ValueError(f"search must be 'auto', 'graph' or 'python', got {search!r}")
         # On CUDA the step graphs with I/O binding stay the path (the op's CUDA kernel is untested here).
-        has_graph = (self.folder / "generate.onnx").is_file() and self.device == "cpu"
+        has_graph = (self.folder / GraphSearch.FILES[0]).is_file() and self.device == "cpu"
         if search == "graph" and not has_graph:
             raise PackageError(f"{self.folder}: no generate.onnx usable on {self.device} (float32 CPU packages have one)")
-        self.graph_search = None
-        if has_graph and search != "python":
-            sessions = [ort.InferenceSession(str(self.folder / name), options, providers=["CPUExecutionProvider"])
-                        for name in ("generate.onnx", "generate_batch.onnx") if (self.folder / name).is_file()]
-            self.graph_search = GraphSearch(*sessions)
+        self.graph_search = GraphSearch.load(self.folder, options) if has_graph and search != "python" else None
         self.search = "graph" if self.graph_search else "python"
 
     # The IncrementalDecoder protocol, so search code can drive a Translator directly.

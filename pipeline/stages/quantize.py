@@ -20,7 +20,8 @@ import onnxruntime as ort
 
 from model.onnx_quantize import (RecordingDecoder, node_groups, quantize_blockwise, quantize_dynamic,
                                  quantize_static)
-from model.runtime import OnnxDecoder, Translator
+from model.onnx_generate import write_generate_graph
+from model.runtime import GraphSearch, OnnxDecoder, Translator
 from model.search import greedy_search, prepare_sources, translate_sentences
 
 from ..context import StageContext
@@ -49,10 +50,21 @@ def run(ctx: StageContext) -> dict:
     n_guard = cfg["guard_sentences"] or len(valid_src)
     guard_src, guard_ref = valid_src[:n_guard], valid_ref[:n_guard]
 
+    generation = json.loads((fp32_dir / "generation.json").read_text(encoding="utf-8"))
+
     def bleu_of(graphs: dict[str, Path], label: str) -> float:
+        """Validation BLEU with the search the package will run (generate*.onnx, as Translator
+        does on the CPU), so that the guard judges what ships."""
+        folder = graphs["decoder"].parent
+        if folder != fp32_dir:  # a candidate's folder: give it its generate graphs
+            write_generate_graph(folder, generation)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        searcher = GraphSearch.load(folder, options)
         decoder = _decoder(graphs, fp32.generation.pad_id)
         with ctx.progress(f"guard: {label}", total=len(guard_src), unit="sentences") as bar:
-            hyps = translate_sentences(decoder, fp32.tokenizer, guard_src, fp32.generation, on_batch=bar.advance)
+            hyps = translate_sentences(decoder, fp32.tokenizer, guard_src, fp32.generation, on_batch=bar.advance,
+                                       searcher=searcher)
         return bleu_only(hyps, guard_ref)
 
     fp32_bleu = bleu_of(paths, "fp32")
@@ -90,7 +102,6 @@ def run(ctx: StageContext) -> dict:
         folder = ctx.out / variant
         about = _about(fp32.package, variant, result["float_groups"], metrics.get("calibration"), cfg,
                        graphs["decoder"])
-        generation = json.loads((fp32_dir / "generation.json").read_text(encoding="utf-8"))
         # Written twice: the figures (bytes with generate.onnx, latency of the package) need the package.
         meta = write_package(folder, graphs["encoder"], graphs["decoder"], fp32_dir / "tokenizer.json",
                              generation, about)
