@@ -234,7 +234,15 @@ class Translator:
         has_graph = (self.folder / GraphSearch.FILES[0]).is_file() and self.device == "cpu"
         if search == "graph" and not has_graph:
             raise PackageError(f"{self.folder}: no generate.onnx usable on {self.device} (float32 CPU packages have one)")
-        self.graph_search = GraphSearch.load(self.folder, options) if has_graph and search != "python" else None
+        self.graph_search = None
+        if has_graph and search != "python":
+            try:
+                self.graph_search = GraphSearch.load(self.folder, options)
+            except Exception as exc:  # e.g. a minimal onnxruntime build without the contrib ops
+                if search == "graph":
+                    raise PackageError(f"{self.folder}: generate.onnx does not load: {exc}") from exc
+                warnings.warn(f"{self.folder}: generate.onnx does not load with onnxruntime {ort.__version__} "
+                              f"({exc}); searching over the step graphs instead", stacklevel=2)
         self.search = "graph" if self.graph_search else "python"
 
     # The IncrementalDecoder protocol, so search code can drive a Translator directly.

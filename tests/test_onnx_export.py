@@ -190,6 +190,23 @@ def test_onnx_translator_matches_torch_translator(export_artifact):
     assert onnx.translate(["", "  "]) == ["", ""]
 
 
+def test_a_generate_graph_that_does_not_load_falls_back_to_the_step_graphs(export_artifact, monkeypatch):
+    _, arts = export_artifact
+    package = arts["export.student"].path / "fp32"
+    src, _ = read_split(arts["data"].path, "valid")
+    expected = Translator(package, threads=1).translate(src[:4], beam=2)
+
+    def unknown_op(*args, **kwargs):
+        raise RuntimeError("Could not find an implementation for BeamSearch(1) node with name 'search'")
+
+    monkeypatch.setattr(GraphSearch, "load", unknown_op)
+    with pytest.warns(UserWarning, match="generate.onnx does not load.*step graphs"):
+        t = Translator(package, threads=1)
+    assert t.search == "python" and t.translate(src[:4], beam=2) == expected
+    with pytest.raises(PackageError, match="BeamSearch"):
+        Translator(package, threads=1, search="graph")
+
+
 def test_runtime_runs_without_torch(export_artifact, tmp_path):
     """The copied package alone, in a process where importing torch fails."""
     _, arts = export_artifact
