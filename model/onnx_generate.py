@@ -25,6 +25,13 @@ limit per call (the longest sentence's in a batch, where model/search.py has one
 an EOS candidate counts only among the best `beam` candidates of a step. Greedy outputs are
 token-for-token those of model/search.py; beam outputs almost always are (the export stage
 records the agreement).
+
+int8 packages whose output projection is MatMulNBits with one block per column also get
+generate_batch.onnx, for calls of more than one row (beam search, batches): the same graph with
+that projection as DynamicQuantizeMatMul over the same bytes (see _many_rows_projection). Its
+activations are quantized per call, not per block of a row, so its outputs may differ slightly
+from generate.onnx's and depend on the batch they were translated in, as the int8 encoder's
+(MatMulInteger) already do.
 """
 
 from __future__ import annotations
