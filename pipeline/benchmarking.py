@@ -176,6 +176,9 @@ def measure(job: dict) -> dict:
         result["pass_p50_ms"][key] = [round(m * 1000, 3) for m in medians]
         note_gpu()
 
+    if job.get("latency_only"):  # a paired round (pipeline/stages/benchmark.py): batch-1 latency alone
+        return result
+
     # Throughput: the whole sample in batches of `batch_size` sentences (no token cap); target
     # tokens are the subword tokens of the outputs (EOS not counted), the same count for every runtime.
     batch, beam = job["batch_size"], job["throughput_beam"]

@@ -287,6 +287,9 @@ class BenchmarkConfig(Strict):
     min_repeats: PositiveInt = 2
     max_repeats: PositiveInt = 6
     stable_within: PositiveFloat = 0.05  # stop repeating once the p50 moves less than this
+    # Rounds of ours-then-CTranslate2 (alternating order) latency passes, process after process,
+    # for the final model's rows: a ratio that machine-speed drift between rows does not move.
+    paired_rounds: NonNegInt = 3
 
 
 class ReportConfig(Strict):

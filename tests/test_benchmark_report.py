@@ -23,7 +23,7 @@ from pipeline.stages.report import pareto_front
 from .conftest import SMOKE, cli
 
 OVERRIDES = ("distill=null", "prune=null", "export=null", "quantize=null",
-             "benchmark.threads=[one]", "benchmark.sentences=4")
+             "benchmark.threads=[one]", "benchmark.sentences=4", "benchmark.paired_rounds=2")
 HAS_CT2 = importlib.util.find_spec("ctranslate2") is not None
 
 
@@ -89,6 +89,19 @@ def test_ctranslate2_rows_are_checked_scored_and_stored(built):
     for row in (fp32, int8):
         assert row["scores"]["beam4"]["sentences"] == row["scores"]["beam1"]["sentences"] == 40
         assert (arts["benchmark"].path / row["files"] / "model.bin").is_file()
+    # The final model's row against the peer of its compute type, in rounds of alternating order.
+    paired = rows["teacher"]["paired"]
+    assert paired["peer"] == "ctranslate2_teacher_float32" and paired["threads"] == [1, 1]
+    assert [r["first"] for r in paired["rounds"]] == ["teacher", "ctranslate2_teacher_float32"]
+    for key in ("greedy_b1", "beam4_b1"):
+        ratios = []
+        for r in paired["rounds"]:
+            ours, theirs = r[f"{key}_p50_ms"]
+            assert ours > 0 and theirs > 0 and r[f"{key}_p50_ratio"] == pytest.approx(ours / theirs, abs=1e-3)
+            ratios.append(r[f"{key}_p50_ratio"])
+        assert paired[f"{key}_p50_ratio"] == pytest.approx(sum(ratios) / 2, abs=1e-3)  # the median of two
+    report = json.loads(arts["report"].file("report.json").read_text(encoding="utf-8"))
+    assert next(r for r in report["rows"] if r["name"] == "teacher")["paired"] == paired
 
 
 def test_report_files(built):

@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -68,9 +69,11 @@ def run(ctx: StageContext) -> dict:
             row["by_threads"][str(n)] = measure(ctx, row, n, sample, cfg, score)
             bar.advance(1, postfix=f"{row['name']} ({n} thread{'s' if n > 1 else ''})")
     for row in rows:
-        row.pop("folder")  # a path into the store (or this stage's temporary folder): not for readers
         if not row["skipped"]:
             pick_best(row)  # may find every measurement skipped (e.g. a runtime without CUDA)
+    paired_rounds(ctx, rows, sample, cfg)
+    for row in rows:
+        row.pop("folder")  # a path into the store (or this stage's temporary folder): not for readers
         ctx.log(f"{row['name']}: skipped: {row['skipped']}" if row["skipped"] else summary_line(row))
         for result in row["by_threads"].values():
             versions = result.pop("versions", None)  # once per runtime is enough, in `machine`
@@ -176,9 +179,10 @@ def peer_rows(ctx: StageContext, cfg: dict, has_cuda: bool, sample: list[str]) -
 
 
 # ------------------------------------------------------------------------------ measuring
-def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: dict, score: dict | None) -> dict:
+def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: dict, score: dict | None,
+            latency_only: bool = False, tag: str = "") -> dict:
     """One measurement in a fresh process; a process that fails gives a skipped result, not a crash."""
-    tag = f"{row['name']}-t{threads}"
+    tag = f"{row['name']}-t{threads}{'-' + tag if tag else ''}"
     jobs = ctx.work / "jobs"
     jobs.mkdir(parents=True, exist_ok=True)
     result_path, log_path = jobs / f"{tag}.result.json", jobs / f"{tag}.log"
@@ -187,7 +191,7 @@ def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: 
            "folder": row["folder"], "threads": threads, "sentences": sample, "batch_size": cfg["batch_size"],
            "throughput_beam": cfg["throughput_beam"], "min_repeats": cfg["min_repeats"],
            "max_repeats": cfg["max_repeats"], "stable_within": cfg["stable_within"], "score": score,
-           "result": str(result_path)}
+           "latency_only": latency_only, "result": str(result_path)}
     (jobs / f"{tag}.json").write_text(json.dumps(job), encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
@@ -204,6 +208,43 @@ def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: 
     lines = [ln for ln in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
     return {"threads": threads, "skipped": f"measurement process failed (exit {rc}): "
                                            f"{lines[-1][:300] if lines else 'no output'}"}
+
+
+def paired_rounds(ctx: StageContext, rows: list[dict], sample: list[str], cfg: dict) -> None:
+    """Ours against CTranslate2, same weights, same compute type, on the CPU: `paired_rounds`
+    rounds of one batch-1 latency measurement each, ours and theirs process after process (the
+    order alternating), at each row's chosen thread count. The rows themselves are measured
+    minutes apart, and a small VM's speed drifts by tens of percent over minutes: the median of
+    the rounds' ratios is the comparison to read. Stored as row["paired"] on our rows."""
+    final = cfg.get("final_model")
+    peers = {r["compute_type"]: r for r in rows
+             if r["runtime"] == "ctranslate2" and r["device"] == "cpu" and not r["skipped"]}
+    pairs = [(r, peers[r["compute_type"]]) for r in rows
+             if r["runtime"] != "ctranslate2" and r["device"] == "cpu" and not r["skipped"]
+             and r["source"] == final and r["compute_type"] in peers]
+    if not cfg["paired_rounds"] or not pairs:
+        return
+    once = {**cfg, "min_repeats": 1, "max_repeats": 1}
+    with ctx.progress("paired rounds vs CTranslate2", total=len(pairs) * cfg["paired_rounds"], unit="rounds") as bar:
+        for ours, theirs in pairs:
+            rounds = []
+            for k in range(cfg["paired_rounds"]):
+                order = (ours, theirs) if k % 2 == 0 else (theirs, ours)
+                got = {id(r): measure(ctx, r, r["threads"], sample, once, None, latency_only=True, tag=f"paired{k}")
+                       for r in order}
+                a, b = got[id(ours)], got[id(theirs)]
+                if a.get("skipped") or b.get("skipped"):
+                    continue
+                lat = {key: (a["latency_ms"][key]["p50"], b["latency_ms"][key]["p50"]) for key in ("greedy_b1", "beam4_b1")}
+                rounds.append({"first": order[0]["name"], **{f"{key}_p50_ms": list(v) for key, v in lat.items()},
+                               **{f"{key}_p50_ratio": round(x / y, 3) for key, (x, y) in lat.items()}})
+                bar.advance(1)
+            if rounds:
+                ours["paired"] = {"peer": theirs["name"], "threads": [ours["threads"], theirs["threads"]],
+                                  "rounds": rounds, **{f"{key}_p50_ratio": round(statistics.median(
+                                      r[f"{key}_p50_ratio"] for r in rounds), 3) for key in ("greedy_b1", "beam4_b1")}}
+                ctx.log(f"{ours['name']} vs {theirs['name']}, {len(rounds)} paired rounds: p50 ratio "
+                        f"{ours['paired']['greedy_b1_p50_ratio']} greedy, {ours['paired']['beam4_b1_p50_ratio']} beam 4")
 
 
 def pick_best(row: dict) -> None:

@@ -77,7 +77,7 @@ def report_row(row: dict, evaluations: dict) -> dict:
     """A benchmark row with its quality figures and the keys report.json promises."""
     out = {k: row.get(k) for k in ("name", "variant", "runtime", "device", "compute_type", "threads", "params",
                                    "heads", "bytes", "latency_ms", "throughput", "peak_rss_mb", "gpu_mem_mb",
-                                   "breakdown", "skipped", "note", "source", "artifact")}
+                                   "breakdown", "skipped", "note", "source", "artifact", "paired")}
     out.update(bleu=None, chrf=None, bleu_greedy=None, chrf_greedy=None, bleu_beam=None, bleu_source=None)
     if row.get("latency_ms"):
         out["latency_ms"] = {k: row["latency_ms"][k] for k in ("greedy_b1", "beam4_b1")}
@@ -218,6 +218,11 @@ def targets(rows: list[dict]) -> dict:
                 "same_weights": peer.get("source") == r.get("source"),
                 "ours_breakdown": r.get("breakdown"),
             }
+            paired = r.get("paired")
+            if paired and paired["peer"] == peer["name"]:
+                entry["vs_ctranslate2_int8"]["paired"] = {
+                    k: paired[k] for k in ("greedy_b1_p50_ratio", "beam4_b1_p50_ratio", "threads")}
+                entry["vs_ctranslate2_int8"]["paired"]["rounds"] = len(paired["rounds"])
         out[r["name"]] = entry
     return out
 
@@ -281,9 +286,14 @@ def markdown(report: dict) -> str:
             peer = t.get("vs_ctranslate2_int8")
             if peer:
                 bd = peer.get("ours_breakdown") or {}
+                paired = peer.get("paired")
                 lines.append(f"  - vs CTranslate2 int8 ({peer['peer_variant']}): ours / theirs batch-1 p50 = "
                              f"{_f(peer['greedy_b1_p50_ratio'], '{:.2f}')} greedy, "
                              f"{_f(peer['beam4_b1_p50_ratio'], '{:.2f}')} beam 4 (goal <= 1.0)"
+                             + (f"; in {paired['rounds']} paired rounds (ours and theirs process after process, "
+                                f"threads {paired['threads'][0]} / {paired['threads'][1]}, median): "
+                                f"{_f(paired['greedy_b1_p50_ratio'], '{:.2f}')} greedy, "
+                                f"{_f(paired['beam4_b1_p50_ratio'], '{:.2f}')} beam 4" if paired else "")
                              + ("; our greedy time per sentence" +
                                 (f": {bd['graph_total_ms']:.2f} ms with generate.onnx (the loop inside "
                                  "onnxruntime); with the step graphs and the Python loop" if "graph_total_ms" in bd
