@@ -26,9 +26,9 @@ an EOS candidate counts only among the best `beam` candidates of a step. Greedy 
 token-for-token those of model/search.py; beam outputs almost always are (the export stage
 records the agreement).
 
-int8 packages whose output projection is MatMulNBits with one block per column also get
+int8 packages whose decoder has MatMulNBits with one block per column also get
 generate_batch.onnx, for calls of more than one row (beam search, batches): the same graph with
-that projection as DynamicQuantizeMatMul over the same bytes (see _many_rows_projection). Its
+those matrices as DynamicQuantizeMatMul over the same bytes (see _many_rows_matmuls). Its
 activations are quantized per call, not per block of a row, so its outputs may differ slightly
 from generate.onnx's and depend on the batch they were translated in, as the int8 encoder's
 (MatMulInteger) already do.
@@ -251,50 +251,52 @@ def _decoder_subgraph(decoder: onnx.ModelProto, layers: int, first_cache_heads: 
 GENERATE_INPUTS = ("input_ids", "max_length", "num_beams", "length_penalty")
 
 
-def _many_rows_projection(graph: onnx.GraphProto) -> bool:
-    """The output projection as DynamicQuantizeMatMul instead of MatMulNBits, reading the same
-    int8 bytes; False (graph unchanged) where that is not exact.
+def _many_rows_matmuls(graph: onnx.GraphProto) -> int:
+    """Every 8-bit MatMulNBits with one block per column as DynamicQuantizeMatMul over the same
+    int8 bytes; returns how many (0: graph unchanged).
 
-    MatMulNBits is onnxruntime's kernel for one-row decoding. Measured here, 112 x 8000, one
-    thread: 28 us at 1 row (DynamicQuantizeMatMul 44, fp32 54), but 82 us at 4 rows (DQMM 53,
-    fp32 78) and 2.3 ms at 128 rows (DQMM 0.76, fp32 2.2): past one row the int8 variant was
-    slower than fp32. The packed uint8 blocks [N, 1, block] become an int8 [K, N] matrix through
-    Reshape/Slice/Cast/Sub/Transpose of initializers, which onnxruntime folds when the session
-    loads, so the file holds one copy. Exact only with one block per column (K <= block): then
-    MatMulNBits' scales are per output column, which is what DynamicQuantizeMatMul takes."""
-    producer = {o: n for n in graph.node for o in n.output}
-    node = producer.get("logits")
+    MatMulNBits is onnxruntime's kernel for one-row decoding. Measured here, one thread, one node
+    (us at 1 / 4 / 128 rows): output projection 112 x 8000: MatMulNBits 28 / 82 / 2331,
+    DynamicQuantizeMatMul 44 / 53 / 762, fp32 54 / 78 / 2165; 112 x 448: 7 / 15 / 140 against
+    9 / 10 / 55 (fp32 8 / 12 / 135): past one row the int8 kernel was no faster than fp32. The
+    packed uint8 blocks [N, 1, block] become an int8 [K, N] matrix through Reshape/Slice/Cast/
+    Sub/Transpose of initializers, which onnxruntime folds when the session loads, so the file
+    holds one copy. Exact only with one block per column (K <= block): then MatMulNBits' scales
+    are per output column, which is what DynamicQuantizeMatMul takes; other matrices stay."""
     weights = {t.name: t for t in graph.initializer}
-    if node is None or node.op_type != "MatMulNBits" or node.input[1] not in weights:
-        return False
-    attrs = {a.name: a.i for a in node.attribute}
-    n_cols, blocks, block = weights[node.input[1]].dims
-    if attrs.get("bits") != 8 or blocks != 1 or len(node.input) > 3 and any(node.input[3:]):
-        return False  # several blocks per column: no per-column scale to hand over
-    k = attrs["K"]
-    p = "generate/projection"
-    consts = {f"{p}/shape": [n_cols, block], f"{p}/starts": [0], f"{p}/ends": [k], f"{p}/axes": [1],
-              f"{p}/scale_shape": [n_cols]}
-    graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), name) for name, v in consts.items())
-    graph.initializer.append(numpy_helper.from_array(np.array(128, np.int32), f"{p}/zero"))
     make = helper.make_node
-    convert = [
-        make("ConstantOfShape", [f"{p}/scale_shape"], [f"{p}/zero_points"], name=f"{p}/zero_points",
-             value=numpy_helper.from_array(np.zeros(1, np.int8))),  # folded at load, not stored
-        make("Reshape", [node.input[1], f"{p}/shape"], [f"{p}/rows"], name=f"{p}/rows"),
-        make("Slice", [f"{p}/rows", f"{p}/starts", f"{p}/ends", f"{p}/axes"], [f"{p}/unpadded"], name=f"{p}/unpad"),
-        make("Cast", [f"{p}/unpadded"], [f"{p}/wide"], to=TensorProto.INT32, name=f"{p}/wide"),
-        make("Sub", [f"{p}/wide", f"{p}/zero"], [f"{p}/centred"], name=f"{p}/centre"),  # stored as q + 128
-        make("Cast", [f"{p}/centred"], [f"{p}/int8"], to=TensorProto.INT8, name=f"{p}/int8"),
-        make("Transpose", [f"{p}/int8"], [f"{p}/weight"], perm=[1, 0], name=f"{p}/transpose"),
-        make("Reshape", [node.input[2], f"{p}/scale_shape"], [f"{p}/scales"], name=f"{p}/scales"),
-        make("DynamicQuantizeMatMul", [node.input[0], f"{p}/weight", f"{p}/scales", f"{p}/zero_points"],
-             ["logits"], name=f"{p}/matmul", domain="com.microsoft")]
-    index = list(graph.node).index(node)
-    graph.node.remove(node)
-    for offset, new in enumerate(convert):
-        graph.node.insert(index + offset, new)
-    return True
+    converted = 0
+    for node in [n for n in graph.node if n.op_type == "MatMulNBits"]:
+        attrs = {a.name: a.i for a in node.attribute}
+        if node.input[1] not in weights or attrs.get("bits") != 8 or len(node.input) > 3 and any(node.input[3:]):
+            continue
+        n_cols, blocks, block = weights[node.input[1]].dims
+        if blocks != 1:
+            continue  # several blocks per column: no per-column scale to hand over
+        p = f"generate/many_rows/{converted}"
+        consts = {f"{p}/shape": [n_cols, block], f"{p}/starts": [0], f"{p}/ends": [attrs["K"]], f"{p}/axes": [1],
+                  f"{p}/scale_shape": [n_cols]}
+        graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), name) for name, v in consts.items())
+        graph.initializer.append(numpy_helper.from_array(np.array(128, np.int32), f"{p}/zero"))
+        convert = [
+            make("ConstantOfShape", [f"{p}/scale_shape"], [f"{p}/zero_points"], name=f"{p}/zero_points",
+                 value=numpy_helper.from_array(np.zeros(1, np.int8))),  # folded at load, not stored
+            make("Reshape", [node.input[1], f"{p}/shape"], [f"{p}/rows"], name=f"{p}/rows"),
+            make("Slice", [f"{p}/rows", f"{p}/starts", f"{p}/ends", f"{p}/axes"], [f"{p}/unpadded"],
+                 name=f"{p}/unpad"),
+            make("Cast", [f"{p}/unpadded"], [f"{p}/wide"], to=TensorProto.INT32, name=f"{p}/wide"),
+            make("Sub", [f"{p}/wide", f"{p}/zero"], [f"{p}/centred"], name=f"{p}/centre"),  # stored as q + 128
+            make("Cast", [f"{p}/centred"], [f"{p}/int8"], to=TensorProto.INT8, name=f"{p}/int8"),
+            make("Transpose", [f"{p}/int8"], [f"{p}/weight"], perm=[1, 0], name=f"{p}/transpose"),
+            make("Reshape", [node.input[2], f"{p}/scale_shape"], [f"{p}/scales"], name=f"{p}/scales"),
+            make("DynamicQuantizeMatMul", [node.input[0], f"{p}/weight", f"{p}/scales", f"{p}/zero_points"],
+                 list(node.output), name=f"{p}/matmul", domain="com.microsoft")]
+        index = list(graph.node).index(node)
+        graph.node.remove(node)
+        for offset, new_node in enumerate(convert):
+            graph.node.insert(index + offset, new_node)
+        converted += 1
+    return converted
 
 
 GENERATE = "generate.onnx"
@@ -304,7 +306,7 @@ GENERATE_MANY_ROWS = "generate_batch.onnx"
 def write_generate_graph(folder: Path, generation: dict) -> list[Path]:
     """Write folder/generate.onnx next to folder/encoder.onnx and folder/decoder.onnx, and, for
     an int8 decoder whose output projection allows it, folder/generate_batch.onnx: the same with
-    a projection kernel for many rows (beam search, batches; see _many_rows_projection).
+    kernels for many rows (beam search, batches; see _many_rows_matmuls).
     Nothing (an empty list) for float16 graphs: the op's CPU kernel is float32 only, and on GPUs
     the runtime drives the step graphs.
 
@@ -321,7 +323,7 @@ def write_generate_graph(folder: Path, generation: dict) -> list[Path]:
     enc = _encoder_subgraph(encoder, layers)
     dec = _decoder_subgraph(decoder, layers, first_cache_heads)
     many_rows = copy.deepcopy(dec)
-    if not _many_rows_projection(many_rows):
+    if not _many_rows_matmuls(many_rows):
         many_rows = None
     _external(enc, folder / "encoder.onnx")
     for graph in (dec, many_rows):

@@ -3,7 +3,7 @@
     encoder.onnx, decoder.onnx   the graphs (I/O documented in MODEL_CARD.md)
     generate.onnx                float32 packages: both graphs inside onnxruntime's BeamSearch op,
                                  weights read from the two files above (model/onnx_generate.py)
-    generate_batch.onnx          int8 packages: the same with a kernel for many rows (beam, batches)
+    generate_batch.onnx          int8 packages: the same with kernels for many rows (beam, batches)
     tokenizer.json               the subword tokenizer (HF tokenizers)
     generation.json              beam, length penalty, length limits, special ids, max positions
     mt_runtime/                  the torch-free runtime (onnxruntime + tokenizers + numpy)
@@ -130,7 +130,7 @@ onnxruntime call per batch. Inputs: `input_ids` int32 [batch, src_len] (as `src_
 {_MANY_ROWS if "generate_batch" in io else ""}"""
 
 
-_MANY_ROWS = """`generate_batch.onnx` (same inputs and output) computes the output projection with a kernel
+_MANY_ROWS = """`generate_batch.onnx` (same inputs and output) runs the decoder's int8 matrices with a kernel
 for many rows (DynamicQuantizeMatMul on the same int8 bytes, activations quantized per call
 instead of per block of a row): `Translator` uses it when batch x beam > 1.
 """

@@ -312,6 +312,10 @@ def test_int8_package_gets_a_many_rows_search_graph(tiny, tmp_path):
     proto = onnx.load(str(written[1]), load_external_data=False)
     [decoder] = [a.g for a in proto.graph.node[-1].attribute if a.name == "decoder"]
     assert [n.op_type for n in decoder.node if "logits" in n.output] == ["DynamicQuantizeMatMul"]
+    weights = {t.name: t for t in decoder.initializer}
+    kept = [n for n in decoder.node if n.op_type == "MatMulNBits"]
+    assert all(weights[n.input[1]].dims[1] > 1 for n in kept)  # only matrices of several blocks a column stay
+    assert sum(n.op_type == "DynamicQuantizeMatMul" for n in decoder.node) > 1
     assert not any(len(t.raw_data) >= EXTERNAL_MIN_BYTES for t in decoder.initializer)  # read from decoder.onnx
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
@@ -325,7 +329,11 @@ def test_int8_package_gets_a_many_rows_search_graph(tiny, tmp_path):
     assert batched == GraphSearch(many)(src, gen)  # more than one row: the many-rows graph
     agree = np.mean([a[:1] == b[:1] for a, b in zip(batched, steps)])
     assert agree >= 0.5
-    # Several blocks per output column: no per-column scale to hand over, so no such graph.
-    model64, paths64, _ = export_tiny(tmp_path / "d64", d_model=64)
-    out64 = quantize_blockwise(paths64, tmp_path / "int8_64", node_groups(paths64), block_size=32)
-    assert [p.name for p in write_generate_graph(tmp_path / "int8_64", dataclasses.asdict(gen))] == ["generate.onnx"]
+    # Several blocks per output column (d_model 64, blocks of 32): no per-column scale to hand
+    # over, so that matrix stays MatMulNBits.
+    _, paths64, _ = export_tiny(tmp_path / "d64", d_model=64)
+    quantize_blockwise(paths64, tmp_path / "int8_64", node_groups(paths64), block_size=32)
+    written = write_generate_graph(tmp_path / "int8_64", dataclasses.asdict(gen))
+    proto = onnx.load(str(written[-1]), load_external_data=False)
+    [decoder] = [a.g for a in proto.graph.node[-1].attribute if a.name == "decoder"]
+    assert [n.op_type for n in decoder.node if "logits" in n.output] == ["MatMulNBits"]
