@@ -70,8 +70,7 @@ def _prune_dead_nodes(graph: onnx.GraphProto) -> None:
             needed.update(node.input)
     del graph.node[:]
     graph.node.extend(reversed(keep))
-    used = needed
-    inits = [t for t in graph.initializer if t.name in used]
+    inits = [t for t in graph.initializer if t.name in needed]
     del graph.initializer[:]
     graph.initializer.extend(inits)
 
@@ -233,14 +232,9 @@ def _decoder_subgraph(decoder: onnx.ModelProto, layers: int, first_cache_heads: 
             _rename(g, ours, theirs)
             new_inputs.append(helper.make_tensor_value_info(theirs, float_type, ["B", *_shape(inputs[ours])[1:2], "S",
                                                                                  head_dim]))
-    # The op's convention: self-attention caches first (k, v per layer), then the cross ones.
-    order = [n.name for n in new_inputs]
-    self_names = [n for n in order if "_self_" in n]
-    cross_names = [n for n in order if "_cross_" in n]
-    by_name = {v.name: v for v in new_inputs}
+    # In the op's order: ids, mask, the self-attention caches (k, v per layer), then the cross ones.
     del g.input[:]
-    g.input.extend([by_name["input_ids"], by_name["encoder_attention_mask"],
-                    *(by_name[n] for n in self_names), *(by_name[n] for n in cross_names)])
+    g.input.extend(new_inputs)
     del g.output[:]
     g.output.extend(new_outputs)
     del g.value_info[:]
