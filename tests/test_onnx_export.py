@@ -109,12 +109,13 @@ def test_greedy_and_beam_identical_to_pytorch(exported):
     assert [greedy_search(onnx_decoder, [s], gen)[0] for s in src] == greedy_search(torch_decoder, src, gen)
 
 
-def test_generate_graph_search_matches_python_search(tmp_path):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_attention", "standard_ops"])
+def test_generate_graph_search_matches_python_search(tmp_path, fused):
     """generate.onnx (onnxruntime's BeamSearch op around our two graphs) against model/search.py
     on a model whose layers all have different head counts (the op's first cache has the heads
     of the first cross-attention layer: 1 here, 2 and 3 in the self-attention layers)."""
     model = tiny_uneven(pre_ln=False)
-    export_onnx(model, tmp_path)
+    export_onnx(model, tmp_path, fused=fused)
     gen = GenerationConfig(beam=3, max_len_a=1.0, max_len_b=4, max_positions=64)
     assert write_generate_graph(tmp_path, dataclasses.asdict(gen)) == [tmp_path / "generate.onnx"]  # float: one
     proto = onnx.load(str(tmp_path / "generate.onnx"), load_external_data=False)
