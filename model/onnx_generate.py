@@ -98,9 +98,9 @@ def _short_names(graph: onnx.GraphProto) -> None:
                 field[i] = short(name)
 
 
-def _external(graph: onnx.GraphProto, source: Path) -> int:
-    """Point the graph's larger initializers at the same bytes inside `source`; returns how many."""
-    blob = source.read_bytes()
+def _external(graph: onnx.GraphProto, source: str, blob: bytes) -> int:
+    """Point the graph's larger initializers at the same bytes inside the file `source` (whose
+    content is `blob`); returns how many."""
     moved = 0
     for tensor in graph.initializer:
         raw = tensor.raw_data
@@ -112,7 +112,7 @@ def _external(graph: onnx.GraphProto, source: Path) -> int:
         tensor.ClearField("raw_data")
         tensor.data_location = TensorProto.EXTERNAL
         del tensor.external_data[:]
-        for key, value in (("location", source.name), ("offset", str(offset)), ("length", str(len(raw)))):
+        for key, value in (("location", source), ("offset", str(offset)), ("length", str(len(raw)))):
             entry = tensor.external_data.add()
             entry.key, entry.value = key, value
         moved += 1
@@ -307,8 +307,8 @@ def write_generate_graph(folder: Path, generation: dict) -> list[Path]:
     Inputs: input_ids int32 [batch, src_len] (ids + EOS, right-padded with PAD), max_length int32
     [1] (tokens incl. the start token), num_beams int32 [1], length_penalty float [1].
     Output: sequences int32 [batch, 1, len]: the start token, the translation, then EOS/PAD."""
-    encoder = onnx.load(str(folder / "encoder.onnx"))
-    decoder = onnx.load(str(folder / "decoder.onnx"))
+    blobs = {name: (folder / name).read_bytes() for name in ("encoder.onnx", "decoder.onnx")}
+    encoder, decoder = (onnx.load_from_string(blobs[name]) for name in ("encoder.onnx", "decoder.onnx"))
     cache_type = next(i for i in decoder.graph.input if i.name == "past_k_0").type.tensor_type.elem_type
     if cache_type != TensorProto.FLOAT:
         return []
@@ -319,10 +319,10 @@ def write_generate_graph(folder: Path, generation: dict) -> list[Path]:
     many_rows = copy.deepcopy(dec)
     if not _many_rows_matmuls(many_rows):
         many_rows = None
-    _external(enc, folder / "encoder.onnx")
+    _external(enc, "encoder.onnx", blobs["encoder.onnx"])
     for graph in (dec, many_rows):
         if graph is not None:
-            _external(graph, folder / "decoder.onnx")
+            _external(graph, "decoder.onnx", blobs["decoder.onnx"])
     for graph in (enc, dec, many_rows):
         if graph is not None:
             _short_names(graph)

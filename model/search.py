@@ -203,12 +203,13 @@ def prepare_sources(tokenizer: Tokenizer, sentences: Sequence[str], max_position
     return out
 
 
-def translate_sentences(decoder: IncrementalDecoder, tokenizer: Tokenizer, sentences: Sequence[str],
+def translate_sentences(decoder: IncrementalDecoder | None, tokenizer: Tokenizer, sentences: Sequence[str],
                         gen: GenerationConfig, batch_tokens: int = 4000, max_batch: int = 256,
                         on_batch=None, searcher=None) -> list[str]:
     """Translate in length-sorted batches (less padding), returning results in input order.
     Empty inputs give empty outputs without touching the model. `searcher(batch, gen)`, if
-    given, replaces search(decoder, batch, gen) (a search that runs inside onnxruntime)."""
+    given, replaces search(decoder, batch, gen) (a search that runs inside onnxruntime; decoder may
+    then be None)."""
     sentences = list(sentences)
     results = [""] * len(sentences)
     todo = [i for i, s in enumerate(sentences) if s.strip()]

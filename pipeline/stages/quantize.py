@@ -56,12 +56,15 @@ def run(ctx: StageContext) -> dict:
         """Validation BLEU with the search the package will run (generate*.onnx, as Translator
         does on the CPU), so that the guard judges what ships."""
         folder = graphs["decoder"].parent
-        if folder != fp32_dir:  # a candidate's folder: give it its generate graphs
+        if folder == fp32_dir:
+            searcher = fp32.graph_search
+        else:  # a candidate's folder: give it its generate graphs
             write_generate_graph(folder, generation)
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        searcher = GraphSearch.load(folder, options)
-        decoder = _decoder(graphs, fp32.generation.pad_id)
+            options = ort.SessionOptions()
+            options.log_severity_level = 3
+            searcher = GraphSearch.load(folder, options)
+        # The step graphs only where there is no generate graph to search with.
+        decoder = None if searcher else _decoder(graphs, fp32.generation.pad_id)
         with ctx.progress(f"guard: {label}", total=len(guard_src), unit="sentences") as bar:
             hyps = translate_sentences(decoder, fp32.tokenizer, guard_src, fp32.generation, on_batch=bar.advance,
                                        searcher=searcher)
@@ -123,10 +126,9 @@ def run(ctx: StageContext) -> dict:
     return metrics
 
 
-def _decoder(graphs: dict[str, Path], pad_id: int, threads: int | None = None) -> OnnxDecoder:
+def _decoder(graphs: dict[str, Path], pad_id: int) -> OnnxDecoder:
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    options.intra_op_num_threads = threads or 0
     options.inter_op_num_threads = 1
     sessions = [ort.InferenceSession(str(graphs[g]), options, providers=["CPUExecutionProvider"])
                 for g in ("encoder", "decoder")]
