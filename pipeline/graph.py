@@ -76,8 +76,10 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
         add("student", "train", d.student, inputs, extra={"role": "student"})
         models.append("student")
         if d.ablation:
-            reference_only = {"model": dump_config(d.student.model), "train": dump_config(d.student.train),
-                              "role": "student_ref"}
+            shape = d.student.model
+            if d.ablation_dropout is not None:
+                shape = shape.model_copy(update={"dropout": d.ablation_dropout})
+            reference_only = {"model": dump_config(shape), "train": dump_config(d.student.train), "role": "student_ref"}
             add("student_ref", "train", reference_only, {"data": "data", "tokenizer": "tokenizer"})
             models.append("student_ref")
 

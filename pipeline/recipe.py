@@ -176,6 +176,10 @@ class DistillConfig(Strict):
     student: StudentConfig = StudentConfig()
     # Also train the same student shape on the references only, to show what KD bought.
     ablation: bool = True
+    # The reference-only student's dropout (None: the student's). A fair ablation regularizes each
+    # corpus as it needs: human references overfit a small student sooner than a teacher's
+    # translations do, so the best dropout of one is not the best of the other.
+    ablation_dropout: OpenFraction | None = None
 
 
 # ------------------------------------------------------------------------------- prune

@@ -42,3 +42,15 @@ def test_word_level_distillation_trains_against_the_teacher(smoke):
     assert student.manifest["inputs"]["teacher"] == arts["teacher"].id
     history = json.loads((student.path / "training.json").read_text())["history"]
     assert history and history[-1]["valid_loss"] > 0
+
+
+def test_the_ablation_may_have_its_own_dropout(smoke):
+    """Same shape, its own regularization; changing it touches the ablation only."""
+    store, _ = smoke.build("student")
+    plan = make_plan(SMOKE, ["distill.ablation_dropout=0.3"])
+    ref, student = (next(n for n in plan.nodes if n.name == name) for name in ("student_ref", "student"))
+    assert ref.config["model"]["dropout"] == 0.3 != student.config["model"]["dropout"]
+    assert {**ref.config["model"], "dropout": 0} == {**student.config["model"], "dropout": 0}
+    rows = {r["node"]: r for r in node_status(store, plan)}
+    assert rows["student"]["state"] == "cached" and rows["kd_corpus"]["state"] == "cached"
+    assert rows["student_ref"]["state"] == "stale"
