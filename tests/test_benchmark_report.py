@@ -18,7 +18,7 @@ import torch
 
 from pipeline.report import compare_runs, show_latest
 from pipeline.stages.benchmark import pick_best, thread_counts
-from pipeline.stages.report import pareto_front
+from pipeline.stages.report import markdown, pareto_front, targets
 
 from .conftest import SMOKE, cli
 
@@ -145,6 +145,31 @@ def test_pareto_front():
     pts = [(10, 30.0), (5, 29.0), (20, 29.5), (5, 28.0), (50, 31.0), (10, 30.0)]
     assert pareto_front(pts) == [True, True, False, False, True, True]
     assert pareto_front([]) == [] and pareto_front([(1, 0.0)]) == [True]
+
+
+def test_the_peer_goal_is_judged_on_paired_rounds_when_there_are_some():
+    """Rows measured minutes apart drift on a shared VM; paired rounds do not, so they decide."""
+    def row(name, runtime, compute, greedy, beam, paired=None):
+        return {"name": name, "variant": "pruned", "runtime": runtime, "compute_type": compute, "device": "cpu",
+                "skipped": None, "source": "pruned", "paired": paired,
+                "latency_ms": {"greedy_b1": {"p50": greedy}, "beam4_b1": {"p50": beam}}}
+
+    peer = row("ctranslate2_pruned_int8", "ctranslate2", "int8", 2.4, 4.1)
+    paired = {"peer": peer["name"], "greedy_b1_p50_ratio": 1.08, "beam4_b1_p50_ratio": 1.27, "threads": [2, 1],
+              "rounds": [{}, {}, {}]}
+    ours = row("int8_dynamic", "onnxruntime", "int8", 1.96, 4.06, paired)
+    vs = targets([ours, peer])["int8_dynamic"]["vs_ctranslate2_int8"]
+    assert vs["greedy_b1_p50_ratio"] == 0.817 and vs["beam4_b1_p50_ratio"] == 0.99  # the rows alone would pass
+    assert vs["verdict"] == {"basis": "paired", "greedy_b1_p50_ratio": 1.08, "beam4_b1_p50_ratio": 1.27,
+                             "met": False}
+    md = markdown({"recipe": "r", "machine": {}, "rows": [], "recommendation": "-", "recommendations": {},
+                   "benchmark": {"sentences": 4, "test_set": "t", "batch_size": 2, "throughput_beam": 4, "threads": [1]},
+                   "targets": targets([ours, peer])})
+    assert "1.08 greedy, 1.27 beam 4 in 3 paired rounds" in md and "goal <= 1.0: not met" in md
+
+    alone = row("int8_dynamic", "onnxruntime", "int8", 1.96, 4.06)
+    vs = targets([alone, peer])["int8_dynamic"]["vs_ctranslate2_int8"]
+    assert vs["verdict"] == {"basis": "rows", "greedy_b1_p50_ratio": 0.817, "beam4_b1_p50_ratio": 0.99, "met": True}
 
 
 def test_thread_counts_and_the_faster_setting_wins():
