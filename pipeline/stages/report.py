@@ -307,7 +307,7 @@ def markdown(report: dict) -> str:
                              + (f"{_f(paired['greedy_b1_p50_ratio'], '{:.2f}')} greedy, "
                                 f"{_f(paired['beam4_b1_p50_ratio'], '{:.2f}')} beam 4 in {paired['rounds']} paired "
                                 f"rounds (ours and theirs process after process, threads {paired['threads'][0]} / "
-                                f"{paired['threads'][1]}, median; goal <= 1.0: {met}); their rows, measured "
+                                f"{paired['threads'][1]}, median; goal <= 1.0: {met}); the two rows, measured minutes "
                                 f"apart: {rows_ratio}" if paired else f"{rows_ratio} (goal <= 1.0: {met})")
                              + ("; our greedy time per sentence" +
                                 (f": {bd['graph_total_ms']:.2f} ms with generate.onnx (the loop inside "
