@@ -233,12 +233,12 @@ def paired_rounds(ctx: StageContext, rows: list[dict], sample: list[str], cfg: d
                 got = {id(r): measure(ctx, r, r["threads"], sample, once, None, latency_only=True, tag=f"paired{k}")
                        for r in order}
                 a, b = got[id(ours)], got[id(theirs)]
+                bar.advance(1)
                 if a.get("skipped") or b.get("skipped"):
                     continue
                 lat = {key: (a["latency_ms"][key]["p50"], b["latency_ms"][key]["p50"]) for key in ("greedy_b1", "beam4_b1")}
                 rounds.append({"first": order[0]["name"], **{f"{key}_p50_ms": list(v) for key, v in lat.items()},
                                **{f"{key}_p50_ratio": round(x / y, 3) for key, (x, y) in lat.items()}})
-                bar.advance(1)
             if rounds:
                 ours["paired"] = {"peer": theirs["name"], "threads": [ours["threads"], theirs["threads"]],
                                   "rounds": rounds, **{f"{key}_p50_ratio": round(statistics.median(

@@ -60,9 +60,7 @@ def run(ctx: StageContext) -> dict:
             searcher = fp32.graph_search
         else:  # a candidate's folder: give it its generate graphs
             write_generate_graph(folder, generation)
-            options = ort.SessionOptions()
-            options.log_severity_level = 3
-            searcher = GraphSearch.load(folder, options)
+            searcher = GraphSearch.load(folder, _quiet_options())
         # The step graphs only where there is no generate graph to search with.
         decoder = None if searcher else _decoder(graphs, fp32.generation.pad_id)
         with ctx.progress(f"guard: {label}", total=len(guard_src), unit="sentences") as bar:
@@ -126,10 +124,15 @@ def run(ctx: StageContext) -> dict:
     return metrics
 
 
-def _decoder(graphs: dict[str, Path], pad_id: int) -> OnnxDecoder:
+def _quiet_options() -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.inter_op_num_threads = 1
+    return options
+
+
+def _decoder(graphs: dict[str, Path], pad_id: int) -> OnnxDecoder:
+    options = _quiet_options()
     sessions = [ort.InferenceSession(str(graphs[g]), options, providers=["CPUExecutionProvider"])
                 for g in ("encoder", "decoder")]
     return OnnxDecoder(*sessions, pad_id=pad_id)

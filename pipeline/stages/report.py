@@ -299,8 +299,7 @@ def markdown(report: dict) -> str:
             if peer:
                 bd = peer.get("ours_breakdown") or {}
                 paired = peer.get("paired")
-                verdict = peer.get("verdict") or _peer_verdict(peer)
-                met = {True: "met", False: "not met", None: "not measured"}[verdict["met"]]
+                met = {True: "met", False: "not met", None: "not measured"}[peer["verdict"]["met"]]
                 rows_ratio = (f"{_f(peer['greedy_b1_p50_ratio'], '{:.2f}')} greedy, "
                               f"{_f(peer['beam4_b1_p50_ratio'], '{:.2f}')} beam 4")
                 lines.append(f"  - vs CTranslate2 int8 ({peer['peer_variant']}): ours / theirs batch-1 p50 = "
