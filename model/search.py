@@ -109,7 +109,16 @@ def top_k_indices(x: np.ndarray, m: int) -> np.ndarray:
 
 
 def beam_search(decoder: IncrementalDecoder, src: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
-    """Batched beam search. A sentence is finished once it holds `beam` ended hypotheses (or
+    """The best hypothesis of each sentence (see beam_search_nbest)."""
+    if gen.beam == 1:
+        return greedy_search(decoder, src, gen)
+    return [hyps[0][1] for hyps in beam_search_nbest(decoder, src, gen)]
+
+
+def beam_search_nbest(decoder: IncrementalDecoder, src: list[list[int]],
+                      gen: GenerationConfig) -> list[list[tuple[float, list[int]]]]:
+    """Batched beam search returning each sentence's hypotheses as (score, tokens), best first:
+    its finished ones (at most `beam`), or its best live one if none finished. A sentence is finished once it holds `beam` ended hypotheses (or
     reaches its length limit); the loop stops as soon as every sentence is finished.
 
     Each step, per sentence: the best 2k (beam, token) candidates in score order; the first k
@@ -118,8 +127,6 @@ def beam_search(decoder: IncrementalDecoder, src: list[list[int]], gen: Generati
     is array arithmetic over all sentences at once (at batch 32 the per-sentence Python loop it
     replaces took 64 of 545 ms; the whole-vocabulary partition, now top_k_indices, took 282)."""
     k = gen.beam
-    if k == 1:
-        return greedy_search(decoder, src, gen)
     decoder.encode(src, k)
     n = len(src)
     limits = np.array([gen.max_len(len(s)) for s in src])
@@ -167,10 +174,12 @@ def beam_search(decoder: IncrementalDecoder, src: list[list[int]], gen: Generati
         scores, parents, tokens = new_scores, new_parents, new_tokens
     results = []
     for b in range(n):
-        if finished[b]:
-            results.append(max(finished[b], key=lambda x: x[0])[1])
+        if finished[b]:  # stable: of equal scores, the one found first stays first
+            results.append(sorted(finished[b], key=lambda x: -x[0]))
         else:
-            results.append(history[b * k + int(np.argmax(scores[b]))].tolist())
+            best = int(np.argmax(scores[b]))
+            prefix = history[b * k + best].tolist()
+            results.append([(float(scores[b, best]) / max(1, len(prefix)) ** gen.length_penalty, prefix)])
     return results
 
 
@@ -203,6 +212,21 @@ def prepare_sources(tokenizer: Tokenizer, sentences: Sequence[str], max_position
     return out
 
 
+def _length_sorted_batches(src: list[list[int]], beam: int, batch_tokens: int, max_batch: int):
+    """Index lists into src, shortest first, each within batch_tokens (counting beam rows)."""
+    order = sorted(range(len(src)), key=lambda j: len(src[j]))
+    start = 0
+    while start < len(order):
+        end, longest = start, 0
+        while end < len(order) and end - start < max_batch:
+            longest = max(longest, len(src[order[end]]))
+            if (end - start + 1) * longest * beam > batch_tokens and end > start:
+                break
+            end += 1
+        yield order[start:end]
+        start = end
+
+
 def translate_sentences(decoder: IncrementalDecoder | None, tokenizer: Tokenizer, sentences: Sequence[str],
                         gen: GenerationConfig, batch_tokens: int = 4000, max_batch: int = 256,
                         on_batch=None, searcher=None) -> list[str]:
@@ -214,20 +238,29 @@ def translate_sentences(decoder: IncrementalDecoder | None, tokenizer: Tokenizer
     results = [""] * len(sentences)
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     src = prepare_sources(tokenizer, [sentences[i] for i in todo], gen.max_positions)
-    order = sorted(range(len(todo)), key=lambda j: len(src[j]))
-    start = 0
-    while start < len(order):
-        end, longest = start, 0
-        while end < len(order) and end - start < max_batch:
-            longest = max(longest, len(src[order[end]]))
-            if (end - start + 1) * longest * gen.beam > batch_tokens and end > start:
-                break
-            end += 1
-        batch = [src[order[j]] for j in range(start, end)]
+    for rows in _length_sorted_batches(src, gen.beam, batch_tokens, max_batch):
+        batch = [src[j] for j in rows]
         hyps = searcher(batch, gen) if searcher else search(decoder, batch, gen)
-        for j, text in zip(range(start, end), tokenizer.decode(hyps)):
-            results[todo[order[j]]] = text
+        for j, text in zip(rows, tokenizer.decode(hyps)):
+            results[todo[j]] = text
         if on_batch:
-            on_batch(end - start)
-        start = end
+            on_batch(len(rows))
+    return results
+
+
+def translate_nbest(decoder: IncrementalDecoder, tokenizer: Tokenizer, sentences: Sequence[str],
+                    gen: GenerationConfig, batch_tokens: int = 4000, max_batch: int = 256,
+                    on_batch=None) -> list[list[str]]:
+    """Like translate_sentences, but each sentence's beam hypotheses, best first (an empty input
+    gives [""])."""
+    sentences = list(sentences)
+    results: list[list[str]] = [[""] for _ in sentences]
+    todo = [i for i, s in enumerate(sentences) if s.strip()]
+    src = prepare_sources(tokenizer, [sentences[i] for i in todo], gen.max_positions)
+    for rows in _length_sorted_batches(src, gen.beam, batch_tokens, max_batch):
+        nbest = beam_search_nbest(decoder, [src[j] for j in rows], gen)
+        for j, hyps in zip(rows, nbest):
+            results[todo[j]] = tokenizer.decode([tokens for _, tokens in hyps])
+        if on_batch:
+            on_batch(len(rows))
     return results

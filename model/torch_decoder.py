@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .search import GenerationConfig, translate_sentences
+from .search import GenerationConfig, translate_nbest, translate_sentences
 from .tokenizer import SubwordTokenizer
 from .transformer import Cache, Transformer, load_model
 
@@ -73,3 +73,9 @@ class TorchTranslator:
                   batch_tokens: int = 4000, max_batch: int = 256, on_batch=None) -> list[str]:
         return translate_sentences(self.decoder, self.tokenizer, sentences, self.generation(beam, length_penalty),
                                    batch_tokens=batch_tokens, max_batch=max_batch, on_batch=on_batch)
+
+    def translate_nbest(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,
+                        batch_tokens: int = 4000, max_batch: int = 256, on_batch=None) -> list[list[str]]:
+        """Each sentence's beam hypotheses, best first."""
+        return translate_nbest(self.decoder, self.tokenizer, sentences, self.generation(beam, length_penalty),
+                               batch_tokens=batch_tokens, max_batch=max_batch, on_batch=on_batch)

@@ -154,6 +154,18 @@ class KDCorpusConfig(Strict):
     length_penalty: Annotated[float, Field(ge=0)] = 1.0
     batch_tokens: PositiveInt = 6000
     max_sentences: PositiveInt | None = None  # translate only the first N (small recipes)
+    # Which of the teacher's beam hypotheses becomes the student's target. top: its best (Kim &
+    # Rush's Seq-KD); closest_to_reference: the one with the highest sentence BLEU against the
+    # human reference (their Seq-Inter: still a translation the teacher finds likely, so as easy
+    # to learn, but nearer what the test set rewards).
+    selection: Literal["top", "closest_to_reference"] = "top"
+
+    @model_validator(mode="after")
+    def _selection_needs_a_beam(self) -> "KDCorpusConfig":
+        if self.selection == "closest_to_reference" and self.beam < 2:
+            raise ValueError("selection: closest_to_reference chooses among the beam's hypotheses; "
+                             "it needs beam >= 2")
+        return self
 
 
 class WordLevelKD(Strict):

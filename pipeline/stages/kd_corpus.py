@@ -1,5 +1,7 @@
 """Sequence-level knowledge distillation corpus (Kim & Rush, 2016): the teacher translates the
-training sources with beam search; students then learn from these translations.
+training sources with beam search; students then learn from these translations. With
+`selection: closest_to_reference` (their Seq-Inter) the target is, of the teacher's beam, the
+hypothesis with the highest sentence BLEU against the human reference.
 
 An artifact of its own, so changing only the student re-uses it. Work is done in length-sorted
 chunks saved as they finish, so a killed run resumes where it stopped; under torchrun
@@ -25,7 +27,7 @@ def run(ctx: StageContext) -> dict:
     job = {"role": "kd_corpus", "data": str(ctx.input("data").path), "teacher": str(ctx.input("teacher").path),
            "out": str(ctx.out), "work": str(ctx.work), "beam": cfg["beam"],
            "length_penalty": cfg["length_penalty"], "batch_tokens": cfg["batch_tokens"],
-           "max_sentences": cfg.get("max_sentences")}
+           "max_sentences": cfg.get("max_sentences"), "selection": cfg.get("selection", "top")}
     if ctx.nproc > 1:
         return launch(ctx, "pipeline.stages.kd_corpus", job)
     return translate_job(job, ctx.log, ctx.progress)
@@ -40,9 +42,10 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     world = world_size()
     if device == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    src, _ = read_split(Path(job["data"]), "train")
+    src, ref = read_split(Path(job["data"]), "train")
     if job.get("max_sentences"):
-        src = src[: job["max_sentences"]]
+        src, ref = src[: job["max_sentences"]], ref[: job["max_sentences"]]
+    closest = job.get("selection", "top") == "closest_to_reference"
     translator = TorchTranslator.load(Path(job["teacher"]), device=device)
     chunks_dir = Path(job["work"]) / "chunks"
     chunks_dir.mkdir(parents=True, exist_ok=True)
@@ -58,11 +61,16 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     with progress("teacher translating", total=sum(len(chunks[c]) for c in todo) * world, unit="sentences") as bar:
         for c in todo:
             idx = chunks[c]
-            hyps = translator.translate([src[i] for i in idx], beam=job["beam"],
-                                        length_penalty=job["length_penalty"], batch_tokens=job["batch_tokens"],
-                                        on_batch=lambda n: bar.advance(n * world))
+            settings = dict(beam=job["beam"], length_penalty=job["length_penalty"], batch_tokens=job["batch_tokens"],
+                            on_batch=lambda n: bar.advance(n * world))
+            part: dict = {"index": idx}
+            if closest:
+                nbest = translator.translate_nbest([src[i] for i in idx], **settings)
+                part.update(closest_to_reference(nbest, [ref[i] for i in idx]))
+            else:
+                part["hyps"] = translator.translate([src[i] for i in idx], **settings)
             tmp = chunks_dir / f"{c:05d}.json.tmp"
-            tmp.write_text(json.dumps({"index": idx, "hyps": hyps}), encoding="utf-8")
+            tmp.write_text(json.dumps(part), encoding="utf-8")
             os.replace(tmp, chunks_dir / f"{c:05d}.json")
             done_sentences += len(idx)
     seconds = time.perf_counter() - t0
@@ -73,10 +81,13 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     if rank != 0:
         return {}
     translations = [""] * len(src)
+    selected = {"not_top": 0, "sentence_bleu_top": 0.0, "sentence_bleu_selected": 0.0}
     for c in range(len(chunks)):
         part = json.loads((chunks_dir / f"{c:05d}.json").read_text(encoding="utf-8"))
         for i, h in zip(part["index"], part["hyps"]):
             translations[i] = h
+        for key in selected if closest else ():
+            selected[key] += part[key]
     out = Path(job["out"])
     keep = [i for i, h in enumerate(translations) if h.strip()]
     with open(out / "kd.src", "w", encoding="utf-8") as fs, open(out / "kd.tgt", "w", encoding="utf-8") as ft:
@@ -87,9 +98,36 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     log(f"translated {len(src)} sentences" + (f" at {rate:.1f} sentences/s" if rate else ""))
     src_words = sum(len(src[i].split()) for i in keep)
     tgt_words = sum(len(translations[i].split()) for i in keep)
-    return {"sentences": len(keep), "empty_translations": len(src) - len(keep), "beam": job["beam"],
-            "seconds": round(seconds, 1), "sentences_per_s": round(rate, 2) if rate else None,
-            "processes": world, "device": device, "length_ratio": round(tgt_words / max(1, src_words), 3)}
+    metrics = {"sentences": len(keep), "empty_translations": len(src) - len(keep), "beam": job["beam"],
+               "seconds": round(seconds, 1), "sentences_per_s": round(rate, 2) if rate else None,
+               "processes": world, "device": device, "length_ratio": round(tgt_words / max(1, src_words), 3)}
+    if closest:
+        n = max(1, len(src))
+        metrics["selection"] = {
+            "kind": "closest_to_reference", "not_top_fraction": round(selected["not_top"] / n, 4),
+            "mean_sentence_bleu_top": round(selected["sentence_bleu_top"] / n, 2),
+            "mean_sentence_bleu_selected": round(selected["sentence_bleu_selected"] / n, 2)}
+        log(f"closest to the reference: not the teacher's best for {selected['not_top'] / n:.1%} of sentences; "
+            f"mean sentence BLEU {metrics['selection']['mean_sentence_bleu_top']} -> "
+            f"{metrics['selection']['mean_sentence_bleu_selected']}")
+    return metrics
+
+
+def closest_to_reference(nbest: list[list[str]], references: list[str]) -> dict:
+    """Of each sentence's hypotheses (best first), the one with the highest sentence BLEU against
+    its reference (the earlier on ties), with sums for the manifest."""
+    from sacrebleu.metrics import BLEU
+
+    bleu = BLEU(effective_order=True)
+    part = {"hyps": [], "not_top": 0, "sentence_bleu_top": 0.0, "sentence_bleu_selected": 0.0}
+    for hyps, reference in zip(nbest, references):
+        scores = [bleu.sentence_score(h, [reference]).score for h in hyps]
+        best = max(range(len(hyps)), key=lambda j: (scores[j], -j))
+        part["hyps"].append(hyps[best])
+        part["not_top"] += best != 0
+        part["sentence_bleu_top"] += scores[0]
+        part["sentence_bleu_selected"] += scores[best]
+    return part
 
 
 if __name__ == "__main__":
