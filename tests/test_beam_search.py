@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.search import GenerationConfig, IncrementalDecoder, beam_search, top_k_indices
+from model.search import GenerationConfig, IncrementalDecoder, beam_search, beam_search_nbest, top_k_indices
 from model.torch_decoder import TorchDecoder
 
 from .test_model import tiny
@@ -109,3 +109,49 @@ def test_top_k_indices_finds_the_largest_entries(rows, width, m):
     want = np.sort(np.partition(x, width - m, axis=1)[:, -m:], axis=1)
     np.testing.assert_array_equal(np.sort(np.take_along_axis(x, got, axis=1), axis=1), want)
     assert width - 1 in got[0]
+
+
+class _EndsSooner:
+    """The sharpened random model never ends a sentence: flatten its distribution and raise
+    EOS (renormalised), so that beams end at different lengths."""
+
+    def __init__(self, decoder: IncrementalDecoder, eos_id: int, temperature: float, boost: float):
+        self.decoder, self.eos_id, self.temperature, self.boost = decoder, eos_id, temperature, boost
+
+    def encode(self, src, beam):
+        self.decoder.encode(src, beam)
+
+    def step(self, tokens, parents):
+        logits = self.decoder.step(tokens, parents).astype(np.float64) / self.temperature
+        logits[:, self.eos_id] += self.boost
+        top = logits.max(axis=1, keepdims=True)
+        return (logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))).astype(np.float32)
+
+
+def _length_normalised_log_prob(decoder: IncrementalDecoder, src: list[int], hyp: list[int], gen: GenerationConfig) -> float:
+    """Teacher-forced score of hyp + EOS, as beam search defines it."""
+    decoder.encode([src], 1)
+    tokens, total = [gen.bos_id] + hyp, 0.0
+    for t, nxt in enumerate(hyp + [gen.eos_id]):
+        total += float(decoder.step(np.array([tokens[t]]), None)[0, nxt])
+    return total / (len(hyp) + 1) ** gen.length_penalty
+
+
+def test_nbest_holds_the_beam_best_first_with_the_scores_the_model_gives():
+    decoder = _EndsSooner(TorchDecoder(tiny(seed=3)), eos_id=2, temperature=10.0, boost=2.5)
+    rng = np.random.default_rng(3)
+    sources = [[int(t) for t in rng.integers(4, 60, rng.integers(1, 14))] + [2] for _ in range(6)]
+    gen = GenerationConfig(beam=4, length_penalty=0.8, max_positions=64)
+    nbest = beam_search_nbest(decoder, sources, gen)
+    assert [hyps[0][1] for hyps in nbest] == beam_search(decoder, sources, gen)
+    assert sum(len(h) for h in nbest) > len(sources)  # more than one hypothesis somewhere
+    checked = 0
+    for src, hyps in zip(sources, nbest):
+        scores = [score for score, _ in hyps]
+        assert 1 <= len(hyps) <= 4 and scores == sorted(scores, reverse=True)
+        ended = [(score, tokens) for score, tokens in hyps if len(tokens) + 1 < gen.max_len(len(src))]
+        assert len({tuple(tokens) for _, tokens in ended}) == len(ended)  # (cut at the limit: may repeat)
+        for score, tokens in ended:
+            assert score == pytest.approx(_length_normalised_log_prob(decoder, src, tokens, gen), abs=1e-4)
+        checked += len(ended)
+    assert checked >= 6

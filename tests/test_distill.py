@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from sacrebleu.metrics import BLEU
+
+from model.torch_decoder import TorchTranslator
+from pipeline.errors import RecipeError
 from pipeline.runner import make_plan, node_status
 from pipeline.stages.data import read_split
+from pipeline.stages.kd_corpus import closest_to_reference
 
 from .conftest import SMOKE
 
@@ -54,3 +60,43 @@ def test_the_ablation_may_have_its_own_dropout(smoke):
     rows = {r["node"]: r for r in node_status(store, plan)}
     assert rows["student"]["state"] == "cached" and rows["kd_corpus"]["state"] == "cached"
     assert rows["student_ref"]["state"] == "stale"
+
+
+def test_closest_to_reference_takes_the_beam_hypothesis_nearest_the_reference():
+    reference = "un homme en chemise bleue est assis sur une chaise ."
+    nbest = [["un homme est assis .", "un homme en chemise bleue est assis sur une chaise .", "un homme assis ."],
+             ["deux chiens courent .", "deux chiens courent ."],  # a tie: the teacher's order decides
+             ["une femme lit un livre ."]]
+    part = closest_to_reference(nbest, [reference, "deux chiens jouent dans la neige .", "une femme lit un livre ."])
+    assert part["hyps"] == [nbest[0][1], nbest[1][0], nbest[2][0]]
+    assert part["not_top"] == 1
+    assert part["sentence_bleu_selected"] - part["sentence_bleu_top"] == pytest.approx(
+        100 - BLEU(effective_order=True).sentence_score(nbest[0][0], [reference]).score)
+
+
+def test_a_seq_inter_corpus_holds_the_beam_hypothesis_nearest_each_reference(smoke):
+    # The smoke teacher writes "eeee..." after its 3 epochs; 40 give it real (poor) sentences,
+    # so that its hypotheses differ in how close they come to the references.
+    taught = ["teacher.train.max_epochs=40", "teacher.train.lr=0.01"]
+    _, top = smoke.build("kd_corpus", *taught)
+    _, inter = smoke.build("kd_corpus", *taught, "distill.corpus.selection=closest_to_reference")
+    assert inter["kd_corpus"].id != top["kd_corpus"].id and inter["teacher"].id == top["teacher"].id
+    chosen = inter["kd_corpus"].metrics["selection"]
+    assert 0.05 < chosen["not_top_fraction"] < 1
+    assert chosen["mean_sentence_bleu_selected"] > chosen["mean_sentence_bleu_top"]
+
+    refs = dict(zip(*read_split(top["data"].path, "train")))
+    src, top_tgt = read_split(top["kd_corpus"].path, "kd")
+    inter_src, inter_tgt = read_split(inter["kd_corpus"].path, "kd")
+    assert inter_src == src
+    nbest = TorchTranslator.load(top["teacher"].path).translate_nbest(src, beam=2, batch_tokens=6000)
+    assert top_tgt == [hyps[0] for hyps in nbest]
+    assert inter_tgt == closest_to_reference(nbest, [refs[s] for s in src])["hyps"]
+    bleu = BLEU()
+    assert bleu.corpus_score(inter_tgt, [[refs[s] for s in src]]).score > \
+        bleu.corpus_score(top_tgt, [[refs[s] for s in src]]).score
+
+
+def test_seq_inter_needs_a_beam_to_choose_from():
+    with pytest.raises(RecipeError, match="needs beam >= 2"):
+        make_plan(SMOKE, ["distill.corpus.selection=closest_to_reference", "distill.corpus.beam=1"])
