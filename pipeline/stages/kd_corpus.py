@@ -82,12 +82,14 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
         return {}
     translations = [""] * len(src)
     selected = {"not_top": 0, "sentence_bleu_top": 0.0, "sentence_bleu_selected": 0.0}
+    metric = None
     for c in range(len(chunks)):
         part = json.loads((chunks_dir / f"{c:05d}.json").read_text(encoding="utf-8"))
         for i, h in zip(part["index"], part["hyps"]):
             translations[i] = h
         for key in selected if closest else ():
             selected[key] += part[key]
+        metric = part.get("metric") or metric
     out = Path(job["out"])
     keep = [i for i, h in enumerate(translations) if h.strip()]
     with open(out / "kd.src", "w", encoding="utf-8") as fs, open(out / "kd.tgt", "w", encoding="utf-8") as ft:
@@ -106,7 +108,8 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
         metrics["selection"] = {
             "kind": "closest_to_reference", "not_top_fraction": round(selected["not_top"] / n, 4),
             "mean_sentence_bleu_top": round(selected["sentence_bleu_top"] / n, 2),
-            "mean_sentence_bleu_selected": round(selected["sentence_bleu_selected"] / n, 2)}
+            "mean_sentence_bleu_selected": round(selected["sentence_bleu_selected"] / n, 2),
+            "metric": metric}
         log(f"closest to the reference: not the teacher's best for {selected['not_top'] / n:.1%} of sentences; "
             f"mean sentence BLEU {metrics['selection']['mean_sentence_bleu_top']} -> "
             f"{metrics['selection']['mean_sentence_bleu_selected']}")
@@ -118,7 +121,7 @@ def closest_to_reference(nbest: list[list[str]], references: list[str]) -> dict:
     its reference (the earlier on ties), with sums for the manifest."""
     from sacrebleu.metrics import BLEU
 
-    bleu = BLEU(effective_order=True)
+    bleu = BLEU(effective_order=True)  # exp smoothing; n-gram orders a short sentence lacks are skipped
     part = {"hyps": [], "not_top": 0, "sentence_bleu_top": 0.0, "sentence_bleu_selected": 0.0}
     for hyps, reference in zip(nbest, references):
         scores = [bleu.sentence_score(h, [reference]).score for h in hyps]
@@ -127,6 +130,7 @@ def closest_to_reference(nbest: list[list[str]], references: list[str]) -> dict:
         part["not_top"] += best != 0
         part["sentence_bleu_top"] += scores[0]
         part["sentence_bleu_selected"] += scores[best]
+    part["metric"] = f"sentence {bleu.get_signature()}" if nbest else None  # known once something is scored
     return part
 
 
