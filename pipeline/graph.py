@@ -71,7 +71,7 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
         d = recipe.distill
         add("kd_corpus", "kd_corpus", d.corpus, {"data": "data", "teacher": "teacher"})
         inputs = {"data": "data", "tokenizer": "tokenizer", "kd_corpus": "kd_corpus"}
-        if d.student.word_level.enabled:
+        if d.student.word_level.enabled or d.student.embeddings_from_teacher:
             inputs["teacher"] = "teacher"
         add("student", "train", d.student, inputs, extra={"role": "student"})
         models.append("student")

@@ -181,6 +181,11 @@ class StudentConfig(Strict):
     # Fraction of original reference pairs mixed into the distilled corpus (0 = KD only).
     reference_mix: Fraction = 0.0
     word_level: WordLevelKD = WordLevelKD()
+    # Start the student's (tied) embedding from the teacher's, projected onto its top d_model
+    # principal directions and scaled to the student's initial spread: the word geometry the
+    # teacher learnt, instead of noise, in the half of a small student's parameters that the
+    # embedding is. Needs the teacher's vocabulary.
+    embeddings_from_teacher: bool = False
 
 
 class DistillConfig(Strict):

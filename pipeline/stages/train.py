@@ -30,6 +30,7 @@ def run(ctx: StageContext) -> dict:
     job = {
         "role": cfg["role"], "model": cfg["model"], "train": cfg["train"],
         "word_level": cfg.get("word_level"), "reference_mix": cfg.get("reference_mix", 0.0),
+        "embeddings_from_teacher": cfg.get("embeddings_from_teacher", False),
         "data": str(ctx.input("data").path),
         "tokenizer": str(ctx.input("tokenizer").file("tokenizer.json")),
         "kd_corpus": str(ctx.inputs["kd_corpus"].path) if "kd_corpus" in ctx.inputs else None,
@@ -78,12 +79,17 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
     teacher, alpha, temperature = None, 0.0, 1.0
     word_level = job.get("word_level") or {}
     if word_level.get("enabled"):
-        teacher = load_model(Path(job["teacher"]), device)
-        teacher_tok = SubwordTokenizer.load(Path(job["teacher"]) / "tokenizer.json")
-        if teacher_tok.tok.get_vocab() != tokenizer.tok.get_vocab():
-            raise UserInputError("word-level distillation needs the teacher and student to share one vocabulary; "
-                                 "the teacher's tokenizer differs from this recipe's")
+        teacher = _teacher_with_our_vocabulary(job, tokenizer, device, "word-level distillation")
         alpha, temperature = word_level["alpha"], word_level["temperature"]
+    if job.get("embeddings_from_teacher"):
+        source = teacher or _teacher_with_our_vocabulary(job, tokenizer, "cpu", "embeddings_from_teacher")
+        with torch.no_grad():
+            projected, kept = project_embedding(source.embed.weight, model_cfg.d_model,
+                                                float(model.embed.weight.std()))
+            model.embed.weight.copy_(projected)
+        data_info["embeddings_from_teacher"] = {"teacher_d_model": source.cfg.d_model, "variance_kept": round(kept, 4)}
+        log(f"embedding: the teacher's, on its top {model_cfg.d_model} of {source.cfg.d_model} principal "
+            f"directions ({kept:.1%} of its variance)")
 
     log(f"{model.num_parameters():,} parameters, {len(train)} training pairs, "
         f"device {device}, threads {torch.get_num_threads()}, processes {world_size()}")
@@ -103,6 +109,28 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
         **{k: v for k, v in result.items() if k != "history"},
         "device": device, "processes": world_size(), "threads": torch.get_num_threads(),
     }
+
+
+def _teacher_with_our_vocabulary(job: dict, tokenizer: SubwordTokenizer, device: str, why: str) -> Transformer:
+    teacher_tok = SubwordTokenizer.load(Path(job["teacher"]) / "tokenizer.json")
+    if teacher_tok.tok.get_vocab() != tokenizer.tok.get_vocab():
+        raise UserInputError(f"{why} needs the teacher and student to share one vocabulary; "
+                             "the teacher's tokenizer differs from this recipe's")
+    return load_model(Path(job["teacher"]), device)
+
+
+def project_embedding(weight: torch.Tensor, d_model: int, std: float) -> tuple[torch.Tensor, float]:
+    """The rows of `weight` [vocab, D] on its top d_model right singular vectors, scaled to `std`:
+    the best rank-d_model approximation of the words' dot products (which the tied output
+    projection scores with). Returns the new table and the fraction of variance it keeps."""
+    if d_model > weight.shape[1]:
+        raise UserInputError(f"embeddings_from_teacher: the student (d_model {d_model}) is wider than the "
+                             f"teacher ({weight.shape[1]}); nothing to project")
+    w = weight.detach().float().cpu()
+    _, singular, vh = torch.linalg.svd(w, full_matrices=False)
+    projected = w @ vh[:d_model].T
+    kept = float((singular[:d_model] ** 2).sum() / (singular ** 2).sum())
+    return projected * (std / float(projected.std())), kept
 
 
 if __name__ == "__main__":
