@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from sacrebleu.metrics import BLEU
 
 from model.torch_decoder import TorchTranslator
-from pipeline.errors import RecipeError
+from model.transformer import load_model
+from pipeline.errors import RecipeError, UserInputError
 from pipeline.runner import make_plan, node_status
 from pipeline.stages.data import read_split
 from pipeline.stages.kd_corpus import closest_to_reference
+from pipeline.stages.train import project_embedding
 
 from .conftest import SMOKE
 
@@ -100,3 +103,33 @@ def test_a_seq_inter_corpus_holds_the_beam_hypothesis_nearest_each_reference(smo
 def test_seq_inter_needs_a_beam_to_choose_from():
     with pytest.raises(RecipeError, match="needs beam >= 2"):
         make_plan(SMOKE, ["distill.corpus.selection=closest_to_reference", "distill.corpus.beam=1"])
+
+
+def test_the_projected_embedding_keeps_the_words_dot_products():
+    torch.manual_seed(0)
+    low_rank = torch.randn(50, 6) @ torch.randn(6, 24)  # 50 words, width 24, rank 6
+    projected, kept = project_embedding(low_rank, 6, std=0.1)
+    assert projected.shape == (50, 6) and kept == pytest.approx(1.0)
+    assert float(projected.std()) == pytest.approx(0.1, rel=1e-4)
+    gram, want = projected @ projected.T, low_rank @ low_rank.T
+    torch.testing.assert_close(gram / gram.norm(), want / want.norm(), atol=1e-5, rtol=0)
+    _, kept = project_embedding(torch.randn(50, 24), 6, std=0.1)
+    assert 6 / 24 < kept < 1  # the top directions hold more than their share of a random table
+    with pytest.raises(UserInputError, match="wider than the teacher"):
+        project_embedding(low_rank, 32, std=0.1)
+
+
+def test_the_student_may_start_from_the_teachers_embedding(smoke):
+    # At a vanishing learning rate the trained student still holds its starting point.
+    store, arts = smoke.build("student", "distill.student.embeddings_from_teacher=true",
+                              "distill.student.train.lr=1e-9", "distill.student.train.max_epochs=1")
+    student = arts["student"]
+    assert student.manifest["inputs"]["teacher"] == arts["teacher"].id
+    assert 0 < student.metrics["embeddings_from_teacher"]["variance_kept"] < 1
+    teacher_table = load_model(arts["teacher"].path).embed.weight
+    table = load_model(student.path).embed.weight
+    want, _ = project_embedding(teacher_table, table.shape[1], float(table.std()))
+    torch.testing.assert_close(table, want, atol=1e-5, rtol=1e-4)
+    plan = make_plan(SMOKE, ["distill.student.embeddings_from_teacher=false"])
+    rows = {r["node"]: r for r in node_status(store, plan)}
+    assert rows["kd_corpus"]["state"] == "cached" and rows["student_ref"]["state"] != "stale"
