@@ -118,8 +118,9 @@ def beam_search(decoder: IncrementalDecoder, src: list[list[int]], gen: Generati
 def beam_search_nbest(decoder: IncrementalDecoder, src: list[list[int]],
                       gen: GenerationConfig) -> list[list[tuple[float, list[int]]]]:
     """Batched beam search returning each sentence's hypotheses as (score, tokens), best first:
-    its finished ones (at most `beam`), or its best live one if none finished. A sentence is finished once it holds `beam` ended hypotheses (or
-    reaches its length limit); the loop stops as soon as every sentence is finished.
+    its finished ones (at most `beam`), or its best live one if none finished. A sentence is
+    finished once it holds `beam` ended hypotheses (or reaches its length limit); the loop stops
+    as soon as every sentence is finished.
 
     Each step, per sentence: the best 2k (beam, token) candidates in score order; the first k
     that do not end become the next beams; those that end (EOS, or the length limit) before the

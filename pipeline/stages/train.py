@@ -82,7 +82,8 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
         teacher = _teacher_with_our_vocabulary(job, tokenizer, device, "word-level distillation")
         alpha, temperature = word_level["alpha"], word_level["temperature"]
     if job.get("embeddings_from_teacher"):
-        source = teacher or _teacher_with_our_vocabulary(job, tokenizer, "cpu", "embeddings_from_teacher")
+        source = teacher if teacher is not None else _teacher_with_our_vocabulary(
+            job, tokenizer, "cpu", "embeddings_from_teacher")
         with torch.no_grad():
             projected, kept = project_embedding(source.embed.weight, model_cfg.d_model,
                                                 float(model.embed.weight.std()))
