@@ -79,8 +79,12 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
             shape = d.student.model
             if d.ablation_dropout is not None:
                 shape = shape.model_copy(update={"dropout": d.ablation_dropout})
-            reference_only = {"model": dump_config(shape), "train": dump_config(d.student.train), "role": "student_ref"}
-            add("student_ref", "train", reference_only, {"data": "data", "tokenizer": "tokenizer"})
+            reference_only = {"model": dump_config(shape), "train": dump_config(d.student.train), "role": "student_ref",
+                              "budget": d.ablation_budget}
+            ref_inputs = {"data": "data", "tokenizer": "tokenizer"}
+            if d.ablation_budget == "student_steps":
+                ref_inputs["steps_of"] = "student"
+            add("student_ref", "train", reference_only, ref_inputs)
             models.append("student_ref")
 
     if recipe.prune is not None:

@@ -197,6 +197,11 @@ class DistillConfig(Strict):
     # corpus as it needs: human references overfit a small student sooner than a teacher's
     # translations do, so the best dropout of one is not the best of the other.
     ablation_dropout: OpenFraction | None = None
+    # The ablation's budget. student_steps: as many steps as the student took, at the student's
+    # batch size (the same compute, whatever the machine's speed while each trained: on a shared
+    # VM equal minutes gave the two 6359 and 5654 tokens/s in one run). own: the student's train
+    # budgets, minutes included.
+    ablation_budget: Literal["student_steps", "own"] = "student_steps"
 
 
 # ------------------------------------------------------------------------------- prune

@@ -33,6 +33,17 @@ def test_kd_corpus_and_students(smoke):
     student, ref = arts["student"].metrics, arts["student_ref"].metrics
     assert student["source"] == "kd_corpus" and ref["source"] == "references"
     assert student["params"] == ref["params"] < arts["teacher"].metrics["params"] / 3
+    # The ablation's budget is the student's step count (the same compute), not its own epochs:
+    # the student's two epochs over 200 pairs are one and a bit over the 400 references.
+    assert ref["steps"] == student["steps"] and ref["stopped_by"].startswith("max_steps")
+    assert ref["steps_matched_to"] == {"model": arts["student"].id, "steps": student["steps"]}
+    assert ref["epochs"] < 2 == student["epochs"]
+
+
+def test_the_ablation_may_keep_its_own_budget(smoke):
+    plan = make_plan(SMOKE, ["distill.ablation_budget=own"])
+    ref = next(n for n in plan.nodes if n.name == "student_ref")
+    assert "steps_of" not in ref.inputs and ref.config["train"]["max_epochs"] == 2
 
 
 def test_changing_only_the_student_reuses_the_kd_corpus(smoke):
@@ -130,6 +141,7 @@ def test_the_student_may_start_from_the_teachers_embedding(smoke):
     table = load_model(student.path).embed.weight
     want, _ = project_embedding(teacher_table, table.shape[1], float(table.std()))
     torch.testing.assert_close(table, want, atol=1e-5, rtol=1e-4)
-    plan = make_plan(SMOKE, ["distill.student.embeddings_from_teacher=false"])
+    plan = make_plan(SMOKE, ["distill.student.embeddings_from_teacher=false", "distill.student.train.lr=1e-9",
+                             "distill.student.train.max_epochs=1"])
     rows = {r["node"]: r for r in node_status(store, plan)}
-    assert rows["kd_corpus"]["state"] == "cached" and rows["student_ref"]["state"] != "stale"
+    assert rows["kd_corpus"]["state"] == "cached" and rows["student"]["state"] == "stale"

@@ -27,8 +27,14 @@ from .data import read_split
 
 def run(ctx: StageContext) -> dict:
     cfg = ctx.config
+    train, matched = cfg["train"], None
+    if "steps_of" in ctx.inputs:  # the ablation: the same number of steps as the model it is compared with
+        other = ctx.inputs["steps_of"]
+        matched = {"model": other.id, "steps": int(other.metrics["steps"])}
+        train = {**train, "max_steps": matched["steps"], "max_minutes": None, "max_epochs": None}
+        ctx.log(f"budget: {matched['steps']} steps, as many as {other.id} took")
     job = {
-        "role": cfg["role"], "model": cfg["model"], "train": cfg["train"],
+        "role": cfg["role"], "model": cfg["model"], "train": train, "steps_matched_to": matched,
         "word_level": cfg.get("word_level"), "reference_mix": cfg.get("reference_mix", 0.0),
         "embeddings_from_teacher": cfg.get("embeddings_from_teacher", False),
         "data": str(ctx.input("data").path),
@@ -108,6 +114,7 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
         "role": job["role"], "params": model.num_parameters(), "heads": model_cfg.total_heads(),
         "model_bytes": (out / "model.safetensors").stat().st_size, **data_info,
         **{k: v for k, v in result.items() if k != "history"},
+        **({"steps_matched_to": job["steps_matched_to"]} if job.get("steps_matched_to") else {}),
         "device": device, "processes": world_size(), "threads": torch.get_num_threads(),
     }
 
