@@ -145,3 +145,8 @@ def test_the_student_may_start_from_the_teachers_embedding(smoke):
                              "distill.student.train.max_epochs=1"])
     rows = {r["node"]: r for r in node_status(store, plan)}
     assert rows["kd_corpus"]["state"] == "cached" and rows["student"]["state"] == "stale"
+
+
+def test_a_student_wider_than_its_teacher_cannot_take_its_embedding():
+    with pytest.raises(RecipeError, match="wider than the teacher's"):
+        make_plan(SMOKE, ["distill.student.embeddings_from_teacher=true", "distill.student.model.d_model=64"])
