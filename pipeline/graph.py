@@ -74,7 +74,7 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
         if d.student.word_level.enabled or d.student.embeddings_from_teacher:
             inputs["teacher"] = "teacher"
         wider = d.student.model.d_model - recipe.teacher.model.d_model
-        if d.student.embeddings_from_teacher and wider > 0:
+        if (d.student.embeddings_from_teacher or (d.ablation and d.ablation_embeddings_from_teacher)) and wider > 0:
             raise RecipeError([f"{where}: distill.student.embeddings_from_teacher: the student's d_model "
                                f"({d.student.model.d_model}) is wider than the teacher's "
                                f"({recipe.teacher.model.d_model}); there is nothing to project"])
@@ -89,6 +89,9 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
             ref_inputs = {"data": "data", "tokenizer": "tokenizer"}
             if d.ablation_budget == "student_steps":
                 ref_inputs["steps_of"] = "student"
+            if d.ablation_embeddings_from_teacher:
+                reference_only["embeddings_from_teacher"] = True
+                ref_inputs["teacher"] = "teacher"
             add("student_ref", "train", reference_only, ref_inputs)
             models.append("student_ref")
 

@@ -202,6 +202,9 @@ class DistillConfig(Strict):
     # VM equal minutes gave the two 6359 and 5654 tokens/s in one run). own: the student's train
     # budgets, minutes included.
     ablation_budget: Literal["student_steps", "own"] = "student_steps"
+    # Start the ablation from the teacher's projected embedding too (see the student's
+    # embeddings_from_teacher), so that it measures what the KD corpus alone buys.
+    ablation_embeddings_from_teacher: bool = False
 
 
 # ------------------------------------------------------------------------------- prune

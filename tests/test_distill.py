@@ -66,7 +66,7 @@ def test_word_level_distillation_trains_against_the_teacher(smoke):
 
 def test_the_ablation_may_have_its_own_dropout(smoke):
     """Same shape, its own regularization; changing it touches the ablation only."""
-    store, _ = smoke.build("student")
+    store, _ = smoke.build("student_ref")  # (the ablation needs the student: its step budget)
     plan = make_plan(SMOKE, ["distill.ablation_dropout=0.3"])
     ref, student = (next(n for n in plan.nodes if n.name == name) for name in ("student_ref", "student"))
     assert ref.config["model"]["dropout"] == 0.3 != student.config["model"]["dropout"]
@@ -150,3 +150,13 @@ def test_the_student_may_start_from_the_teachers_embedding(smoke):
 def test_a_student_wider_than_its_teacher_cannot_take_its_embedding():
     with pytest.raises(RecipeError, match="wider than the teacher's"):
         make_plan(SMOKE, ["distill.student.embeddings_from_teacher=true", "distill.student.model.d_model=64"])
+
+
+def test_the_ablation_may_start_from_the_teachers_embedding_too():
+    plain, both = (make_plan(SMOKE, overrides) for overrides in
+                   ([], ["distill.ablation_embeddings_from_teacher=true"]))
+    ref_plain, ref_both = (next(n for n in plan.nodes if n.name == "student_ref") for plan in (plain, both))
+    assert "embeddings_from_teacher" not in ref_plain.config and "teacher" not in ref_plain.inputs
+    assert ref_both.config["embeddings_from_teacher"] is True and ref_both.inputs["teacher"] == "teacher"
+    student_plain, student_both = (next(n for n in plan.nodes if n.name == "student") for plan in (plain, both))
+    assert student_plain.fingerprint == student_both.fingerprint != ""
