@@ -106,9 +106,12 @@ def test_a_seq_inter_corpus_holds_the_beam_hypothesis_nearest_each_reference(smo
     nbest = TorchTranslator.load(top["teacher"].path).translate_nbest(src, beam=2, batch_tokens=6000)
     assert top_tgt == [hyps[0] for hyps in nbest]
     assert inter_tgt == closest_to_reference(nbest, [refs[s] for s in src])["hyps"]
-    bleu = BLEU()
-    assert bleu.corpus_score(inter_tgt, [[refs[s] for s in src]]).score > \
-        bleu.corpus_score(top_tgt, [[refs[s] for s in src]]).score
+    # Each changed target is strictly nearer its reference (a tie keeps the teacher's best); the
+    # corpus BLEU need not rise with it (brevity and n-gram totals are pooled), so not asserted.
+    sentence = BLEU(effective_order=True)
+    nearer = [sentence.sentence_score(a, [refs[s]]).score - sentence.sentence_score(b, [refs[s]]).score
+              for s, a, b in zip(src, inter_tgt, top_tgt) if a != b]
+    assert nearer and min(nearer) > 0
 
 
 def test_seq_inter_needs_a_beam_to_choose_from():
