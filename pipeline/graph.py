@@ -73,9 +73,11 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
         inputs = {"data": "data", "tokenizer": "tokenizer", "kd_corpus": "kd_corpus"}
         if d.student.word_level.enabled or d.student.embeddings_from_teacher:
             inputs["teacher"] = "teacher"
-        wider = d.student.model.d_model - recipe.teacher.model.d_model
-        if (d.student.embeddings_from_teacher or (d.ablation and d.ablation_embeddings_from_teacher)) and wider > 0:
-            raise RecipeError([f"{where}: distill.student.embeddings_from_teacher: the student's d_model "
+        asked = [key for key, on in (("distill.student.embeddings_from_teacher", d.student.embeddings_from_teacher),
+                                     ("distill.ablation_embeddings_from_teacher",
+                                      d.ablation and d.ablation_embeddings_from_teacher)) if on]
+        if asked and d.student.model.d_model > recipe.teacher.model.d_model:
+            raise RecipeError([f"{where}: {' and '.join(asked)}: the student's d_model "
                                f"({d.student.model.d_model}) is wider than the teacher's "
                                f"({recipe.teacher.model.d_model}); there is nothing to project"])
         add("student", "train", d.student, inputs, extra={"role": "student"})
