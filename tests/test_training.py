@@ -15,7 +15,7 @@ from pipeline.context import progress_bar
 from pipeline.recipe import TrainConfig
 from pipeline.stages.data import read_split
 from pipeline.training import (Corpus, Trainer, ValidationSet, cooldown_factor, encode_corpus, inverse_sqrt_lr,
-                               make_batches)
+                               label_smoothed_loss, make_batches)
 
 from .conftest import SMOKE, cli
 
@@ -32,6 +32,22 @@ def test_cooldown_falls_linearly_over_the_end_of_the_budget():
     assert cooldown_factor(0.6, 0.3) == 1.0
     assert cooldown_factor(0.85, 0.3) == pytest.approx(0.5)
     assert cooldown_factor(1.0, 0.3) == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_smoothed_loss_and_its_gradient_are_pytorchs(smoothing, dtype):
+    torch.manual_seed(0)
+    logits = (torch.randn(37, 501) * 4).to(dtype).requires_grad_()
+    target = torch.randint(0, 501, (37,))
+    target[:3] = target[3]  # repeated targets: their gradients must not collide
+    ours = label_smoothed_loss(logits, target, smoothing) * 2.5
+    (grad,) = torch.autograd.grad(ours, logits)
+    theirs = torch.nn.functional.cross_entropy(logits.float(), target, label_smoothing=smoothing) * 2.5
+    (expected,) = torch.autograd.grad(theirs, logits)
+    assert ours.dtype == torch.float32 and grad.dtype == dtype
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
+    torch.testing.assert_close(grad.float(), expected.float(), rtol=1e-5, atol=1e-7)
 
 
 def test_batches_respect_budget_and_cover_the_corpus_once():
