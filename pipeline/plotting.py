@@ -8,29 +8,29 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, never a window (servers, CI)
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter  # noqa: E402
 
 RUNTIME_COLOURS = {"torch": "tab:blue", "onnxruntime": "tab:orange", "ctranslate2": "tab:green"}
 DEVICE_MARKERS = {"cpu": "o", "cuda": "^"}
-# Label offsets (points) cycled left to right, so that labels of nearby points do not overlap.
-LABEL_OFFSETS = ((5, 4), (5, 15), (5, -12), (5, 26), (5, -23))
+# Where a label may go relative to its point (offset in points, horizontal alignment), in order
+# of preference: the first that overlaps no label or point already drawn is taken.
+LABEL_PLACES = tuple((dx, dy, "left" if dx > 0 else "right") for dy in (4, -12, 15, -23, 26, -34, 37)
+                     for dx in (6, -6))
 PANELS = (("greedy_b1", "bleu_greedy", "pareto", "greedy"), ("beam4_b1", "bleu", "pareto_beam4", "beam 4"))
 
 
 def plot_bleu_vs_latency(rows: list[dict], path: Path, title: str = "BLEU against latency") -> None:
     """Rows as report.json has them (latency_ms, bleu, bleu_greedy, pareto flags, skipped)."""
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.5), constrained_layout=True)
+    to_label = []
     for ax, (lat_key, bleu_key, flag, name) in zip(axes, PANELS):
         shown = [r for r in rows if not r["skipped"] and r.get("latency_ms") and r.get(bleu_key) is not None]
-        for k, r in enumerate(sorted(shown, key=lambda r: r["latency_ms"][lat_key]["p50"])):
-            x, y = r["latency_ms"][lat_key]["p50"], r[bleu_key]
-            ax.scatter(x, y, s=60, c=RUNTIME_COLOURS.get(r["runtime"], "grey"),
+        shown.sort(key=lambda r: r["latency_ms"][lat_key]["p50"])
+        for r in shown:
+            ax.scatter(r["latency_ms"][lat_key]["p50"], r[bleu_key], s=60, c=RUNTIME_COLOURS.get(r["runtime"], "grey"),
                        marker=DEVICE_MARKERS.get(r["device"], "s"),
                        edgecolors="black" if r[flag] else "none", linewidths=1.5, zorder=3)
-            device = "" if r["device"] == "cpu" else f" {r['device']}"
-            ax.annotate(f"{r['variant']}/{r['runtime']}/{r['compute_type']}{device}", (x, y),
-                        textcoords="offset points", xytext=LABEL_OFFSETS[k % len(LABEL_OFFSETS)], fontsize=7,
-                        arrowprops=dict(arrowstyle="-", color="grey", linewidth=0.5))
         for device in {r["device"] for r in shown}:
             front = sorted((r["latency_ms"][lat_key]["p50"], r[bleu_key])
                            for r in shown if r[flag] and r["device"] == device)
@@ -43,6 +43,9 @@ def plot_bleu_vs_latency(rows: list[dict], path: Path, title: str = "BLEU agains
             ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
             ax.xaxis.set_minor_formatter(NullFormatter())
         ax.margins(x=0.2, y=0.12)  # room for the labels of the outermost points
+        to_label.append((ax, [(r["latency_ms"][lat_key]["p50"], r[bleu_key],
+                               f"{r['variant']}/{r['runtime']}/{r['compute_type']}"
+                               + ("" if r["device"] == "cpu" else f" {r['device']}")) for r in shown]))
         ax.set_xlabel(f"batch-1 latency, {name}, p50 (ms, log scale)")
         ax.set_ylabel("BLEU (greedy)" if bleu_key == "bleu_greedy" else "BLEU (evaluation beam)")
         ax.set_title(f"{name} (Pareto front per device: outlined points, dashed line)", fontsize=10)
@@ -51,7 +54,47 @@ def plot_bleu_vs_latency(rows: list[dict], path: Path, title: str = "BLEU agains
             ax.text(0.5, 0.5, "no measured row with a BLEU", ha="center", va="center", transform=ax.transAxes)
     handles = [plt.Line2D([], [], marker="o", linestyle="", color=c, label=rt) for rt, c in RUNTIME_COLOURS.items()]
     handles += [plt.Line2D([], [], marker=m, linestyle="", color="grey", label=d) for d, m in DEVICE_MARKERS.items()]
-    axes[1].legend(handles=handles, loc="best", fontsize=8)
+    # Slow and worse is where no variant worth plotting sits.
+    axes[1].legend(handles=handles, loc="lower right", fontsize=8)
     fig.suptitle(title)
+    fig.canvas.draw()  # final limits and layout: label places are chosen in display space
+    for ax, points in to_label:
+        _label_points(fig, ax, points)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _label_points(fig, ax, points: list[tuple[float, float, str]]) -> list:
+    """One label per point, each at the first place in LABEL_PLACES where its text overlaps no
+    label placed before it, the legend or another point (else the least-overlapping place)."""
+    renderer = fig.canvas.get_renderer()
+    to_display = ax.transData.transform
+    dots = [to_display((x, y)) for x, y, _ in points]
+    taken, labels = [], []
+    if ax.get_legend() is not None:
+        taken.append(ax.get_legend().get_window_extent(renderer))
+
+    def overlap(a, b) -> float:
+        return max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0)) * max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
+
+    for i, (x, y, text) in enumerate(points):
+        best = None
+        for dx, dy, align in LABEL_PLACES:
+            label = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha=align, fontsize=7,
+                                arrowprops=dict(arrowstyle="-", color="grey", linewidth=0.5))
+            label.update_positions(renderer)
+            box = Text.get_window_extent(label, renderer).expanded(1.04, 1.1)  # the text's, not its line's
+            clash = sum(overlap(box, other) for other in taken)
+            clash += sum(1e4 for j, (px, py) in enumerate(dots)
+                         if j != i and box.x0 - 4 <= px <= box.x1 + 4 and box.y0 - 4 <= py <= box.y1 + 4)
+            if best is None or clash < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (clash, label, box)
+            else:
+                label.remove()
+            if clash == 0:
+                break
+        taken.append(best[2])
+        labels.append(best[1])
+    return labels

@@ -231,3 +231,28 @@ def test_onnx_packages_are_measured_in_onnxruntime(smoke):
     assert int8["bytes"] < fp32["bytes"] and int8["params"] == fp32["params"] == arts["student"].metrics["params"]
     assert int8["compute_type"] == "int8" and int8["runtime"] == "onnxruntime" and int8["source"] == "student"
     assert int8["latency_ms"]["greedy_b1"]["p50"] > 0 and int8["breakdown"]["steps_per_sentence"] >= 1
+
+
+def test_plot_labels_of_clustered_points_do_not_overlap():
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+
+    from pipeline.plotting import _label_points
+
+    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    # Four variants within 2-3.5 ms and 0.3 BLEU of each other, as int8 / fp32 / CTranslate2 rows are.
+    points = [(2.1, 53.0, "int8_dynamic/onnxruntime/int8"), (2.15, 52.85, "pruned/ctranslate2/int8"),
+              (2.5, 52.78, "pruned/onnxruntime/float32"), (2.55, 52.77, "pruned/ctranslate2/float32"),
+              (3.4, 52.9, "int8_static/onnxruntime/int8"), (48.0, 55.6, "teacher/torch/float32")]
+    ax.scatter([p[0] for p in points], [p[1] for p in points])
+    ax.set_xscale("log")
+    ax.margins(x=0.2, y=0.12)
+    fig.canvas.draw()
+    labels = _label_points(fig, ax, points)
+    renderer = fig.canvas.get_renderer()
+    boxes = [Text.get_window_extent(label, renderer) for label in labels]
+    assert [label.get_text() for label in labels] == [p[2] for p in points]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), (a, b)
+    plt.close(fig)
