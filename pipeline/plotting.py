@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window (servers, CI)
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter  # noqa: E402
 
 RUNTIME_COLOURS = {"torch": "tab:blue", "onnxruntime": "tab:orange", "ctranslate2": "tab:green"}
@@ -68,33 +69,31 @@ def _label_points(fig, ax, points: list[tuple[float, float, str]]) -> list:
     """One label per point, each at the first place in LABEL_PLACES where its text overlaps no
     label placed before it, the legend or another point (else the least-overlapping place)."""
     renderer = fig.canvas.get_renderer()
-    to_display = ax.transData.transform
-    dots = [to_display((x, y)) for x, y, _ in points]
-    taken, labels = [], []
-    if ax.get_legend() is not None:
-        taken.append(ax.get_legend().get_window_extent(renderer))
-
-    def overlap(a, b) -> float:
-        return max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0)) * max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
-
+    dots = [ax.transData.transform((x, y)) for x, y, _ in points]
+    taken = [ax.get_legend().get_window_extent(renderer)] if ax.get_legend() is not None else []
+    labels = []
     for i, (x, y, text) in enumerate(points):
-        best = None
-        for dx, dy, align in LABEL_PLACES:
-            label = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha=align, fontsize=7,
-                                arrowprops=dict(arrowstyle="-", color="grey", linewidth=0.5))
+        label = ax.annotate(text, (x, y), xytext=LABEL_PLACES[0][:2], textcoords="offset points", fontsize=7,
+                            arrowprops=dict(arrowstyle="-", color="grey", linewidth=0.5))
+
+        def move(place) -> Bbox:
+            dx, dy, align = place
+            label.xyann = (dx, dy)
+            label.set_horizontalalignment(align)
             label.update_positions(renderer)
-            box = Text.get_window_extent(label, renderer).expanded(1.04, 1.1)  # the text's, not its line's
-            clash = sum(overlap(box, other) for other in taken)
-            clash += sum(1e4 for j, (px, py) in enumerate(dots)
-                         if j != i and box.x0 - 4 <= px <= box.x1 + 4 and box.y0 - 4 <= py <= box.y1 + 4)
-            if best is None or clash < best[0]:
-                if best is not None:
-                    best[1].remove()
-                best = (clash, label, box)
-            else:
-                label.remove()
+            return Text.get_window_extent(label, renderer).expanded(1.04, 1.1)  # the text's, not its line's
+
+        tried = []
+        for place in LABEL_PLACES:
+            box = move(place)
+            shared = (Bbox.intersection(box, other) for other in taken)
+            clash = (sum(b.width * b.height for b in shared if b is not None)
+                     + sum(1e4 for j, dot in enumerate(dots) if j != i and box.padded(4).contains(*dot)))
             if clash == 0:
                 break
-        taken.append(best[2])
-        labels.append(best[1])
+            tried.append((clash, place))
+        else:
+            box = move(min(tried)[1])
+        taken.append(box)
+        labels.append(label)
     return labels

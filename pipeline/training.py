@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from safetensors.torch import load_file, save_file
 
 from model.search import GenerationConfig, greedy_search
@@ -222,7 +223,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         rows, vocab = logits.shape
         scale = grad / rows
         out = torch.sub(logits, lse[:, None]).exp_().mul_(scale).sub_(scale * ctx.eps / vocab)
-        out.scatter_add_(1, target[:, None], (-(1 - ctx.eps) * scale).expand(rows, 1).to(out.dtype))
+        out.scatter_add_(1, target[:, None], (-(1 - ctx.eps) * scale).expand(rows, 1))
         return out, None, None
 
 
@@ -235,11 +236,7 @@ def attention_kernel(device: torch.device):
     """PyTorch's plain-math attention on the CPU: its flash kernel is slower for our short
     sentences and narrow heads (training throughput 1.09-1.15x the student's, 1.17-1.31x the teacher's,
     with the same outputs); elsewhere PyTorch chooses."""
-    if device.type != "cpu":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel(SDPBackend.MATH)
+    return sdpa_kernel(SDPBackend.MATH) if device.type == "cpu" else contextlib.nullcontext()
 
 
 class Trainer:
