@@ -8,7 +8,7 @@ so the shipped runtime stays free of torch.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -42,16 +42,36 @@ class GenerationConfig:
 def greedy_search(decoder: IncrementalDecoder, src: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
     if len(src) == 1:
         return [_greedy_one(decoder, src[0], gen)]
+    return _greedy_batch(decoder, src, gen, 0)[0]
+
+
+def greedy_search_top_k(decoder: IncrementalDecoder, src: list[list[int]], gen: GenerationConfig,
+                        k: int) -> tuple[list[list[int]], list[tuple[np.ndarray, np.ndarray]]]:
+    """greedy_search, plus the model's k most likely words at every step of each output (its
+    EOS step included): ids [steps, k] and their log-probabilities, best first. These are the
+    distributions a teacher-forced pass over the output would give, at no extra model cost."""
+    return _greedy_batch(decoder, src, gen, k)
+
+
+def _greedy_batch(decoder: IncrementalDecoder, src: list[list[int]], gen: GenerationConfig, k: int):
     decoder.encode(src, 1)
     n = len(src)
     limits = np.array([gen.max_len(len(s)) for s in src])
-    out = np.full((n, int(limits.max())), gen.pad_id, dtype=np.int64)
+    width = int(limits.max())
+    out = np.full((n, width), gen.pad_id, dtype=np.int64)
+    top_ids = np.zeros((n, width, k), dtype=np.int64)
+    top_logp = np.zeros((n, width, k), dtype=np.float32)
     lengths = np.zeros(n, dtype=np.int64)
     done = np.zeros(n, dtype=bool)
     tokens = np.full(n, gen.bos_id, dtype=np.int64)
-    for t in range(int(limits.max())):
+    for t in range(width):
         logp = decoder.step(tokens, None)
         nxt = logp.argmax(axis=-1).astype(np.int64)
+        if k:
+            ids = top_k_indices(logp, k)
+            values = np.take_along_axis(logp, ids, 1)
+            order = np.argsort(-values, axis=1)
+            top_ids[:, t], top_logp[:, t] = np.take_along_axis(ids, order, 1), np.take_along_axis(values, order, 1)
         nxt[t + 1 >= limits] = gen.eos_id  # out of room: end here
         nxt[done] = gen.pad_id
         out[:, t] = nxt
@@ -60,11 +80,13 @@ def greedy_search(decoder: IncrementalDecoder, src: list[list[int]], gen: Genera
         if done.all():
             break
         tokens = np.where(done, gen.eos_id, nxt)
-    results = []
+    results, tops = [], []
     for i, row in enumerate(out[:, : int(lengths.max())].tolist()):
         row = row[: lengths[i]]
         results.append(row[:-1] if row and row[-1] == gen.eos_id else row)
-    return results
+        if k:
+            tops.append((top_ids[i, : lengths[i]], top_logp[i, : lengths[i]]))
+    return results, tops
 
 
 def _greedy_one(decoder: IncrementalDecoder, src: list[int], gen: GenerationConfig) -> list[int]:
@@ -228,25 +250,31 @@ def _length_sorted_batches(src: list[list[int]], beam: int, batch_tokens: int, m
         start = end
 
 
-def translate_sentences(decoder: IncrementalDecoder | None, tokenizer: Tokenizer, sentences: Sequence[str],
-                        gen: GenerationConfig, batch_tokens: int = 4000, max_batch: int = 256,
-                        on_batch=None, searcher=None) -> list[str]:
-    """Translate in length-sorted batches (less padding), returning results in input order.
-    Empty inputs give empty outputs without touching the model. `searcher(batch, gen)`, if
-    given, replaces search(decoder, batch, gen) (a search that runs inside onnxruntime; decoder may
-    then be None)."""
-    sentences = list(sentences)
-    results = [""] * len(sentences)
+def _by_length(tokenizer: Tokenizer, sentences: Sequence[str], gen: GenerationConfig, batch_tokens: int,
+               max_batch: int, on_batch, run) -> dict[int, object]:
+    """run(list of source ids) on length-sorted batches (less padding) of the non-empty sentences;
+    its per-sentence results keyed by the sentence's position in `sentences`."""
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     src = prepare_sources(tokenizer, [sentences[i] for i in todo], gen.max_positions)
+    results = {}
     for rows in _length_sorted_batches(src, gen.beam, batch_tokens, max_batch):
-        batch = [src[j] for j in rows]
-        hyps = searcher(batch, gen) if searcher else search(decoder, batch, gen)
-        for j, text in zip(rows, tokenizer.decode(hyps)):
-            results[todo[j]] = text
+        for j, result in zip(rows, run([src[j] for j in rows])):
+            results[todo[j]] = result
         if on_batch:
             on_batch(len(rows))
     return results
+
+
+def translate_sentences(decoder: IncrementalDecoder | None, tokenizer: Tokenizer, sentences: Sequence[str],
+                        gen: GenerationConfig, batch_tokens: int = 4000, max_batch: int = 256,
+                        on_batch=None, searcher=None) -> list[str]:
+    """Translate in length-sorted batches, returning results in input order. Empty inputs give
+    empty outputs without touching the model. `searcher(batch, gen)`, if given, replaces
+    search(decoder, batch, gen) (a search that runs inside onnxruntime; decoder may then be None)."""
+    sentences = list(sentences)
+    done = _by_length(tokenizer, sentences, gen, batch_tokens, max_batch, on_batch, lambda batch: tokenizer.decode(
+        searcher(batch, gen) if searcher else search(decoder, batch, gen)))
+    return [done.get(i, "") for i in range(len(sentences))]
 
 
 def translate_nbest(decoder: IncrementalDecoder, tokenizer: Tokenizer, sentences: Sequence[str],
@@ -255,13 +283,21 @@ def translate_nbest(decoder: IncrementalDecoder, tokenizer: Tokenizer, sentences
     """Like translate_sentences, but each sentence's beam hypotheses, best first (an empty input
     gives [""])."""
     sentences = list(sentences)
-    results: list[list[str]] = [[""] for _ in sentences]
-    todo = [i for i, s in enumerate(sentences) if s.strip()]
-    src = prepare_sources(tokenizer, [sentences[i] for i in todo], gen.max_positions)
-    for rows in _length_sorted_batches(src, gen.beam, batch_tokens, max_batch):
-        nbest = beam_search_nbest(decoder, [src[j] for j in rows], gen)
-        for j, hyps in zip(rows, nbest):
-            results[todo[j]] = tokenizer.decode([tokens for _, tokens in hyps])
-        if on_batch:
-            on_batch(len(rows))
-    return results
+    done = _by_length(tokenizer, sentences, gen, batch_tokens, max_batch, on_batch, lambda batch: [
+        tokenizer.decode([tokens for _, tokens in hyps]) for hyps in beam_search_nbest(decoder, batch, gen)])
+    return [done.get(i, [""]) for i in range(len(sentences))]
+
+
+def translate_greedy_top_k(decoder: IncrementalDecoder, tokenizer: Tokenizer, sentences: Sequence[str],
+                           gen: GenerationConfig, k: int, batch_tokens: int = 4000, max_batch: int = 256,
+                           on_batch=None) -> list[tuple[str, list[int], tuple[np.ndarray, np.ndarray] | None]]:
+    """Greedy translations in input order, each as (text, output ids, the model's top k per step
+    as in greedy_search_top_k); an empty input gives ("", [], None)."""
+    sentences = list(sentences)
+
+    def run(batch):
+        hyps, tops = greedy_search_top_k(decoder, batch, gen, k)
+        return zip(tokenizer.decode(hyps), hyps, tops)
+
+    done = _by_length(tokenizer, sentences, replace(gen, beam=1), batch_tokens, max_batch, on_batch, run)
+    return [done.get(i, ("", [], None)) for i in range(len(sentences))]

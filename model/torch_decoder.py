@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .search import GenerationConfig, translate_nbest, translate_sentences
+from .search import GenerationConfig, translate_greedy_top_k, translate_nbest, translate_sentences
 from .tokenizer import SubwordTokenizer
 from .transformer import Cache, Transformer, load_model
 
@@ -79,3 +79,10 @@ class TorchTranslator:
         """Each sentence's beam hypotheses, best first."""
         return translate_nbest(self.decoder, self.tokenizer, sentences, self.generation(beam, length_penalty),
                                batch_tokens=batch_tokens, max_batch=max_batch, on_batch=on_batch)
+
+    def translate_greedy_top_k(self, sentences: Sequence[str], k: int, batch_tokens: int = 4000, max_batch: int = 256,
+                               on_batch=None) -> list[tuple[str, list[int], tuple[np.ndarray, np.ndarray] | None]]:
+        """Greedy translations with the model's k most likely words at each output step (see
+        model.search.greedy_search_top_k): what word-level distillation learns from."""
+        return translate_greedy_top_k(self.decoder, self.tokenizer, sentences, self.generation(1), k,
+                                      batch_tokens=batch_tokens, max_batch=max_batch, on_batch=on_batch)

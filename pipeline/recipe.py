@@ -159,19 +159,38 @@ class KDCorpusConfig(Strict):
     # human reference (their Seq-Inter: still a translation the teacher finds likely, so as easy
     # to learn, but nearer what the test set rewards).
     selection: Literal["top", "closest_to_reference"] = "top"
+    # Also keep the teacher's k most likely words (and their probabilities, renormalised over the
+    # k) at every position of its translations, for word-level distillation without the teacher in
+    # the training loop (distill.student.word_level.from_kd_corpus). Collected while decoding
+    # greedily: the same distributions a teacher-forced pass would give, at no extra cost.
+    top_k: PositiveInt | None = None
 
     @model_validator(mode="after")
     def _selection_needs_a_beam(self) -> "KDCorpusConfig":
         if self.selection == "closest_to_reference" and self.beam < 2:
             raise ValueError("selection: closest_to_reference chooses among the beam's hypotheses; "
                              "it needs beam >= 2")
+        if self.top_k is not None and self.beam != 1:
+            raise ValueError("top_k is collected while the teacher decodes greedily; it needs beam: 1")
         return self
 
 
 class WordLevelKD(Strict):
     enabled: bool = False
-    alpha: Fraction = 0.5  # weight of the KL term; (1 - alpha) on the hard labels
+    alpha: Fraction = 0.5  # weight of the teacher's distribution; (1 - alpha) on the hard labels
     temperature: PositiveFloat = 1.0
+    # False: the teacher runs on every training batch (its whole distribution, at `temperature`).
+    # True: its k most likely words per position, kept by the KD corpus as the teacher translated
+    # (distill.corpus.top_k), on the corpus's pairs; mixed-in references keep their hard labels.
+    # Training then costs what it costs without distillation.
+    from_kd_corpus: bool = False
+
+    @model_validator(mode="after")
+    def _stored_probabilities_are_at_temperature_one(self) -> "WordLevelKD":
+        if self.from_kd_corpus and self.temperature != 1.0:
+            raise ValueError("from_kd_corpus: the corpus keeps the teacher's probabilities at temperature 1; "
+                             "set temperature: 1")
+        return self
 
 
 class StudentConfig(Strict):
@@ -205,6 +224,13 @@ class DistillConfig(Strict):
     # Start the ablation from the teacher's projected embedding too (see the student's
     # embeddings_from_teacher), so that it measures what the KD corpus alone buys.
     ablation_embeddings_from_teacher: bool = False
+
+    @model_validator(mode="after")
+    def _stored_distributions_are_asked_of_the_corpus(self) -> "DistillConfig":
+        if self.student.word_level.enabled and self.student.word_level.from_kd_corpus and self.corpus.top_k is None:
+            raise ValueError("student.word_level.from_kd_corpus needs the corpus to keep the teacher's "
+                             "distributions: set distill.corpus.top_k (8 is plenty)")
+        return self
 
 
 # ------------------------------------------------------------------------------- prune

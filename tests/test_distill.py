@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from sacrebleu.metrics import BLEU
@@ -13,7 +14,7 @@ from model.transformer import load_model
 from pipeline.errors import RecipeError, UserInputError
 from pipeline.runner import make_plan, node_status
 from pipeline.stages.data import read_split
-from pipeline.stages.kd_corpus import closest_to_reference
+from pipeline.stages.kd_corpus import TOP_K_FILE, closest_to_reference, load_top_k
 from pipeline.stages.train import project_embedding
 
 from .conftest import SMOKE
@@ -62,6 +63,56 @@ def test_word_level_distillation_trains_against_the_teacher(smoke):
     assert student.manifest["inputs"]["teacher"] == arts["teacher"].id
     history = json.loads((student.path / "training.json").read_text())["history"]
     assert history and history[-1]["valid_loss"] > 0
+
+
+def test_word_level_distillation_from_the_distributions_the_kd_corpus_stored(smoke):
+    """The corpus keeps the teacher's top k per target position as it decodes; they line up with the
+    student's encoding of each translation and are the teacher's teacher-forced distributions;
+    the student (and the pruning fine-tune after it) learn from them without the teacher in the loop."""
+    overrides = ("teacher.train.max_epochs=15", "distill.corpus.beam=1", "distill.corpus.top_k=4", "distill.student.word_level.enabled=true",
+                 "distill.student.word_level.from_kd_corpus=true", "distill.student.word_level.alpha=0.7",
+                 "distill.student.reference_mix=0.5")
+    store, arts = smoke.build("pruned", *overrides)
+    kd = arts["kd_corpus"]
+    assert kd.metrics["top_k"]["k"] == 4
+    stored = load_top_k(kd.path / TOP_K_FILE)
+    src, tgt = read_split(kd.path, "kd")
+    assert len(stored) == len(tgt)
+    teacher = load_model(arts["teacher"].path)
+    translator = TorchTranslator.load(arts["teacher"].path)
+    tok = translator.tokenizer
+    present = [i for i, entry in enumerate(stored) if entry is not None]
+    assert len(present) == len(stored) - kd.metrics["top_k"]["pairs_without"] >= 20  # a weak teacher: few canonical
+    for i in present[:20]:
+        ids, probs = stored[i]
+        target = tok.encode([tgt[i]])[0]
+        assert ids.shape == (len(target) + 1, 4)
+        np.testing.assert_allclose(probs.astype(np.float32).sum(1), 1.0, atol=2e-3)
+        with torch.no_grad():
+            src_ids = torch.tensor([tok.encode([src[i]])[0] + [tok.eos_id]])
+            logits = teacher(src_ids, torch.tensor([[tok.bos_id] + target]))[0]
+        forced_p, forced_ids = logits.softmax(-1).topk(4, -1)
+        assert (forced_ids[:, 0].numpy() == ids[:, 0]).all()  # the greedy choice at every step
+        assert ids[:-1, 0].tolist() == target  # ... which is the translation itself
+        np.testing.assert_allclose(probs.astype(np.float32),
+                                   (forced_p / forced_p.sum(-1, keepdim=True)).numpy(), atol=3e-3)
+
+    student = arts["student"]
+    assert "teacher" in student.manifest["inputs"]  # the vocabulary check
+    assert student.metrics["word_level_pairs"] == len(present) < student.metrics["train_pairs"]
+    assert arts["pruned"].metrics["finetune_data"].endswith("with the teacher's distributions")
+
+
+def test_stored_distributions_need_a_greedy_corpus_that_keeps_them():
+    with pytest.raises(RecipeError, match="distill.corpus.top_k"):
+        make_plan(SMOKE, ["distill.corpus.beam=1", "distill.student.word_level.enabled=true",
+                          "distill.student.word_level.from_kd_corpus=true"])
+    with pytest.raises(RecipeError, match="beam: 1"):
+        make_plan(SMOKE, ["distill.corpus.top_k=4"])
+    with pytest.raises(RecipeError, match="temperature: 1"):
+        make_plan(SMOKE, ["distill.corpus.beam=1", "distill.corpus.top_k=4", "distill.student.word_level.enabled=true",
+                          "distill.student.word_level.from_kd_corpus=true",
+                          "distill.student.word_level.temperature=2"])
 
 
 def test_the_ablation_may_have_its_own_dropout(smoke):

@@ -50,6 +50,29 @@ def test_smoothed_loss_and_its_gradient_are_pytorchs(smoothing, dtype):
     torch.testing.assert_close(grad.float(), expected.float(), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
+def test_loss_with_cached_teacher_probabilities_is_the_mixed_cross_entropy(alpha):
+    """(1 - alpha) label-smoothed CE + alpha CE against sparse teacher probabilities (the label
+    alone on rows without them), its gradient included, as PyTorch computes them from the formula."""
+    torch.manual_seed(0)
+    logits = (torch.randn(23, 301) * 3).requires_grad_()
+    target = torch.randint(0, 301, (23,))
+    ids = torch.stack([torch.randperm(301)[:5] for _ in range(23)])
+    ids[:, 0] = target  # the hard target among the teacher's words, as usual: gradients add up
+    probs = torch.rand(23, 5).softmax(-1)
+    probs[-4:] = 0  # pairs without stored distributions: their labels alone
+    ours = label_smoothed_loss(logits, target, 0.1, (ids, probs, alpha)) * 1.5
+    (grad,) = torch.autograd.grad(ours, logits)
+    log_q = logits.log_softmax(-1)
+    has = (probs.sum(-1) > 0).float()
+    theirs = (((1 - alpha * has) * torch.nn.functional.cross_entropy(logits, target, label_smoothing=0.1,
+                                                                      reduction="none")).mean()
+              - alpha * (log_q.gather(1, ids) * probs).sum(-1).mean()) * 1.5
+    (expected,) = torch.autograd.grad(theirs, logits)
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
+    torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-7)
+
+
 def test_batches_respect_budget_and_cover_the_corpus_once():
     rng = np.random.default_rng(0)
     corpus = Corpus([[1] * int(n) for n in rng.integers(2, 40, 500)], [[1] * int(n) for n in rng.integers(1, 40, 500)])

@@ -27,7 +27,8 @@ def run(ctx: StageContext) -> dict:
     job = {"role": "kd_corpus", "data": str(ctx.input("data").path), "teacher": str(ctx.input("teacher").path),
            "out": str(ctx.out), "work": str(ctx.work), "beam": cfg["beam"],
            "length_penalty": cfg["length_penalty"], "batch_tokens": cfg["batch_tokens"],
-           "max_sentences": cfg.get("max_sentences"), "selection": cfg.get("selection", "top")}
+           "max_sentences": cfg.get("max_sentences"), "selection": cfg.get("selection", "top"),
+           "top_k": cfg.get("top_k")}
     if ctx.nproc > 1:
         return launch(ctx, "pipeline.stages.kd_corpus", job)
     return translate_job(job, ctx.log, ctx.progress)
@@ -67,6 +68,11 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
             if closest:
                 nbest = translator.translate_nbest([src[i] for i in idx], **settings)
                 part.update(closest_to_reference(nbest, [ref[i] for i in idx]))
+            elif job.get("top_k"):
+                done = translator.translate_greedy_top_k([src[i] for i in idx], job["top_k"],
+                                                         batch_tokens=job["batch_tokens"], on_batch=settings["on_batch"])
+                part["hyps"] = [text for text, _, _ in done]
+                part["top_k_dropped"] = save_top_k(chunks_dir / f"{c:05d}.npz", done, translator.tokenizer)
             else:
                 part["hyps"] = translator.translate([src[i] for i in idx], **settings)
             tmp = chunks_dir / f"{c:05d}.json.tmp"
@@ -83,10 +89,15 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     translations = [""] * len(src)
     selected = {"not_top": 0, "sentence_bleu_top": 0.0, "sentence_bleu_selected": 0.0}
     metric = None
+    top_k_parts, top_k_dropped = [None] * len(src), 0
     for c in range(len(chunks)):
         part = json.loads((chunks_dir / f"{c:05d}.json").read_text(encoding="utf-8"))
         for i, h in zip(part["index"], part["hyps"]):
             translations[i] = h
+        if job.get("top_k"):
+            top_k_dropped += part["top_k_dropped"]
+            for i, arrays in zip(part["index"], load_top_k(chunks_dir / f"{c:05d}.npz")):
+                top_k_parts[i] = arrays
         for key in selected if closest else ():
             selected[key] += part[key]
         metric = part.get("metric") or metric
@@ -96,6 +107,8 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
         for i in keep:
             fs.write(src[i] + "\n")
             ft.write(translations[i] + "\n")
+    if job.get("top_k"):
+        write_top_k(out / TOP_K_FILE, [top_k_parts[i] for i in keep])
     rate = done_sentences * world / seconds if seconds > 0 and done_sentences else None
     log(f"translated {len(src)} sentences" + (f" at {rate:.1f} sentences/s" if rate else ""))
     src_words = sum(len(src[i].split()) for i in keep)
@@ -103,6 +116,10 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     metrics = {"sentences": len(keep), "empty_translations": len(src) - len(keep), "beam": job["beam"],
                "seconds": round(seconds, 1), "sentences_per_s": round(rate, 2) if rate else None,
                "processes": world, "device": device, "length_ratio": round(tgt_words / max(1, src_words), 3)}
+    if job.get("top_k"):
+        # A translation whose text the tokenizer splits differently from how the teacher wrote it
+        # would misalign its distributions with the student's targets: those pairs train on hard labels.
+        metrics["top_k"] = {"k": job["top_k"], "file": TOP_K_FILE, "pairs_without": top_k_dropped}
     if closest:
         n = max(1, len(src))
         metrics["selection"] = {
@@ -114,6 +131,53 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
             f"mean sentence BLEU {metrics['selection']['mean_sentence_bleu_top']} -> "
             f"{metrics['selection']['mean_sentence_bleu_selected']}")
     return metrics
+
+
+TOP_K_FILE = "kd.topk.npz"
+
+
+def save_top_k(path: Path, done: list, tokenizer) -> int:
+    """One chunk's teacher distributions, in its sentence order (see write_top_k), none for a
+    sentence whose text does not encode back to the ids the teacher wrote. Returns how many have none."""
+    import numpy as np
+
+    texts = [text for text, _, _ in done]
+    pairs = []
+    for (text, written, top), encoded in zip(done, tokenizer.encode(texts) if texts else []):
+        if top is None or not text.strip() or encoded != written:
+            pairs.append(None)
+            continue
+        top_ids, top_logp = top
+        p = np.exp(top_logp - top_logp.max(1, keepdims=True))
+        pairs.append((top_ids, (p / p.sum(1, keepdims=True)).astype(np.float16)))
+    write_top_k(path, pairs)
+    return sum(p is None for p in pairs)
+
+
+def write_top_k(path: Path, pairs: list) -> None:
+    """Per sentence, the teacher's k most likely words at each target position (EOS included) and
+    their probabilities renormalised over the k, or None (hard labels only): one file of three
+    arrays, lengths [sentences], ids [positions, k] (int16 when the vocabulary allows), probs (float16)."""
+    import numpy as np
+
+    present = [p for p in pairs if p is not None]
+    k = present[0][0].shape[1] if present else 0
+    ids = np.concatenate([p[0] for p in present]) if present else np.zeros((0, k), np.int32)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, lengths=np.array([0 if p is None else len(p[0]) for p in pairs], dtype=np.int64),
+             ids=ids.astype(np.int16 if ids.size == 0 or ids.max() <= np.iinfo(np.int16).max else np.int32),
+             probs=np.concatenate([p[1] for p in present]) if present else np.zeros((0, k), np.float16))
+    os.replace(tmp, path)
+
+
+def load_top_k(path: Path) -> list:
+    """write_top_k's file as per-sentence (ids, probs) pairs, None where a sentence has none."""
+    import numpy as np
+
+    with np.load(path) as f:
+        lengths, ids, probs = f["lengths"], f["ids"], f["probs"]
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    return [(ids[a:b], probs[a:b]) if b > a else None for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def closest_to_reference(nbest: list[list[str]], references: list[str]) -> dict:

@@ -56,8 +56,8 @@ def run(ctx: StageContext) -> dict:
     model = copy.deepcopy(original).to(device)
     max_positions = original.cfg.max_positions
 
-    train_src, train_tgt, train_origin = finetune_pairs(ctx)
-    train = encode_corpus(tokenizer, train_src, train_tgt, max_positions)
+    train_src, train_tgt, train_soft, train_origin = finetune_pairs(ctx)
+    train = encode_corpus(tokenizer, train_src, train_tgt, max_positions, soft=train_soft)
     valid_src, valid_tgt = read_split(data.path, "valid")
     valid_corpus = encode_corpus(tokenizer, valid_src, valid_tgt, max_positions, drop_long=False)
     n_bleu = min(cfg.valid_bleu_sentences or len(valid_src), len(valid_src))
@@ -149,21 +149,30 @@ def run(ctx: StageContext) -> dict:
     }
 
 
-def finetune_pairs(ctx: StageContext) -> tuple[list[str], list[str], str]:
+def finetune_pairs(ctx: StageContext) -> tuple[list[str], list[str], list | None, str]:
     """What the model learnt from: the distillation corpus, with the share of references its
-    recipe mixed in (the same pairs, drawn with the same seed), else the training split.
+    recipe mixed in (the same pairs, drawn with the same seed), and the teacher's stored
+    distributions if it learnt from those too; else the training split.
     Fine-tuning a KD + references student on the KD corpus alone moves it away from the
     references the test set is scored against."""
     trained = ctx.input("model").config or {}
     kd = ctx.inputs.get("kd_corpus")
     job = {"data": str(ctx.input("data").path), "kd_corpus": str(kd.path) if kd else None,
-           "reference_mix": trained.get("reference_mix", 0.0),
+           "reference_mix": trained.get("reference_mix", 0.0), "word_level": stored_word_level(trained),
            "train": {"seed": (trained.get("train") or {}).get("seed", TrainConfig().seed)}}
-    src, tgt, info = training_pairs(job, ctx.log)
+    src, tgt, soft, info = training_pairs(job, ctx.log)
     if kd is None:
-        return src, tgt, "train split"
+        return src, tgt, None, "train split"
     mixed = info.get("reference_pairs_mixed", 0)
-    return src, tgt, "kd_corpus" + (f" + {mixed} references" if mixed else "")
+    return src, tgt, soft, ("kd_corpus" + (f" + {mixed} references" if mixed else "")
+                            + (" with the teacher's distributions" if soft is not None else ""))
+
+
+def stored_word_level(trained: dict) -> dict | None:
+    """The model's word-level distillation settings if it learnt from the KD corpus's stored
+    distributions (the fine-tune then does too), else None."""
+    word_level = trained.get("word_level") or {}
+    return word_level if word_level.get("enabled") and word_level.get("from_kd_corpus") else None
 
 
 def prune_step(ctx: StageContext, cfg: PruneConfig, step: int, model: Transformer, held_out: list,
@@ -193,8 +202,9 @@ def prune_step(ctx: StageContext, cfg: PruneConfig, step: int, model: Transforme
                             label_smoothing=smoothing, max_epochs=None, max_steps=ft.steps,
                             max_minutes=ft.max_minutes, seed=step, valid_bleu_sentences=len(valid.sources),
                             average_checkpoints=1)
+    word_level = stored_word_level(source_config or {})
     trainer = Trainer(candidate, train_cfg, train, valid, tokenizer, folder / "train", ctx.log, ctx.progress,
-                      device)
+                      device, kd_alpha=word_level["alpha"] if word_level else 0.0)
     result = trainer.fit()
     candidate = trainer.model.eval()
     record["finetune"] = {k: result[k] for k in ("steps", "train_minutes", "stopped_by", "best_valid_loss")}

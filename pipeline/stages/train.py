@@ -23,6 +23,7 @@ from ..errors import UserInputError
 from ..recipe import TrainConfig
 from ..training import Trainer, ValidationSet, encode_corpus
 from .data import read_split
+from .kd_corpus import TOP_K_FILE, load_top_k
 
 
 def run(ctx: StageContext) -> dict:
@@ -48,13 +49,15 @@ def run(ctx: StageContext) -> dict:
     return train_job(job, ctx.log, ctx.progress)
 
 
-def training_pairs(job: dict, log) -> tuple[list[str], list[str], dict]:
+def training_pairs(job: dict, log) -> tuple[list[str], list[str], list | None, dict]:
     """The (source, target) text the model learns from: references, or the teacher's
-    translations (sequence-level KD) optionally mixed with a share of the references."""
+    translations (sequence-level KD) optionally mixed with a share of the references; with
+    word-level distillation from the KD corpus, per pair the teacher's stored distributions
+    (None for the references)."""
     data = Path(job["data"])
     src, tgt = read_split(data, "train")
     if job["kd_corpus"] is None:
-        return src, tgt, {"train_pairs": len(src), "source": "references"}
+        return src, tgt, None, {"train_pairs": len(src), "source": "references"}
     kd = Path(job["kd_corpus"])
     kd_src, kd_tgt = read_split(kd, "kd")
     mix = float(job.get("reference_mix") or 0.0)
@@ -63,7 +66,10 @@ def training_pairs(job: dict, log) -> tuple[list[str], list[str], dict]:
     info = {"train_pairs": len(kd_src) + len(picked), "source": "kd_corpus", "kd_pairs": len(kd_src),
             "reference_pairs_mixed": len(picked)}
     log(f"training on {len(kd_src)} teacher translations" + (f" + {len(picked)} references" if picked else ""))
-    return kd_src + [src[i] for i in picked], kd_tgt + [tgt[i] for i in picked], info
+    soft = None
+    if (job.get("word_level") or {}).get("enabled") and job["word_level"].get("from_kd_corpus"):
+        soft = load_top_k(kd / TOP_K_FILE) + [None] * len(picked)
+    return kd_src + [src[i] for i in picked], kd_tgt + [tgt[i] for i in picked], soft, info
 
 
 def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None) -> dict:
@@ -75,8 +81,8 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
     torch.manual_seed(train_cfg.seed)
     model = Transformer(model_cfg)
 
-    src, tgt, data_info = training_pairs(job, log)
-    train = encode_corpus(tokenizer, src, tgt, model_cfg.max_positions)
+    src, tgt, soft, data_info = training_pairs(job, log)
+    train = encode_corpus(tokenizer, src, tgt, model_cfg.max_positions, soft=soft)
     valid_src, valid_tgt = read_split(Path(job["data"]), "valid")
     valid_corpus = encode_corpus(tokenizer, valid_src, valid_tgt, model_cfg.max_positions, drop_long=False)
     n_bleu = min(train_cfg.valid_bleu_sentences, len(valid_src))
@@ -87,6 +93,11 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
     if word_level.get("enabled"):
         teacher = _teacher_with_our_vocabulary(job, tokenizer, device, "word-level distillation")
         alpha, temperature = word_level["alpha"], word_level["temperature"]
+        if word_level.get("from_kd_corpus"):
+            with_soft = sum(p is not None for p in train.soft)
+            data_info["word_level_pairs"] = with_soft
+            log(f"word-level distillation from the KD corpus's stored distributions: {with_soft} of "
+                f"{len(train)} pairs (the rest learn from their labels alone)")
     if job.get("embeddings_from_teacher"):
         source = teacher if teacher is not None else _teacher_with_our_vocabulary(
             job, tokenizer, "cpu", "embeddings_from_teacher")
@@ -101,7 +112,8 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
     log(f"{model.num_parameters():,} parameters, {len(train)} training pairs, "
         f"device {device}, threads {torch.get_num_threads()}, processes {world_size()}")
     trainer = Trainer(model, train_cfg, train, valid, tokenizer, Path(job["work"]), log, progress, device,
-                      teacher=teacher, kd_alpha=alpha, kd_temperature=temperature)
+                      teacher=None if word_level.get("from_kd_corpus") else teacher, kd_alpha=alpha,
+                      kd_temperature=temperature)
     result = trainer.fit()
     if rank != 0:
         return result
