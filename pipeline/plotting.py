@@ -15,9 +15,10 @@ from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter  # n
 RUNTIME_COLOURS = {"torch": "tab:blue", "onnxruntime": "tab:orange", "ctranslate2": "tab:green"}
 DEVICE_MARKERS = {"cpu": "o", "cuda": "^"}
 # Where a label may go relative to its point (offset in points, horizontal alignment), in order
-# of preference: the first that overlaps no label or point already drawn is taken.
-LABEL_PLACES = tuple((dx, dy, "left" if dx > 0 else "right") for dy in (4, -12, 15, -23, 26, -34, 37)
-                     for dx in (6, -6))
+# of preference: the first inside the axes that overlaps no label or point already drawn is
+# taken (a cluster near an edge has only one side: hence the long ladder, with a leader line).
+LABEL_PLACES = tuple((dx, dy, "left" if dx > 0 else "right")
+                     for dy in (4, -12, 15, -23, 26, -34, 37, -45, 48, -56, 59, -67, 70) for dx in (6, -6))
 PANELS = (("greedy_b1", "bleu_greedy", "pareto", "greedy"), ("beam4_b1", "bleu", "pareto_beam4", "beam 4"))
 
 
@@ -66,9 +67,11 @@ def plot_bleu_vs_latency(rows: list[dict], path: Path, title: str = "BLEU agains
 
 
 def _label_points(fig, ax, points: list[tuple[float, float, str]]) -> list:
-    """One label per point, each at the first place in LABEL_PLACES where its text overlaps no
-    label placed before it, the legend or another point (else the least-overlapping place)."""
+    """One label per point, each at the first place in LABEL_PLACES where its text stays inside
+    the axes and overlaps no label placed before it, the legend or another point (else the
+    least-overlapping place)."""
     renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
     dots = [ax.transData.transform((x, y)) for x, y, _ in points]
     taken = [ax.get_legend().get_window_extent(renderer)] if ax.get_legend() is not None else []
     labels = []
@@ -87,7 +90,9 @@ def _label_points(fig, ax, points: list[tuple[float, float, str]]) -> list:
         for place in LABEL_PLACES:
             box = move(place)
             shared = (Bbox.intersection(box, other) for other in taken)
-            clash = (sum(b.width * b.height for b in shared if b is not None)
+            inside = Bbox.intersection(box, frame)
+            outside = box.width * box.height - (inside.width * inside.height if inside is not None else 0)
+            clash = (sum(b.width * b.height for b in shared if b is not None) + outside
                      + sum(1e4 for j, dot in enumerate(dots) if j != i and box.padded(4).contains(*dot)))
             if clash == 0:
                 break

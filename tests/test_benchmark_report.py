@@ -233,7 +233,7 @@ def test_onnx_packages_are_measured_in_onnxruntime(smoke):
     assert int8["latency_ms"]["greedy_b1"]["p50"] > 0 and int8["breakdown"]["steps_per_sentence"] >= 1
 
 
-def test_plot_labels_of_clustered_points_do_not_overlap():
+def test_plot_labels_of_clustered_points_stay_in_the_axes_and_do_not_overlap():
     import matplotlib.pyplot as plt
     from matplotlib.text import Text
 
@@ -252,6 +252,9 @@ def test_plot_labels_of_clustered_points_do_not_overlap():
     renderer = fig.canvas.get_renderer()
     boxes = [Text.get_window_extent(label, renderer) for label in labels]
     assert [label.get_text() for label in labels] == [p[2] for p in points]
+    frame = ax.get_window_extent(renderer)
+    for box in boxes:  # the leftmost and the topmost label too: none over the axis labels
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, (box, frame)
     for i, a in enumerate(boxes):
         for b in boxes[i + 1:]:
             assert not a.overlaps(b), (a, b)
