@@ -184,19 +184,12 @@ class WordLevelKD(Strict):
     # (distill.corpus.top_k), on the corpus's pairs; mixed-in references keep their hard labels.
     # Training then costs what it costs without distillation.
     from_kd_corpus: bool = False
-    # With from_kd_corpus: also give the pairs without stored distributions (the mixed-in
-    # references, and the rare translation the tokenizer splits differently) the teacher's top
-    # k, by one teacher-forced pass over them before training.
-    fill_missing: bool = False
 
     @model_validator(mode="after")
     def _stored_probabilities_are_at_temperature_one(self) -> "WordLevelKD":
         if self.from_kd_corpus and self.temperature != 1.0:
             raise ValueError("from_kd_corpus: the corpus keeps the teacher's probabilities at temperature 1; "
                              "set temperature: 1")
-        if self.fill_missing and not self.from_kd_corpus:
-            raise ValueError("fill_missing completes the KD corpus's stored distributions; "
-                             "it needs from_kd_corpus: true")
         return self
 
 

@@ -119,35 +119,6 @@ def collate_soft(corpus: Corpus, index: np.ndarray, positions: int, device) -> t
     return ids.to(device), probs.to(device)
 
 
-@torch.no_grad()
-def fill_teacher_top_k(teacher: Transformer, corpus: Corpus, tokenizer, k: int, batch_tokens: int, device,
-                       progress) -> int:
-    """Give every pair of `corpus` without stored distributions the teacher's k most likely words
-    at each of its target positions (one teacher-forced pass, probabilities renormalised over the
-    k, as the KD corpus stores them). Returns how many pairs were filled."""
-    missing = [i for i, entry in enumerate(corpus.soft) if entry is None]
-    if not missing:
-        return 0
-    device = torch.device(device)
-    teacher = teacher.to(device).eval()
-    part = Corpus([corpus.src[i] for i in missing], [corpus.tgt[i] for i in missing])
-    batches = make_batches(part, batch_tokens, 0, 0)
-    with progress(f"teacher's top {k} words", total=len(batches), unit="batches") as bar, attention_kernel(device):
-        for index in batches:
-            src, tin, tout = collate(part, index, tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, device)
-            logits = teacher(src, tin, tout).float()
-            values, ids = logits.topk(k, -1)
-            probs = (values - values.logsumexp(-1, keepdim=True)).exp()
-            ids, probs = ids.cpu().numpy(), probs.cpu().numpy().astype(np.float16)
-            start = 0
-            for j in index:
-                n = len(part.tgt[j]) + 1
-                corpus.soft[missing[j]] = (ids[start: start + n], probs[start: start + n])
-                start += n
-            bar.advance(1)
-    return len(missing)
-
-
 def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
     """Linear warmup to `peak`, then decay with 1/sqrt(step) (the paper's schedule, peak-normalised)."""
     step = max(step, 1)

@@ -15,9 +15,7 @@ from pipeline.errors import RecipeError, UserInputError
 from pipeline.runner import make_plan, node_status
 from pipeline.stages.data import read_split
 from pipeline.stages.kd_corpus import TOP_K_FILE, closest_to_reference, load_top_k
-from pipeline.context import progress_bar
 from pipeline.stages.train import project_embedding
-from pipeline.training import encode_corpus, fill_teacher_top_k
 
 from .conftest import SMOKE
 
@@ -105,39 +103,12 @@ def test_word_level_distillation_from_the_distributions_the_kd_corpus_stored(smo
     assert arts["pruned"].metrics["finetune_data"].endswith("with the teacher's distributions")
 
 
-def test_pairs_without_stored_distributions_get_the_teachers_from_a_forced_pass(smoke):
-    overrides = ("teacher.train.max_epochs=15", "distill.corpus.beam=1", "distill.corpus.top_k=4",
-                 "distill.student.word_level.enabled=true", "distill.student.word_level.from_kd_corpus=true",
-                 "distill.student.word_level.fill_missing=true", "distill.student.reference_mix=0.5")
-    store, arts = smoke.build("student", *overrides)
-    student, kd = arts["student"].metrics, arts["kd_corpus"]
-    assert student["word_level_pairs"] == student["train_pairs"]
-    assert student["word_level_filled"]["pairs"] == (student["train_pairs"] - student["kd_pairs"]
-                                                     + kd.metrics["top_k"]["pairs_without"])
-
-    # What the pass writes is the teacher's forced top k, renormalised, for the student's encoding.
-    teacher = load_model(arts["teacher"].path)
-    tok = TorchTranslator.load(arts["teacher"].path).tokenizer
-    src, tgt = read_split(arts["data"].path, "train")
-    corpus = encode_corpus(tok, src[:3], tgt[:3], 128, soft=[None, None, None])
-    assert fill_teacher_top_k(teacher, corpus, tok, 4, 4000, "cpu", progress_bar) == 3
-    for i in range(3):
-        with torch.no_grad():
-            logits = teacher(torch.tensor([corpus.src[i]]), torch.tensor([[tok.bos_id] + corpus.tgt[i]]))[0]
-        p, ids = logits.softmax(-1).topk(4, -1)
-        np.testing.assert_array_equal(corpus.soft[i][0], ids.numpy())
-        np.testing.assert_allclose(corpus.soft[i][1].astype(np.float32), (p / p.sum(-1, keepdim=True)).numpy(),
-                                   atol=2e-3)
-
-
 def test_stored_distributions_need_a_greedy_corpus_that_keeps_them():
     with pytest.raises(RecipeError, match="distill.corpus.top_k"):
         make_plan(SMOKE, ["distill.corpus.beam=1", "distill.student.word_level.enabled=true",
                           "distill.student.word_level.from_kd_corpus=true"])
     with pytest.raises(RecipeError, match="beam: 1"):
         make_plan(SMOKE, ["distill.corpus.top_k=4"])
-    with pytest.raises(RecipeError, match="from_kd_corpus: true"):
-        make_plan(SMOKE, ["distill.student.word_level.fill_missing=true"])
     with pytest.raises(RecipeError, match="temperature: 1"):
         make_plan(SMOKE, ["distill.corpus.beam=1", "distill.corpus.top_k=4", "distill.student.word_level.enabled=true",
                           "distill.student.word_level.from_kd_corpus=true",

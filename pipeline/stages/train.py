@@ -10,7 +10,6 @@ import json
 import os
 import random
 import shutil
-import time
 from pathlib import Path
 
 import torch
@@ -22,7 +21,7 @@ from ..context import StageContext
 from ..distributed import launch, worker_main, world_size
 from ..errors import UserInputError
 from ..recipe import TrainConfig
-from ..training import Trainer, ValidationSet, encode_corpus, fill_teacher_top_k
+from ..training import Trainer, ValidationSet, encode_corpus
 from .data import read_split
 from .kd_corpus import TOP_K_FILE, load_top_k
 
@@ -95,14 +94,6 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
         teacher = _teacher_with_our_vocabulary(job, tokenizer, device, "word-level distillation")
         alpha, temperature = word_level["alpha"], word_level["temperature"]
         if word_level.get("from_kd_corpus"):
-            if word_level.get("fill_missing"):
-                started = time.monotonic()
-                k = next(entry[0].shape[1] for entry in train.soft if entry is not None)
-                filled = fill_teacher_top_k(teacher, train, tokenizer, k, max(8000, train_cfg.batch_tokens), device,
-                                            progress)
-                data_info["word_level_filled"] = {"pairs": filled, "seconds": round(time.monotonic() - started, 1)}
-                log(f"teacher's top {k} words for {filled} pairs the corpus had none for, "
-                    f"in {time.monotonic() - started:.0f} s")
             with_soft = sum(p is not None for p in train.soft)
             data_info["word_level_pairs"] = with_soft
             log(f"word-level distillation from the KD corpus's stored distributions: {with_soft} of "
