@@ -41,7 +41,7 @@ from ..recipe import PruneConfig, TrainConfig
 from ..scoring import bleu_only
 from ..training import Corpus, Trainer, ValidationSet, collate, encode_corpus, make_batches
 from .data import read_split
-from .train import training_pairs
+from .train import stored_word_level, training_pairs
 
 DECODER_STEPS = 20  # forced decoder steps per sentence when timing one step
 
@@ -166,13 +166,6 @@ def finetune_pairs(ctx: StageContext) -> tuple[list[str], list[str], list | None
     mixed = info.get("reference_pairs_mixed", 0)
     return src, tgt, soft, ("kd_corpus" + (f" + {mixed} references" if mixed else "")
                             + (" with the teacher's distributions" if soft is not None else ""))
-
-
-def stored_word_level(trained: dict) -> dict | None:
-    """The model's word-level distillation settings if it learnt from the KD corpus's stored
-    distributions (the fine-tune then does too), else None."""
-    word_level = trained.get("word_level") or {}
-    return word_level if word_level.get("enabled") and word_level.get("from_kd_corpus") else None
 
 
 def prune_step(ctx: StageContext, cfg: PruneConfig, step: int, model: Transformer, held_out: list,

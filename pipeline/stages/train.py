@@ -66,10 +66,15 @@ def training_pairs(job: dict, log) -> tuple[list[str], list[str], list | None, d
     info = {"train_pairs": len(kd_src) + len(picked), "source": "kd_corpus", "kd_pairs": len(kd_src),
             "reference_pairs_mixed": len(picked)}
     log(f"training on {len(kd_src)} teacher translations" + (f" + {len(picked)} references" if picked else ""))
-    soft = None
-    if (job.get("word_level") or {}).get("enabled") and job["word_level"].get("from_kd_corpus"):
-        soft = load_top_k(kd / TOP_K_FILE) + [None] * len(picked)
+    soft = load_top_k(kd / TOP_K_FILE) + [None] * len(picked) if stored_word_level(job) else None
     return kd_src + [src[i] for i in picked], kd_tgt + [tgt[i] for i in picked], soft, info
+
+
+def stored_word_level(config: dict) -> dict | None:
+    """The word-level distillation settings of a train job or model config if it learns from the
+    KD corpus's stored distributions (pruning's fine-tune then does too), else None."""
+    word_level = config.get("word_level") or {}
+    return word_level if word_level.get("enabled") and word_level.get("from_kd_corpus") else None
 
 
 def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None) -> dict:
