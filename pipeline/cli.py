@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import sys
@@ -239,7 +240,14 @@ def main() -> None:
         # Ctrl-C: half-written artifacts are removed, checkpoints are kept.
         console.print("[yellow]interrupted: nothing half-written was kept (training checkpoints were); "
                       "run the same command again to resume[/yellow]", soft_wrap=True)
-        sys.exit(130)
+        # os._exit, not sys.exit: when the interrupt lands while an extension runs Python code
+        # through PyRun_*, CPython 3.11 flags it as unhandled (_Py_UnhandledKeyboardInterrupt)
+        # even though it was caught here, and at shutdown kills itself with SIGINT, so the exit
+        # status came out as -2 instead of 130 in about one run in ten on a loaded machine. The
+        # run's own cleanup (temporary folders, the lock, the run log) is done by this point.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
 
     try:
         code = app(standalone_mode=False)
