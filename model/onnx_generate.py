@@ -262,8 +262,9 @@ def _many_rows_matmuls(graph: onnx.GraphProto) -> int:
     converted = 0
     for node in [n for n in graph.node if n.op_type == "MatMulNBits"]:
         attrs = {a.name: a.i for a in node.attribute}
-        if node.input[1] not in weights or attrs.get("bits") != 8 or len(node.input) > 3 and any(node.input[3:]):
-            continue
+        if node.input[1] not in weights or attrs.get("bits") != 8 or any(node.input[3:5]):
+            continue  # zero points or a column order: not what DynamicQuantizeMatMul takes
+        bias = [name for name in node.input[5:6] if name]  # MatMulNBits' slot 5 is DQMM's slot 4
         n_cols, blocks, block = weights[node.input[1]].dims
         if blocks != 1:
             continue  # several blocks per column: no per-column scale to hand over
@@ -283,7 +284,7 @@ def _many_rows_matmuls(graph: onnx.GraphProto) -> int:
             make("Cast", [f"{p}/centred"], [f"{p}/int8"], to=TensorProto.INT8, name=f"{p}/int8"),
             make("Transpose", [f"{p}/int8"], [f"{p}/weight"], perm=[1, 0], name=f"{p}/transpose"),
             make("Reshape", [node.input[2], f"{p}/scale_shape"], [f"{p}/scales"], name=f"{p}/scales"),
-            make("DynamicQuantizeMatMul", [node.input[0], f"{p}/weight", f"{p}/scales", f"{p}/zero_points"],
+            make("DynamicQuantizeMatMul", [node.input[0], f"{p}/weight", f"{p}/scales", f"{p}/zero_points", *bias],
                  list(node.output), name=f"{p}/matmul", domain="com.microsoft")]
         index = list(graph.node).index(node)
         graph.node.remove(node)

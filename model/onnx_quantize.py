@@ -393,4 +393,41 @@ def _to_nbits(graph: onnx.GraphProto, chosen: set[str], block_size: int) -> None
         new_nodes.remove(transpose)
     del graph.node[:]
     graph.node.extend(new_nodes)
+    fold_bias_adds(graph)
     drop_unused_initializers(graph)
+
+
+MATMUL_NBITS_BIAS = 5  # MatMulNBits' inputs: A, B, scales, zero_points, g_idx, bias
+
+
+def fold_bias_adds(graph: onnx.GraphProto) -> int:
+    """MatMulNBits -> Add(bias [N]) pairs as one MatMulNBits with its bias input; returns how many.
+
+    onnxruntime does this itself when it loads a MatMulNBits graph, but not for the
+    DynamicQuantizeMatMul that the many-rows search graph turns these nodes into
+    (onnx_generate._many_rows_matmuls), where the bias then rides along instead of costing a
+    node per matrix and decoder step."""
+    from onnx import numpy_helper
+
+    weights = {t.name: t for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    folded = 0
+    for node in [n for n in graph.node if n.op_type == "MatMulNBits" and len(n.input) <= 3]:
+        users = consumers.get(node.output[0], [])
+        if len(users) != 1 or users[0].op_type != "Add" or node.output[0] in outputs:
+            continue
+        add = users[0]
+        bias = next((name for name in add.input if name != node.output[0]), None)
+        columns = next(a.i for a in node.attribute if a.name == "N")
+        if bias not in weights or list(weights[bias].dims) != [columns] or \
+                numpy_helper.to_array(weights[bias]).dtype != np.float32:
+            continue
+        node.input.extend([""] * (MATMUL_NBITS_BIAS - len(node.input)) + [bias])
+        node.output[0] = add.output[0]
+        graph.node.remove(add)
+        folded += 1
+    return folded

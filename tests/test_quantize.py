@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from model import onnx_quantize
 from model.onnx_export import export_onnx, optimize_onnx, positions_as_formula, tie_decoder_embedding
 from model.onnx_quantize import (RecordingDecoder, block_for, node_groups, onnx_bytes, quantize_blockwise,
                                  quantize_dynamic, quantize_static, weight_nodes)
@@ -33,12 +34,18 @@ def tiny(tmp_path_factory):
     return export_tiny(tmp_path_factory.mktemp("q"))
 
 
-def export_tiny(folder, d_model: int = 32):
-    """A small model with uneven heads, exported and optimised like the export stage does."""
+def export_tiny(folder, d_model: int = 32, biases: float = 0.0):
+    """A small model with uneven heads, exported and optimised like the export stage does;
+    `biases`: the scale of random biases instead of the zeros a new model starts with."""
     torch.manual_seed(5)
     cfg = TransformerConfig(vocab_size=300, d_model=d_model, head_dim=8, enc_heads=[4, 2], dec_self_heads=[1, 3],
                             dec_cross_heads=[2, 4], enc_ffn=[64, 48], dec_ffn=[40, 64], max_positions=64)
     model = Transformer(cfg).eval()
+    if biases:
+        with torch.no_grad():
+            for name, tensor in model.named_parameters():
+                if name.endswith(".bias"):
+                    tensor.normal_(0.0, biases)
     raw = export_onnx(model, folder / "raw")
     paths = {}
     for name, path in raw.items():
@@ -159,6 +166,42 @@ def test_blockwise_int8_runs_matmulnbits_and_shares_the_tied_table(tiny, tmp_pat
                               block_size=block_size)
     kept_nodes = {n.name: n.op_type for n in onnx.load(str(kept["decoder"])).graph.node}
     assert kept_nodes["/logits/MatMul"] == "MatMul" and kept_nodes["/embed/Gather_tied"] == "Gather"
+
+
+def test_int8_decoder_takes_its_biases_inside_matmulnbits(tmp_path, monkeypatch):
+    """An Add of a bias after a MatMulNBits becomes the node's bias input, and the many-rows
+    search graph hands it on to DynamicQuantizeMatMul: fewer nodes, the same numbers."""
+    _, paths, _ = export_tiny(tmp_path, biases=0.5)
+    groups = node_groups(paths)
+    folded = quantize_blockwise(paths, tmp_path / "folded", groups, block_size=32)
+    monkeypatch.setattr(onnx_quantize, "fold_bias_adds", lambda graph: 0)
+    unfolded = quantize_blockwise(paths, tmp_path / "unfolded", groups, block_size=32)
+    graph, before = (onnx.load(str(p["decoder"])).graph for p in (folded, unfolded))
+    with_bias = [n for n in graph.node if n.op_type == "MatMulNBits" and len(n.input) == 6]
+    assert with_bias and len(graph.node) == len(before.node) - len(with_bias)
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    assert all(np.abs(weights[n.input[5]]).max() > 0.01 for n in with_bias)  # real biases, not zeros
+    matmul_outputs = {n.output[0] for n in graph.node if n.op_type == "MatMulNBits"}
+    assert not any(set(a.input) & matmul_outputs and set(a.input) & set(weights)
+                   for a in graph.node if a.op_type == "Add")
+    reference = RecordingDecoder(_decoder(unfolded))
+    greedy_search(reference, _sources(), GenerationConfig(beam=1, max_len_b=3, max_positions=64))
+    candidate = _decoder(folded)
+    assert len(reference.feeds["decoder"]) > 3
+    for feed in reference.feeds["decoder"]:
+        np.testing.assert_allclose(candidate.decoder.run(["log_probs"], feed)[0],
+                                   reference.inner.decoder.run(["log_probs"], feed)[0], atol=1e-5)
+    gen = GenerationConfig(beam=2, max_len_b=3, max_positions=64)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    searches = []
+    for folder in (tmp_path / "folded", tmp_path / "unfolded"):
+        many_rows = write_generate_graph(folder, dataclasses.asdict(gen))[-1]
+        searches.append(GraphSearch(ort.InferenceSession(str(many_rows), options, providers=["CPUExecutionProvider"])))
+    search = onnx.load(str(tmp_path / "folded" / "generate_batch.onnx"), load_external_data=False).graph.node[-1]
+    [steps] = [a.g for a in search.attribute if a.name == "decoder"]
+    assert any(len(n.input) == 5 and n.input[4] for n in steps.node if n.op_type == "DynamicQuantizeMatMul")
+    assert searches[0](_sources(), gen) == searches[1](_sources(), gen)
 
 
 def _float_tables(path, cfg) -> list[str]:
