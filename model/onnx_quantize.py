@@ -407,8 +407,6 @@ def fold_bias_adds(graph: onnx.GraphProto) -> int:
     DynamicQuantizeMatMul that the many-rows search graph turns these nodes into
     (onnx_generate._many_rows_matmuls), where the bias then rides along instead of costing a
     node per matrix and decoder step."""
-    from onnx import numpy_helper
-
     weights = {t.name: t for t in graph.initializer}
     outputs = {o.name for o in graph.output}
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -424,7 +422,7 @@ def fold_bias_adds(graph: onnx.GraphProto) -> int:
         bias = next((name for name in add.input if name != node.output[0]), None)
         columns = next(a.i for a in node.attribute if a.name == "N")
         if bias not in weights or list(weights[bias].dims) != [columns] or \
-                numpy_helper.to_array(weights[bias]).dtype != np.float32:
+                weights[bias].data_type != onnx.TensorProto.FLOAT:
             continue
         node.input.extend([""] * (MATMUL_NBITS_BIAS - len(node.input)) + [bias])
         node.output[0] = add.output[0]
