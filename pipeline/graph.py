@@ -152,7 +152,7 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
     if recipe.report is not None:
         need("evaluate", "report")
         need("benchmark", "report")
-        inputs = {"benchmark": "benchmark"}
+        inputs = {"benchmark": "benchmark", "data": "data"}  # data: the references, for BLEU's uncertainty
         for variant in (v for v in variants if not v.get("skipped")):
             inputs[f"evaluate.{variant['name']}"] = f"evaluate.{variant['name']}"
         add("report", "report", recipe.report, inputs, extra={"recipe": recipe.name})

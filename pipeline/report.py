@@ -70,6 +70,8 @@ def show_latest(store: Store, recipe_path: str | Path, json_out: bool = False) -
     out.print(f"[bold]{report['recipe']}[/bold], run {report['run'] or '(unknown)'}: "
               f"{m.get('cpu')}, {m.get('cores')} cores, GPU {m.get('gpu') or 'none'}")
     out.print(report_table(report))
+    if report.get("steps"):
+        out.print(steps_table(report["steps"]))
     for r in report["rows"]:
         if r["skipped"]:
             out.print(f"[dim]{r['variant']} {r['runtime']} {r['device']} {r['compute_type']}: "
@@ -103,6 +105,21 @@ def report_table(report: dict) -> Table:
                       _mb(r["bytes"]), _num(r["params"], "{:,}"),
                       _num(r["heads"], "{}"), _num(vs.get("greedy_b1_speedup"), "{:.2f}x"),
                       "*" if r.get("pareto") else "")
+    return table
+
+
+def steps_table(steps: list[dict]) -> Table:
+    table = Table(title="What each step cost and bought (BLEU: to - from, [95% interval] of paired bootstrap "
+                        "resampling over the test sentences)", title_justify="left")
+    for col in ("step", "from -> to", "BLEU (beam)", "BLEU (greedy)", "greedy speedup", "bytes"):
+        table.add_column(col, justify="left" if col in ("step", "from -> to") else "right")
+
+    def delta(d: dict | None) -> str:
+        return "–" if d is None else f"{d['delta']:+.2f} [{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}]"
+
+    for s in steps:
+        table.add_row(s["step"], f"{s['from']} -> {s['to']}", delta(s["bleu"]), delta(s["bleu_greedy"]),
+                      _num(s["greedy_b1_speedup"], "{:.2f}x"), _num(s["bytes_ratio"], "{:.3f}"))
     return table
 
 

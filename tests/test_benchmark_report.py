@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import random
 import struct
 
 import pytest
@@ -18,7 +19,8 @@ import torch
 
 from pipeline.report import compare_runs, show_latest
 from pipeline.stages.benchmark import pick_best, thread_counts
-from pipeline.stages.report import markdown, pareto_front, targets
+from pipeline.scoring import bleu_only, paired_bootstrap
+from pipeline.stages.report import bleu_uncertainty, markdown, pareto_front, step_lines, targets
 
 from .conftest import SMOKE, cli
 
@@ -259,3 +261,89 @@ def test_plot_labels_of_clustered_points_stay_in_the_axes_and_do_not_overlap():
         for b in boxes[i + 1:]:
             assert not a.overlaps(b), (a, b)
     plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ BLEU uncertainty
+def _corrupted(references: list[str], share: float, seed: int) -> list[str]:
+    """Each word replaced by a wrong one with probability `share`."""
+    rng = random.Random(seed)
+    return [" ".join(w if rng.random() >= share else f"x{rng.randrange(99)}" for w in ref.split())
+            for ref in references]
+
+
+def _references(n: int = 300) -> list[str]:
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(400)]
+    return [" ".join(rng.choice(words) for _ in range(rng.randrange(6, 16))) for _ in range(n)]
+
+
+def test_paired_bootstrap_tells_a_real_difference_from_none():
+    refs = _references()
+    better, worse = _corrupted(refs, 0.1, 1), _corrupted(refs, 0.3, 2)
+    result = paired_bootstrap(better, worse, refs)
+    assert result["delta"] == pytest.approx(bleu_only(better, refs) - bleu_only(worse, refs), abs=0.011)
+    low, high = result["ci95"]
+    assert 0 < low < result["delta"] < high and result["p_value"] < 0.01
+    assert paired_bootstrap(better, worse, refs) == result  # seeded: the same figures every time
+    # Two systems of the same quality (different errors): the interval spans 0, no small p.
+    same = paired_bootstrap(_corrupted(refs, 0.2, 3), _corrupted(refs, 0.2, 4), refs)
+    assert same["ci95"][0] < 0 < same["ci95"][1] and same["p_value"] > 0.05
+    identical = paired_bootstrap(better, better, refs)
+    assert identical["delta"] == 0 and identical["ci95"] == [0, 0] and identical["p_value"] == 1.0
+    with pytest.raises(ValueError, match="hypotheses for"):
+        paired_bootstrap(better[:-1], worse, refs)
+
+
+def _row(name, variant, runtime, compute_type, source, device="cpu", skipped=None, ms=10.0):
+    return {"name": name, "variant": variant, "runtime": runtime, "device": device, "compute_type": compute_type,
+            "source": source, "skipped": skipped, "bleu_beam": 4, "bleu_greedy": 1.0, "bytes": 1000, "params": 100,
+            "latency_ms": {"greedy_b1": {"mean": ms}, "beam4_b1": {"mean": 2 * ms}}, "vs_teacher": {}}
+
+
+def test_each_step_gets_its_bleu_difference_with_an_interval():
+    refs = _references()
+    share = {"teacher": 0.10, "student": 0.14, "student_ref": 0.2, "pruned": 0.16, "pruned_onnx": 0.16,
+             "int8_dynamic": 0.17}
+    hyps = {(name, beam): _corrupted(refs, s + (0.03 if beam == 1 else 0), seed=10 * i + beam)
+            for i, (name, s) in enumerate(share.items()) for beam in (1, 4)}
+    hyps[("pruned_onnx", 4)] = hyps[("pruned", 4)]  # an export that changes nothing
+    rows = [_row("teacher", "teacher", "torch", "float32", "teacher", ms=40),
+            _row("teacher_cuda", "teacher", "torch", "float32", "teacher", device="cuda", skipped="no CUDA"),
+            _row("student", "student", "torch", "float32", "student"),
+            _row("student_ref", "student_ref", "torch", "float32", "student_ref"),
+            _row("pruned", "pruned", "torch", "float32", "pruned"),
+            _row("pruned_onnx", "pruned", "onnxruntime", "float32", "pruned", ms=2),
+            _row("int8_dynamic", "int8_dynamic", "onnxruntime", "int8", "pruned", ms=1.6),
+            _row("ctranslate2_pruned_int8", "pruned", "ctranslate2", "int8", "pruned", ms=1.5)]
+    read = lambda name, beam: (hyps[(name, beam)], refs) if (name, beam) in hyps else None  # noqa: E731
+    steps = bleu_uncertainty(rows, {}, read)
+    assert [(s["step"], s["from"], s["to"]) for s in steps] == [
+        ("distillation", "teacher", "student"), ("distillation vs references only", "student_ref", "student"),
+        ("head pruning", "student", "pruned"), ("ONNX export", "pruned", "pruned_onnx"),
+        ("int8 dynamic", "pruned_onnx", "int8_dynamic")]
+    for s in steps:
+        for key, beam in (("bleu", 4), ("bleu_greedy", 1)):
+            expected = bleu_only(hyps[(s["to"], beam)], refs) - bleu_only(hyps[(s["from"], beam)], refs)
+            assert s[key]["delta"] == pytest.approx(expected, abs=0.011)
+            assert s[key]["ci95"][0] <= s[key]["delta"] <= s[key]["ci95"][1]
+    assert steps[3]["bleu"]["ci95"] == [0, 0] and steps[3]["greedy_b1_speedup"] == 5.0
+    assert steps[0]["bleu"]["delta"] < 0 < steps[1]["bleu"]["delta"]
+    by_name = {r["name"]: r for r in rows}
+    student = by_name["student"]
+    assert student["greedy_vs_beam"]["delta"] == pytest.approx(
+        bleu_only(hyps[("student", 1)], refs) - bleu_only(hyps[("student", 4)], refs), abs=0.011)
+    assert student["vs_teacher"]["bleu_delta_ci95"] == steps[0]["bleu"]["ci95"]
+    # CTranslate2's rows were scored by the benchmark, whose hypotheses the report does not have.
+    assert by_name["ctranslate2_pruned_int8"]["greedy_vs_beam"] is None
+    assert by_name["teacher_cuda"]["greedy_vs_beam"] is None
+    md = "\n".join(step_lines(steps, rows))
+    assert "| head pruning | student → pruned |" in md and "student " + "%+.2f" % student["greedy_vs_beam"]["delta"] in md
+
+
+def test_the_smoke_report_says_how_far_greedy_is_from_beam(built):
+    _, arts, _ = built
+    report = json.loads(arts["report"].file("report.json").read_text(encoding="utf-8"))
+    teacher = next(r for r in report["rows"] if r["name"] == "teacher")
+    gap = teacher["greedy_vs_beam"]
+    assert gap["delta"] == pytest.approx(teacher["bleu_greedy"] - teacher["bleu"], abs=0.011)
+    assert gap["ci95"][0] <= gap["delta"] <= gap["ci95"][1] and gap["samples"] == 1000

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 from ..context import StageContext
 from ..errors import StageFailed
+from ..scoring import paired_bootstrap
+from .data import read_split
 
 TEACHER = "teacher"  # the row every ratio is taken against: the teacher in PyTorch on the CPU
 # What report.json promises (others script against it): keys may be added, never renamed.
@@ -34,6 +37,7 @@ def run(ctx: StageContext) -> dict:
     if not rows:
         raise StageFailed("the benchmark artifact has no rows to report")
     add_ratios(rows)
+    steps = bleu_uncertainty(rows, evaluations, hypotheses_reader(ctx))
     mark_pareto(rows)
     max_loss = ctx.config["max_bleu_loss"]
     recommendations = {mode: recommend(rows, mode, max_loss) for mode in ("greedy", "beam4")}
@@ -51,6 +55,7 @@ def run(ctx: StageContext) -> dict:
         "recommendation": recommendations["greedy"],
         "recommendations": recommendations,
         "targets": targets(rows),
+        "steps": steps,
     }
     check_schema(report)
     (ctx.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -70,6 +75,93 @@ def check_schema(report: dict) -> None:
         missing += [f"rows[{row['name']}].{k}" for k in ROW_KEYS if k not in row]
     if missing:
         raise StageFailed(f"report.json would lack promised keys: {', '.join(missing[:5])}")
+
+
+# ------------------------------------------------------------------------------ BLEU uncertainty
+def hypotheses_reader(ctx: StageContext):
+    """(row name, beam) -> (hypotheses, references) from the row's evaluate artifact, or None."""
+    data = ctx.inputs.get("data")
+    references: dict[str, list[str]] = {}
+
+    def read(name: str, beam: int) -> tuple[list[str], list[str]] | None:
+        art = ctx.inputs.get(f"evaluate.{name.removesuffix('_cuda')}")
+        if art is None or data is None:
+            return None
+        test = art.metrics.get("test_set")
+        path: Path = art.path / f"{test}.beam{beam}.hyp"
+        if not path.is_file():
+            return None
+        if test not in references:
+            references[test] = read_split(data.path, f"test.{test}")[1]
+        return path.read_text(encoding="utf-8").split("\n")[:-1], references[test]
+    return read
+
+
+def step_pairs(rows: list[dict]) -> list[tuple[str, dict, dict]]:
+    """(step, from row, to row) along the recipe's chain, CPU rows only: distillation (teacher ->
+    student), what it bought over the references (student_ref -> student), pruning (student, or the
+    teacher without one -> pruned), ONNX export (a model in PyTorch -> its fp32 package), and each
+    int8 variant (fp32 package -> int8 package of the same weights)."""
+    measured = {r["name"]: r for r in rows if not r["skipped"] and r["device"] == "cpu"}
+    pairs = [("distillation", "teacher", "student"), ("distillation vs references only", "student_ref", "student"),
+             ("head pruning", "student" if "student" in measured else "teacher", "pruned")]
+    out = [(step, measured[a], measured[b]) for step, a, b in pairs if a in measured and b in measured]
+    torch_rows = {r["source"]: r for r in measured.values() if r["runtime"] == "torch"}
+    fp32_packages = {r["source"]: r for r in measured.values()
+                     if r["runtime"] == "onnxruntime" and r["compute_type"] == "float32"}
+    for source, package in fp32_packages.items():
+        if source in torch_rows:
+            out.append(("ONNX export", torch_rows[source], package))
+    for r in measured.values():
+        if r["runtime"] == "onnxruntime" and r["compute_type"] == "int8" and r["source"] in fp32_packages:
+            out.append((r["variant"].replace("_", " "), fp32_packages[r["source"]], r))
+    return out
+
+
+def bleu_uncertainty(rows: list[dict], evaluations: dict, read) -> list[dict]:
+    """What one test set can say about each BLEU difference the report shows (paired bootstrap,
+    scoring.paired_bootstrap), written where the difference is: `vs_teacher` gains
+    bleu_delta_ci95 / bleu_greedy_delta_ci95, each row `greedy_vs_beam` (its greedy BLEU minus its
+    beam BLEU), and the returned steps say what each step of the chain cost in BLEU beside what it
+    bought in speed and size. Rows without hypotheses (CTranslate2's, scored by the benchmark) get
+    none."""
+    def compare(a: dict, b: dict, beam_a: int | None, beam_b: int | None) -> dict | None:
+        if beam_a is None or beam_b is None:
+            return None
+        ha, hb = read(a["name"], beam_a), read(b["name"], beam_b)
+        if ha is None or hb is None or ha[1] != hb[1]:
+            return None
+        return paired_bootstrap(ha[0], hb[0], ha[1])
+
+    teacher = _teacher(rows)
+    for row in rows:
+        row["greedy_vs_beam"] = None
+        if row["skipped"] or row["runtime"] == "ctranslate2":
+            continue
+        beam = row.get("bleu_beam")
+        if row.get("bleu_greedy") is not None and beam not in (None, 1):
+            row["greedy_vs_beam"] = compare(row, row, 1, beam)
+        if teacher is not None and row.get("vs_teacher") is not None and row is not teacher:
+            t_beam = teacher.get("bleu_beam")
+            row["vs_teacher"]["bleu_delta_ci95"] = _ci(compare(row, teacher, beam, t_beam if t_beam == beam else None))
+            row["vs_teacher"]["bleu_greedy_delta_ci95"] = _ci(compare(row, teacher, 1, 1))
+    steps = []
+    for step, a, b in step_pairs(rows):
+        beam = b.get("bleu_beam") if b.get("bleu_beam") == a.get("bleu_beam") else None
+        la, lb = a.get("latency_ms") or {}, b.get("latency_ms") or {}
+        steps.append({
+            "step": step, "from": a["name"], "to": b["name"], "beam": beam,
+            "bleu": compare(b, a, beam, beam), "bleu_greedy": compare(b, a, 1, 1),
+            "greedy_b1_speedup": _ratio((la.get("greedy_b1") or {}).get("mean"), (lb.get("greedy_b1") or {}).get("mean")),
+            "beam4_b1_speedup": _ratio((la.get("beam4_b1") or {}).get("mean"), (lb.get("beam4_b1") or {}).get("mean")),
+            "bytes_ratio": _ratio(b.get("bytes"), a.get("bytes")),
+            "params_ratio": _ratio(b.get("params"), a.get("params")),
+        })
+    return steps
+
+
+def _ci(result: dict | None) -> list[float] | None:
+    return None if result is None else result["ci95"]
 
 
 # ------------------------------------------------------------------------------ rows
@@ -240,6 +332,32 @@ def _peer_verdict(peer: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------ markdown
+def _delta(d: dict | None) -> str:
+    if d is None:
+        return "–"
+    lo, hi = d["ci95"]
+    return f"{d['delta']:+.2f} [{lo:+.2f}, {hi:+.2f}] p={d['p_value']:.3f}"
+
+
+def step_lines(steps: list[dict], rows: list[dict]) -> list[str]:
+    if not steps:
+        return []
+    lines = ["", "**What each step cost and bought** (BLEU: to minus from on the whole test set, [95% interval] "
+             "and p-value of paired bootstrap resampling over its sentences, 1000 samples; a difference whose "
+             "interval spans 0 is within what this test set can tell apart):", "",
+             "| step | from → to | BLEU (beam) | BLEU (greedy) | greedy speedup | beam 4 speedup | bytes | params |",
+             "|" + "---|" * 8]
+    for s in steps:
+        lines.append(f"| {s['step']} | {s['from']} → {s['to']} | {_delta(s['bleu'])} | {_delta(s['bleu_greedy'])} | "
+                     f"{_f(s['greedy_b1_speedup'], '{:.2f}x')} | {_f(s['beam4_b1_speedup'], '{:.2f}x')} | "
+                     f"{_f(s['bytes_ratio'], '{:.3f}')} | {_f(s['params_ratio'], '{:.3f}')} |")
+    gaps = [r for r in rows if r.get("greedy_vs_beam")]
+    if gaps:
+        lines += ["", "Greedy minus beam BLEU, per row: " + "; ".join(
+            f"{r['name']} {_delta(r['greedy_vs_beam'])}" for r in gaps) + "."]
+    return lines
+
+
 def _f(value, fmt="{:.1f}", none="–"):
     return none if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
 
@@ -284,6 +402,7 @@ def markdown(report: dict) -> str:
             f"{tp['sent_per_s']:.1f} | {tp['tok_per_s']:.0f} | {_f(r['peak_rss_mb'], '{:.0f}')} | "
             f"{_f(vs.get('greedy_b1_speedup'), '{:.2f}x')} | {_f(vs.get('bytes_ratio'), '{:.3f}')} | "
             f"{pareto.strip() or ''} |")
+    lines += step_lines(report.get("steps") or [], report["rows"])
     skipped = [r for r in report["rows"] if r["skipped"]]
     if skipped:
         lines += ["", "**Not measured here**:", ""]
