@@ -265,6 +265,11 @@ def score_test_set(translator, spec: dict, batch: int) -> dict:
                                     batch_tokens=spec.get("batch_tokens", 4000), max_batch=max(batch, 64))
         s = score(hyps, refs)
         out[f"beam{beam}"] = {k: s[k] for k in ("bleu", "chrf", "sentences", "bleu_signature", "chrf_signature")}
+        if spec.get("hypotheses"):  # kept, as the evaluate stage keeps its own (the report compares them)
+            path = Path(spec["hypotheses"]) / f"{spec['test_set']}.beam{beam}.hyp"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+            out[f"beam{beam}"]["hypotheses"] = path.name
     return out
 
 

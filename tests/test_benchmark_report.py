@@ -91,6 +91,9 @@ def test_ctranslate2_rows_are_checked_scored_and_stored(built):
     for row in (fp32, int8):
         assert row["scores"]["beam4"]["sentences"] == row["scores"]["beam1"]["sentences"] == 40
         assert (arts["benchmark"].path / row["files"] / "model.bin").is_file()
+        for beam in ("beam4", "beam1"):  # the hypotheses scored, kept for the report's comparisons
+            hyp = arts["benchmark"].path / row["hypotheses"] / row["scores"][beam]["hypotheses"]
+            assert len(hyp.read_text(encoding="utf-8").splitlines()) == 40
     # The final model's row against the peer of its compute type, in rounds of alternating order.
     paired = rows["teacher"]["paired"]
     assert paired["peer"] == "ctranslate2_teacher_float32" and paired["threads"] == [1, 1]
@@ -104,6 +107,8 @@ def test_ctranslate2_rows_are_checked_scored_and_stored(built):
         assert paired[f"{key}_p50_ratio"] == pytest.approx(sum(ratios) / 2, abs=1e-3)  # the median of two
     report = json.loads(arts["report"].file("report.json").read_text(encoding="utf-8"))
     assert next(r for r in report["rows"] if r["name"] == "teacher")["paired"] == paired
+    peer = next(r for r in report["rows"] if r["name"] == "ctranslate2_teacher_int8")
+    assert peer["greedy_vs_beam"]["delta"] == pytest.approx(peer["bleu_greedy"] - peer["bleu"], abs=0.011)
 
 
 def test_report_files(built):
@@ -307,6 +312,8 @@ def test_each_step_gets_its_bleu_difference_with_an_interval():
     hyps = {(name, beam): _corrupted(refs, s + (0.03 if beam == 1 else 0), seed=10 * i + beam)
             for i, (name, s) in enumerate(share.items()) for beam in (1, 4)}
     hyps[("pruned_onnx", 4)] = hyps[("pruned", 4)]  # an export that changes nothing
+    hyps[("ctranslate2_pruned_int8", 4)] = hyps[("int8_dynamic", 4)]
+    hyps[("ctranslate2_pruned_int8", 1)] = _corrupted(refs, 0.2, 99)
     rows = [_row("teacher", "teacher", "torch", "float32", "teacher", ms=40),
             _row("teacher_cuda", "teacher", "torch", "float32", "teacher", device="cuda", skipped="no CUDA"),
             _row("student", "student", "torch", "float32", "student"),
@@ -314,14 +321,17 @@ def test_each_step_gets_its_bleu_difference_with_an_interval():
             _row("pruned", "pruned", "torch", "float32", "pruned"),
             _row("pruned_onnx", "pruned", "onnxruntime", "float32", "pruned", ms=2),
             _row("int8_dynamic", "int8_dynamic", "onnxruntime", "int8", "pruned", ms=1.6),
-            _row("ctranslate2_pruned_int8", "pruned", "ctranslate2", "int8", "pruned", ms=1.5)]
+            _row("ctranslate2_pruned_int8", "pruned", "ctranslate2", "int8", "pruned", ms=1.5),
+            _row("ctranslate2_pruned_float32", "pruned", "ctranslate2", "float32", "pruned", ms=1.5)]
     read = lambda name, beam: (hyps[(name, beam)], refs) if (name, beam) in hyps else None  # noqa: E731
-    steps = bleu_uncertainty(rows, {}, read)
+    steps = bleu_uncertainty(rows, read)
     assert [(s["step"], s["from"], s["to"]) for s in steps] == [
         ("distillation", "teacher", "student"), ("distillation vs references only", "student_ref", "student"),
         ("head pruning", "student", "pruned"), ("ONNX export", "pruned", "pruned_onnx"),
-        ("int8 dynamic", "pruned_onnx", "int8_dynamic")]
-    for s in steps:
+        ("int8 dynamic", "pruned_onnx", "int8_dynamic"),
+        ("CTranslate2 instead of onnxruntime (int8)", "int8_dynamic", "ctranslate2_pruned_int8"),
+        ("CTranslate2 instead of onnxruntime (float32)", "pruned_onnx", "ctranslate2_pruned_float32")]
+    for s in steps[:-1]:
         for key, beam in (("bleu", 4), ("bleu_greedy", 1)):
             expected = bleu_only(hyps[(s["to"], beam)], refs) - bleu_only(hyps[(s["from"], beam)], refs)
             assert s[key]["delta"] == pytest.approx(expected, abs=0.011)
@@ -333,8 +343,10 @@ def test_each_step_gets_its_bleu_difference_with_an_interval():
     assert student["greedy_vs_beam"]["delta"] == pytest.approx(
         bleu_only(hyps[("student", 1)], refs) - bleu_only(hyps[("student", 4)], refs), abs=0.011)
     assert student["vs_teacher"]["bleu_delta_ci95"] == steps[0]["bleu"]["ci95"]
-    # CTranslate2's rows were scored by the benchmark, whose hypotheses the report does not have.
-    assert by_name["ctranslate2_pruned_int8"]["greedy_vs_beam"] is None
+    assert steps[5]["bleu"]["ci95"] == [0, 0] and steps[5]["greedy_b1_speedup"] == pytest.approx(1.6 / 1.5, abs=1e-3)
+    assert by_name["ctranslate2_pruned_int8"]["greedy_vs_beam"]["delta"] < 0
+    # A row without hypotheses (and a skipped one) gets no interval rather than a failure.
+    assert steps[6]["bleu"] is None and by_name["ctranslate2_pruned_float32"]["greedy_vs_beam"] is None
     assert by_name["teacher_cuda"]["greedy_vs_beam"] is None
     md = "\n".join(step_lines(steps, rows))
     assert "| head pruning | student → pruned |" in md and "student " + "%+.2f" % student["greedy_vs_beam"]["delta"] in md

@@ -65,7 +65,10 @@ def run(ctx: StageContext) -> dict:
                   "beams": [1, 4], "test_set": test_set}
     with ctx.progress("benchmark", total=len(jobs), unit="measurements") as bar:
         for row, n in jobs:
-            score = score_spec if row["runtime"] == "ctranslate2" and not row["by_threads"] else None
+            score = None
+            if row["runtime"] == "ctranslate2" and not row["by_threads"]:
+                score = {**score_spec, "hypotheses": str(ctx.out / "hypotheses" / row["name"])}
+                row["hypotheses"] = f"hypotheses/{row['name']}"
             row["by_threads"][str(n)] = measure(ctx, row, n, sample, cfg, score)
             bar.advance(1, postfix=f"{row['name']} ({n} thread{'s' if n > 1 else ''})")
     for row in rows:

@@ -37,7 +37,7 @@ def run(ctx: StageContext) -> dict:
     if not rows:
         raise StageFailed("the benchmark artifact has no rows to report")
     add_ratios(rows)
-    steps = bleu_uncertainty(rows, evaluations, hypotheses_reader(ctx))
+    steps = bleu_uncertainty(rows, hypotheses_reader(ctx, bench))
     mark_pareto(rows)
     max_loss = ctx.config["max_bleu_loss"]
     recommendations = {mode: recommend(rows, mode, max_loss) for mode in ("greedy", "beam4")}
@@ -78,18 +78,24 @@ def check_schema(report: dict) -> None:
 
 
 # ------------------------------------------------------------------------------ BLEU uncertainty
-def hypotheses_reader(ctx: StageContext):
-    """(row name, beam) -> (hypotheses, references) from the row's evaluate artifact, or None."""
-    data = ctx.inputs.get("data")
+def hypotheses_reader(ctx: StageContext, bench: dict):
+    """(row name, beam) -> (hypotheses, references), or None: from the row's evaluate artifact, or
+    for the rows the benchmark scored itself (CTranslate2's), from the benchmark artifact."""
+    data, benchmark = ctx.inputs.get("data"), ctx.inputs.get("benchmark")
+    scored_by_benchmark = {r["name"]: (benchmark.path / r["hypotheses"], bench.get("test_set"))
+                           for r in bench.get("results", []) if r.get("hypotheses") and benchmark is not None}
     references: dict[str, list[str]] = {}
 
     def read(name: str, beam: int) -> tuple[list[str], list[str]] | None:
-        art = ctx.inputs.get(f"evaluate.{name.removesuffix('_cuda')}")
-        if art is None or data is None:
-            return None
-        test = art.metrics.get("test_set")
-        path: Path = art.path / f"{test}.beam{beam}.hyp"
-        if not path.is_file():
+        if name in scored_by_benchmark:
+            folder, test = scored_by_benchmark[name]
+        else:
+            art = ctx.inputs.get(f"evaluate.{name.removesuffix('_cuda')}")
+            if art is None:
+                return None
+            folder, test = art.path, art.metrics.get("test_set")
+        path: Path = folder / f"{test}.beam{beam}.hyp"
+        if data is None or not path.is_file():
             return None
         if test not in references:
             references[test] = read_split(data.path, f"test.{test}")[1]
@@ -101,7 +107,8 @@ def step_pairs(rows: list[dict]) -> list[tuple[str, dict, dict]]:
     """(step, from row, to row) along the recipe's chain, CPU rows only: distillation (teacher ->
     student), what it bought over the references (student_ref -> student), pruning (student, or the
     teacher without one -> pruned), ONNX export (a model in PyTorch -> its fp32 package), and each
-    int8 variant (fp32 package -> int8 package of the same weights)."""
+    int8 variant (fp32 package -> int8 package of the same weights), and the peer (our package ->
+    CTranslate2 on the same weights and compute type)."""
     measured = {r["name"]: r for r in rows if not r["skipped"] and r["device"] == "cpu"}
     pairs = [("distillation", "teacher", "student"), ("distillation vs references only", "student_ref", "student"),
              ("head pruning", "student" if "student" in measured else "teacher", "pruned")]
@@ -115,16 +122,20 @@ def step_pairs(rows: list[dict]) -> list[tuple[str, dict, dict]]:
     for r in measured.values():
         if r["runtime"] == "onnxruntime" and r["compute_type"] == "int8" and r["source"] in fp32_packages:
             out.append((r["variant"].replace("_", " "), fp32_packages[r["source"]], r))
+    for r in measured.values():
+        ours = next((o for o in measured.values() if o["runtime"] == "onnxruntime"
+                     and o["compute_type"] == r["compute_type"] and o["source"] == r["source"]), None)
+        if r["runtime"] == "ctranslate2" and ours is not None:
+            out.append((f"CTranslate2 instead of onnxruntime ({r['compute_type']})", ours, r))
     return out
 
 
-def bleu_uncertainty(rows: list[dict], evaluations: dict, read) -> list[dict]:
+def bleu_uncertainty(rows: list[dict], read) -> list[dict]:
     """What one test set can say about each BLEU difference the report shows (paired bootstrap,
     scoring.paired_bootstrap), written where the difference is: `vs_teacher` gains
     bleu_delta_ci95 / bleu_greedy_delta_ci95, each row `greedy_vs_beam` (its greedy BLEU minus its
     beam BLEU), and the returned steps say what each step of the chain cost in BLEU beside what it
-    bought in speed and size. Rows without hypotheses (CTranslate2's, scored by the benchmark) get
-    none."""
+    bought in speed and size. Rows without hypotheses get none."""
     def compare(a: dict, b: dict, beam_a: int | None, beam_b: int | None) -> dict | None:
         if beam_a is None or beam_b is None:
             return None
@@ -136,7 +147,7 @@ def bleu_uncertainty(rows: list[dict], evaluations: dict, read) -> list[dict]:
     teacher = _teacher(rows)
     for row in rows:
         row["greedy_vs_beam"] = None
-        if row["skipped"] or row["runtime"] == "ctranslate2":
+        if row["skipped"]:
             continue
         beam = row.get("bleu_beam")
         if row.get("bleu_greedy") is not None and beam not in (None, 1):
