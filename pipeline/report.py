@@ -139,6 +139,8 @@ def compare_runs(store: Store, run_a: str, run_b: str) -> dict:
     reports = [load_report(store, n["report"]) if n.get("report") and store.exists(n["report"]) else None
                for n in nodes]
     rows = compare_rows(*reports) if all(reports) else []
+    if all(reports):
+        add_bleu_intervals(store, rows, *reports)
     result = {"a": run_a, "b": run_b, "recipes": [log.get("recipe") for log in logs], "settings_changed": settings,
               "machine_changed": machine, "nodes_changed": changed_nodes, "rows": rows,
               "reports": [r and r["report_artifact"] for r in reports]}
@@ -170,6 +172,41 @@ def compare_rows(a: dict, b: dict) -> list[dict]:
     return out
 
 
+def add_bleu_intervals(store: Store, rows: list[dict], a: dict, b: dict) -> None:
+    """entry["bleu_delta_ci95"]: the paired bootstrap interval of B's BLEU minus A's on the same
+    test sentences (pipeline.scoring.paired_bootstrap), where both reports can still reach their
+    hypotheses; whether a change between two runs is more than one test set's noise."""
+    from .scoring import paired_bootstrap
+    from .stages.report import hypotheses_reader
+
+    readers = []
+    for report in (a, b):
+        artifact = store.get(report["report_artifact"])
+        inputs = {role: store.get(ref) for role, ref in (artifact.manifest.get("inputs") or {}).items()
+                  if store.exists(ref)}
+        if "data" not in inputs:  # a report made before it took the references: its evaluations know them
+            data = next((art.manifest["inputs"]["data"] for role, art in inputs.items() if role.startswith("evaluate.")
+                         and "data" in (art.manifest.get("inputs") or {})), None)
+            if data is not None and store.exists(data):
+                inputs["data"] = store.get(data)
+        bench = inputs["benchmark"].metrics if "benchmark" in inputs else {}
+        readers.append(hypotheses_reader(inputs, bench))
+    beams = [{r["name"]: r.get("bleu_beam") for r in report["rows"]} for report in (a, b)]
+    for entry in rows:
+        entry["bleu_delta_ci95"] = None
+        beam = beams[0].get(entry["name"])
+        if entry.get("bleu_delta") is None or beam is None or beam != beams[1].get(entry["name"]):
+            continue
+        ha, hb = readers[0](entry["name"], beam), readers[1](entry["name"], beam)
+        if ha is None or hb is None or ha[1] != hb[1]:
+            continue
+        result = paired_bootstrap(hb[0], ha[0], ha[1])
+        # Only files that are what the reports scored: `run --force` rebuilds an artifact under
+        # the same id, so an older run's report may name translations that were replaced since.
+        if abs(result["delta"] - entry["bleu_delta"]) <= 0.011:
+            entry["bleu_delta_ci95"] = result["ci95"]
+
+
 def print_comparison(result: dict) -> None:
     out = _out()
     out.print(f"[bold]{result['a']}[/bold] -> [bold]{result['b']}[/bold]")
@@ -186,8 +223,9 @@ def print_comparison(result: dict) -> None:
         missing = [run for run, rep in zip((result["a"], result["b"]), result["reports"]) if rep is None]
         out.print(f"no report to compare in {', '.join(missing)}" if missing else "no rows")
         return
-    table = Table(title="per row: A -> B", title_justify="left")
-    for col in ("row", "BLEU", "greedy p50 ms", "sent/s", "size MB", "threads"):
+    table = Table(title="per row: A -> B (BLEU change: [95% interval] of paired bootstrap resampling over the "
+                        "test sentences, where both runs' translations are in the store)", title_justify="left")
+    for col in ("row", "BLEU", "BLEU change", "greedy p50 ms", "sent/s", "size MB", "threads"):
         table.add_column(col, justify="left" if col == "row" else "right")
 
     def pair(entry, key, fmt):
@@ -201,9 +239,11 @@ def print_comparison(result: dict) -> None:
         fa, fb = entry["a"], entry["b"]
         if fa is None or fb is None or "skipped" in fa or "skipped" in fb:
             state = f"both {_state(fa)}" if fa == fb else f"{_state(fa)} -> {_state(fb)}"
-            table.add_row(entry["name"], f"[dim]{state}[/dim]", "", "", "", "")
+            table.add_row(entry["name"], f"[dim]{state}[/dim]", "", "", "", "", "")
             continue
-        table.add_row(entry["name"], pair(entry, "bleu", "{:.2f}"), pair(entry, "greedy_p50_ms", "{:.1f}"),
+        ci = entry.get("bleu_delta_ci95")
+        change = _num(entry.get("bleu_delta"), "{:+.2f}") + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
+        table.add_row(entry["name"], pair(entry, "bleu", "{:.2f}"), change, pair(entry, "greedy_p50_ms", "{:.1f}"),
                       pair(entry, "sent_per_s", "{:.1f}"), f"{_mb(fa['bytes'])} -> {_mb(fb['bytes'])}",
                       f"{fa['threads']} -> {fb['threads']}")
     out.print(table)

@@ -208,6 +208,8 @@ def test_pipeline_report_and_compare(built, smoke, capsys):
     same = compare_runs(store, report_run, rerun)
     assert same["nodes_changed"] == [] and same["settings_changed"] == []
     assert all(r.get("greedy_p50_ratio", 1.0) == 1.0 for r in same["rows"]) and same["rows"]
+    teacher = next(r for r in same["rows"] if r["name"] == "teacher")
+    assert teacher["bleu_delta"] == 0 and teacher["bleu_delta_ci95"] == [0, 0]  # the same translations
     assert "same artifacts" in capsys.readouterr().out
 
     # A run with no report: the comparison says so and lists what it lacks.

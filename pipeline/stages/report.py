@@ -37,7 +37,7 @@ def run(ctx: StageContext) -> dict:
     if not rows:
         raise StageFailed("the benchmark artifact has no rows to report")
     add_ratios(rows)
-    steps = bleu_uncertainty(rows, hypotheses_reader(ctx, bench))
+    steps = bleu_uncertainty(rows, hypotheses_reader(ctx.inputs, bench))
     mark_pareto(rows)
     max_loss = ctx.config["max_bleu_loss"]
     recommendations = {mode: recommend(rows, mode, max_loss) for mode in ("greedy", "beam4")}
@@ -78,10 +78,11 @@ def check_schema(report: dict) -> None:
 
 
 # ------------------------------------------------------------------------------ BLEU uncertainty
-def hypotheses_reader(ctx: StageContext, bench: dict):
-    """(row name, beam) -> (hypotheses, references), or None: from the row's evaluate artifact, or
-    for the rows the benchmark scored itself (CTranslate2's), from the benchmark artifact."""
-    data, benchmark = ctx.inputs.get("data"), ctx.inputs.get("benchmark")
+def hypotheses_reader(inputs: dict, bench: dict):
+    """(row name, beam) -> (hypotheses, references), or None, given a report's inputs (role ->
+    Artifact): from the row's evaluate artifact, or for the rows the benchmark scored itself
+    (CTranslate2's), from the benchmark artifact."""
+    data, benchmark = inputs.get("data"), inputs.get("benchmark")
     scored_by_benchmark = {r["name"]: (benchmark.path / r["hypotheses"], bench.get("test_set"))
                            for r in bench.get("results", []) if r.get("hypotheses") and benchmark is not None}
     references: dict[str, list[str]] = {}
@@ -90,7 +91,7 @@ def hypotheses_reader(ctx: StageContext, bench: dict):
         if name in scored_by_benchmark:
             folder, test = scored_by_benchmark[name]
         else:
-            art = ctx.inputs.get(f"evaluate.{name.removesuffix('_cuda')}")
+            art = inputs.get(f"evaluate.{name.removesuffix('_cuda')}")
             if art is None:
                 return None
             folder, test = art.path, art.metrics.get("test_set")
