@@ -361,3 +361,33 @@ def test_the_smoke_report_says_how_far_greedy_is_from_beam(built):
     gap = teacher["greedy_vs_beam"]
     assert gap["delta"] == pytest.approx(teacher["bleu_greedy"] - teacher["bleu"], abs=0.011)
     assert gap["ci95"][0] <= gap["delta"] <= gap["ci95"][1] and gap["samples"] == 1000
+
+
+def test_paired_rounds_time_both_at_the_peers_thread_count(monkeypatch):
+    """Ours chose 2 threads, CTranslate2 1: the rounds run both at 1 (the peer's best setting), so
+    the comparison is at the same threads and never favours us by them."""
+    import pipeline.stages.benchmark as bench
+
+    calls = []
+
+    def fake_measure(ctx, row, threads, sample, cfg, score, latency_only=False, tag=""):
+        calls.append((row["name"], threads, latency_only))
+        ms = {"ours": 2.0, "peer": 1.6}[row["name"]]
+        return {"latency_ms": {"greedy_b1": {"p50": ms}, "beam4_b1": {"p50": 2 * ms}}}
+
+    class Ctx:
+        log = staticmethod(lambda message: None)
+
+        @staticmethod
+        def progress(*args, **kwargs):
+            return contextlib.nullcontext(type("Bar", (), {"advance": lambda self, n=1: None})())
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    ours = {"name": "ours", "runtime": "onnxruntime", "device": "cpu", "skipped": None, "source": "pruned",
+            "compute_type": "int8", "threads": 2}
+    peer = {"name": "peer", "runtime": "ctranslate2", "device": "cpu", "skipped": None, "source": "pruned",
+            "compute_type": "int8", "threads": 1}
+    bench.paired_rounds(Ctx(), [ours, peer], ["a b"], {"final_model": "pruned", "paired_rounds": 3})
+    assert {threads for _, threads, _ in calls} == {1} and len(calls) == 6 and all(only for *_, only in calls)
+    assert [name for name, *_ in calls][:4] == ["ours", "peer", "peer", "ours"]  # alternating order
+    assert ours["paired"]["threads"] == [1, 1] and ours["paired"]["greedy_b1_p50_ratio"] == 1.25

@@ -30,7 +30,7 @@ STAGES: dict[str, StageInfo] = {
     "export": StageInfo("pipeline.stages.export", 8, "export to ONNX, optimise, check parity"),
     "quantize": StageInfo("pipeline.stages.quantize", 13, "int8 dynamic and static quantization with a guard"),
     "evaluate": StageInfo("pipeline.stages.evaluate", 2, "translate the test sets, score BLEU and chrF"),
-    "benchmark": StageInfo("pipeline.stages.benchmark", 5, "latency and throughput of every variant"),
+    "benchmark": StageInfo("pipeline.stages.benchmark", 6, "latency and throughput of every variant"),
     "report": StageInfo("pipeline.stages.report", 8, "BLEU against latency: table, JSON and plot"),
 }
 

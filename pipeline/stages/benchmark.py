@@ -216,9 +216,13 @@ def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: 
 def paired_rounds(ctx: StageContext, rows: list[dict], sample: list[str], cfg: dict) -> None:
     """Ours against CTranslate2, same weights, same compute type, on the CPU: `paired_rounds`
     rounds of one batch-1 latency measurement each, ours and theirs process after process (the
-    order alternating), at each row's chosen thread count. The rows themselves are measured
-    minutes apart, and a small VM's speed drifts by tens of percent over minutes: the median of
-    the rounds' ratios is the comparison to read. Stored as row["paired"] on our rows."""
+    order alternating), both at the same thread count: the one CTranslate2's row chose (its best
+    setting, so the comparison never favours us by the threads). The rows themselves are
+    measured minutes apart, and a small VM's speed drifts by tens of percent over minutes: the
+    median of the rounds' ratios is the comparison to read. Stored as row["paired"] on our rows.
+    (Each at its own row's thread count, one run put ours at 2 threads against theirs at 1 and
+    read 1.41 / 2.12 where the rows read 1.09 / 1.30: two threads on two busy vCPUs wait on
+    each other.)"""
     final = cfg.get("final_model")
     peers = {r["compute_type"]: r for r in rows
              if r["runtime"] == "ctranslate2" and r["device"] == "cpu" and not r["skipped"]}
@@ -233,8 +237,8 @@ def paired_rounds(ctx: StageContext, rows: list[dict], sample: list[str], cfg: d
             rounds = []
             for k in range(cfg["paired_rounds"]):
                 order = (ours, theirs) if k % 2 == 0 else (theirs, ours)
-                got = {id(r): measure(ctx, r, r["threads"], sample, once, None, latency_only=True, tag=f"paired{k}")
-                       for r in order}
+                got = {id(r): measure(ctx, r, theirs["threads"], sample, once, None, latency_only=True,
+                                      tag=f"paired{k}") for r in order}
                 a, b = got[id(ours)], got[id(theirs)]
                 bar.advance(1)
                 if a.get("skipped") or b.get("skipped"):
@@ -243,7 +247,7 @@ def paired_rounds(ctx: StageContext, rows: list[dict], sample: list[str], cfg: d
                 rounds.append({"first": order[0]["name"], **{f"{key}_p50_ms": list(v) for key, v in lat.items()},
                                **{f"{key}_p50_ratio": round(x / y, 3) for key, (x, y) in lat.items()}})
             if rounds:
-                ours["paired"] = {"peer": theirs["name"], "threads": [ours["threads"], theirs["threads"]],
+                ours["paired"] = {"peer": theirs["name"], "threads": [theirs["threads"], theirs["threads"]],
                                   "rounds": rounds, **{f"{key}_p50_ratio": round(statistics.median(
                                       r[f"{key}_p50_ratio"] for r in rounds), 3) for key in ("greedy_b1", "beam4_b1")}}
                 ctx.log(f"{ours['name']} vs {theirs['name']}, {len(rounds)} paired rounds: p50 ratio "
