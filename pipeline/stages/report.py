@@ -86,8 +86,14 @@ def hypotheses_reader(inputs: dict, bench: dict):
     scored_by_benchmark = {r["name"]: (benchmark.path / r["hypotheses"], bench.get("test_set"))
                            for r in bench.get("results", []) if r.get("hypotheses") and benchmark is not None}
     references: dict[str, list[str]] = {}
+    cache: dict[tuple[str, int], tuple[list[str], list[str]] | None] = {}
 
     def read(name: str, beam: int) -> tuple[list[str], list[str]] | None:
+        if (name, beam) not in cache:  # each file is asked for by several comparisons
+            cache[name, beam] = _read(name, beam)
+        return cache[name, beam]
+
+    def _read(name: str, beam: int) -> tuple[list[str], list[str]] | None:
         if name in scored_by_benchmark:
             folder, test = scored_by_benchmark[name]
         else:
@@ -123,10 +129,10 @@ def step_pairs(rows: list[dict]) -> list[tuple[str, dict, dict]]:
     for r in measured.values():
         if r["runtime"] == "onnxruntime" and r["compute_type"] == "int8" and r["source"] in fp32_packages:
             out.append((r["variant"].replace("_", " "), fp32_packages[r["source"]], r))
-    for r in measured.values():
+    for r in (r for r in measured.values() if r["runtime"] == "ctranslate2"):
         ours = next((o for o in measured.values() if o["runtime"] == "onnxruntime"
                      and o["compute_type"] == r["compute_type"] and o["source"] == r["source"]), None)
-        if r["runtime"] == "ctranslate2" and ours is not None:
+        if ours is not None:
             out.append((f"CTranslate2 instead of onnxruntime ({r['compute_type']})", ours, r))
     return out
 
@@ -137,13 +143,16 @@ def bleu_uncertainty(rows: list[dict], read) -> list[dict]:
     bleu_delta_ci95 / bleu_greedy_delta_ci95, each row `greedy_vs_beam` (its greedy BLEU minus its
     beam BLEU), and the returned steps say what each step of the chain cost in BLEU beside what it
     bought in speed and size. Rows without hypotheses get none."""
+    done: dict[tuple, dict | None] = {}  # the student's distance from the teacher is also a step
+
     def compare(a: dict, b: dict, beam_a: int | None, beam_b: int | None) -> dict | None:
         if beam_a is None or beam_b is None:
             return None
-        ha, hb = read(a["name"], beam_a), read(b["name"], beam_b)
-        if ha is None or hb is None or ha[1] != hb[1]:
-            return None
-        return paired_bootstrap(ha[0], hb[0], ha[1])
+        key = (a["name"], beam_a, b["name"], beam_b)
+        if key not in done:
+            ha, hb = read(a["name"], beam_a), read(b["name"], beam_b)
+            done[key] = None if ha is None or hb is None or ha[1] != hb[1] else paired_bootstrap(ha[0], hb[0], ha[1])
+        return done[key]
 
     teacher = _teacher(rows)
     for row in rows:
