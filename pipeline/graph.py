@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import RecipeError, UserInputError
 from .recipe import Recipe, dump_config
@@ -25,10 +25,21 @@ class Node:
     inputs: dict[str, str] = field(default_factory=dict)  # role -> upstream node name
     settings: Any = None  # the typed config object handed to the stage
     fingerprint: str = ""
+    build: str = ""  # a forced rebuild's artifact id; "" for the build the fingerprint names
+
+    @property
+    def default_id(self) -> str:
+        return artifact_id(self.name, self.fingerprint)
 
     @property
     def id(self) -> str:
-        return artifact_id(self.name, self.fingerprint)
+        return self.build or self.default_id
+
+    @property
+    def input_key(self) -> str:
+        """What this node contributes to its dependants' fingerprints: its fingerprint, or the
+        rebuild's id, so that what was built from one build is never taken for the other's."""
+        return self.build or self.fingerprint
 
 
 # Model variants and the artifact + package that holds each, in report order.
@@ -195,9 +206,30 @@ def _check_and_fingerprint(nodes: list[Node], where: str) -> None:
         for role, upstream in node.inputs.items():
             if upstream not in by_name:
                 raise RecipeError([f"{where}: {node.name}: needs '{upstream}', which this recipe does not build"])
-        node.fingerprint = fingerprint(
-            node.name, STAGES[node.stage].version, node.config,
-            {role: by_name[up].fingerprint for role, up in node.inputs.items()})
+        _set_fingerprint(node, by_name)
+        by_name[node.name] = node
+
+
+def _set_fingerprint(node: Node, by_name: dict[str, Node]) -> None:
+    node.fingerprint = fingerprint(node.name, STAGES[node.stage].version, node.config,
+                                   {role: by_name[up].input_key for role, up in node.inputs.items()})
+
+
+def resolve_builds(nodes: list[Node], current_build: Callable[[str], str],
+                   rebuild: Callable[[Node], str | None] = lambda node: None) -> None:
+    """Point each node at the build of its fingerprint that the store holds now.
+
+    A forced rebuild never overwrites an artifact: it is written under an id of its own and the
+    store remembers it as the current build of that fingerprint (`current_build`: default id ->
+    current id). Dependants then take the rebuild's id into their fingerprints, so nothing built
+    from the earlier build is reused with the new one. `rebuild(node)` gives the id for a node
+    this run rebuilds (None: keep the current one), called after its inputs are resolved."""
+    by_name: dict[str, Node] = {}
+    for node in nodes:  # topological order
+        _set_fingerprint(node, by_name)
+        current = current_build(node.default_id)
+        node.build = "" if current == node.default_id else current
+        node.build = rebuild(node) or node.build
         by_name[node.name] = node
 
 

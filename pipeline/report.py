@@ -201,8 +201,8 @@ def add_bleu_intervals(store: Store, rows: list[dict], a: dict, b: dict) -> None
         if ha is None or hb is None or ha[1] != hb[1]:
             continue
         result = paired_bootstrap(hb[0], ha[0], ha[1])
-        # Only files that are what the reports scored: `run --force` rebuilds an artifact under
-        # the same id, so an older run's report may name translations that were replaced since.
+        # Only files that are what the reports scored: an artifact that failed verification is
+        # rebuilt under the same id, so an older report may name translations replaced since.
         if abs(result["delta"] - entry["bleu_delta"]) <= 0.011:
             entry["bleu_delta_ci95"] = result["ci95"]
 

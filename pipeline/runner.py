@@ -17,7 +17,7 @@ from rich.table import Table
 from . import stages
 from .context import StageContext, console
 from .errors import PipelineError, UserInputError
-from .graph import Node, build_graph, select
+from .graph import Node, build_graph, resolve_builds, select
 from .machine import machine_info
 from .recipe import Recipe, load_recipe
 from .store import Store, now_iso, safe_name, tool_versions
@@ -52,6 +52,7 @@ def _needs_machine(recipe: Recipe) -> bool:
 def node_status(store: Store, plan: Plan) -> list[dict]:
     """Per node: cached / stale / missing, with the reason."""
     previous = (store.latest(plan.name) or {}).get("nodes", {})
+    resolve_builds(plan.nodes, store.current_build)
     by_name = {n.name: n for n in plan.nodes}
     rows = []
     for node in plan.nodes:
@@ -73,7 +74,7 @@ def _why_changed(node: Node, before: dict, by_name: dict[str, Node]) -> str:
         shown = ", ".join(changed[:4]) + (f" (+{len(changed) - 4} more)" if len(changed) > 4 else "")
         return f"config changed: {shown}"
     old_inputs = before.get("inputs", {})
-    moved = [role for role, up in node.inputs.items() if old_inputs.get(role) != by_name[up].fingerprint]
+    moved = [role for role, up in node.inputs.items() if old_inputs.get(role) != by_name[up].input_key]
     if moved:
         return "input changed: " + ", ".join(f"{r} ({node.inputs[r]})" for r in moved)
     if before.get("version") != stages.STAGES[node.stage].version:
@@ -123,12 +124,16 @@ def run(plan: Plan, store: Store, until: str | None = None, force: list[str] = (
         leftovers = store.clean_tmp()
         if leftovers:
             console.print(f"removed {len(leftovers)} half-written artifact(s) left by an interrupted run")
+        # Under the lock: which build each node names depends on what the store holds now.
+        resolve_builds(plan.nodes, store.current_build,
+                       lambda node: store.next_build(node.default_id)
+                       if node.name in forced and store.exists(node.id) else None)
         store.write_run(log)
         by_name: dict[str, Node] = {n.name: n for n in plan.nodes}
         built: dict[str, Any] = {}
         try:
             for node in selected:
-                record = _run_node(node, by_name, built, store, node.name in forced, nproc)
+                record = _run_node(node, by_name, built, store, node.name in forced, nproc, run_id)
                 log["nodes"].append(record)
                 result.records.append(record)
                 store.write_run(log)
@@ -166,8 +171,10 @@ def _forced(nodes: list[Node], selected: list[Node], force: list[str]) -> set[st
 
 
 def _run_node(node: Node, by_name: dict[str, Node], built: dict, store: Store, force: bool,
-              nproc: int) -> dict:
+              nproc: int, run_id: str) -> dict:
     record = {"node": node.name, "stage": node.stage, "id": node.id, "fingerprint": node.fingerprint}
+    if node.build:
+        record["rebuild_of"] = node.default_id
     t0 = time.monotonic()
     if store.exists(node.id) and not force:
         problems = store.verify(node.id)
@@ -213,7 +220,11 @@ def _run_node(node: Node, by_name: dict[str, Node], built: dict, store: Store, f
             "metrics": metrics, "created": now_iso(), "started": stage_started,
             "duration_s": duration, "versions": tool_versions(),
         }
+        if node.build:
+            manifest["rebuild_of"] = node.default_id
         artifact = store.commit(node.id, out, manifest)
+        if node.build:
+            store.record_build(node.default_id, node.id, run_id)
     store.drop_work_dir(node.id)
     built[node.name] = artifact
     record.update(action="built", duration_s=duration, metrics=_small(metrics))
@@ -228,7 +239,7 @@ def _update_latest(store: Store, plan: Plan, node: Node, run_id: str) -> None:
     pointer["nodes"][node.name] = {
         "id": node.id, "fingerprint": node.fingerprint, "stage": node.stage,
         "version": stages.STAGES[node.stage].version, "config": node.config,
-        "inputs": {role: by_name[up].fingerprint for role, up in node.inputs.items()},
+        "inputs": {role: by_name[up].input_key for role, up in node.inputs.items()},
     }
     store.set_latest(plan.name, pointer)
 

@@ -7,6 +7,7 @@ Layout under the store root:
     quarantine/                         artifacts that failed verification, kept for inspection
     runs/<run-id>.json                  one log per `pipeline run`
     latest/<recipe>.json                what the latest run of each recipe used
+    builds/<stage>-<fingerprint16>.json forced rebuilds of that fingerprint, each under its own id
     lock                                held (flock) by the process writing to the store
 """
 
@@ -137,6 +138,7 @@ class Store:
         self.quarantine = self.root / "quarantine"
         self.runs = self.root / "runs"
         self.latest_dir = self.root / "latest"
+        self.builds = self.root / "builds"
 
     # ------------------------------------------------------------------ reading
     def _check_id(self, artifact: str) -> str:
@@ -259,6 +261,42 @@ class Store:
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
                 removed.append(path.name)
         return removed
+
+    # ------------------------------------------------------------------ forced rebuilds
+    # `run --force` must not overwrite an artifact (a report, a comparison or another recipe may
+    # name it), so a rebuild gets an id of its own: the n-th rebuild of a fingerprint is
+    # <stage>-sha256("<default id>:rebuild:<n>")[:16]. n counts committed rebuilds only, so a
+    # rebuild that crashed gets the same id, and its work folder, when forced again. Records are kept
+    # after gc, so that an id never names two different contents.
+    def _builds_file(self, default_id: str) -> Path:
+        return self.builds / f"{self._check_id(default_id)}.json"
+
+    def _rebuilds(self, default_id: str) -> list[dict]:
+        path = self._builds_file(default_id)
+        if not path.is_file():
+            return []
+        return json.loads(path.read_text(encoding="utf-8")).get("rebuilds", [])
+
+    def current_build(self, default_id: str) -> str:
+        """The id a fingerprint resolves to: its newest rebuild still in the store, else its own."""
+        for build in reversed(self._rebuilds(default_id)):
+            if self.exists(build["id"]):
+                return build["id"]
+        return default_id
+
+    def next_build(self, default_id: str) -> str:
+        n = len(self._rebuilds(default_id)) + 1
+        stage = default_id.rsplit("-", 1)[0]
+        return artifact_id(stage, hashlib.sha256(f"{default_id}:rebuild:{n}".encode()).hexdigest())
+
+    def record_build(self, default_id: str, build_id: str, run_id: str) -> None:
+        """Make build_id the current build of default_id's fingerprint (call with the lock held)."""
+        rebuilds = self._rebuilds(default_id)
+        if any(b["id"] == build_id for b in rebuilds):
+            return
+        rebuilds.append({"id": build_id, "run": run_id, "created": now_iso()})
+        self.builds.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self._builds_file(default_id), {"default": default_id, "rebuilds": rebuilds})
 
     # ------------------------------------------------------------------ runs and pointers
     def write_run(self, run: dict) -> Path:

@@ -69,12 +69,42 @@ def test_until_and_force_errors_are_user_errors(tmp_path):
     assert proc.returncode == 2
 
 
-def test_force_rebuilds_stage_and_dependants(tmp_path):
+def test_force_rebuilds_under_new_ids_and_leaves_the_old_artifacts_as_they_were(tmp_path):
     store = tmp_path / "store"
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
+    first = {n["node"]: n["id"] for n in last_run(store)["nodes"]}
+    manifests = {aid: (store / "objects" / aid / "manifest.json").read_bytes() for aid in first.values()}
+
     proc = cli("run", str(SMOKE), "--until", "tokenizer", "--force", "data", store=store)
-    assert proc.returncode == 0
-    assert [n["action"] for n in last_run(store)["nodes"]] == ["built", "built"]
+    assert proc.returncode == 0, proc.stderr.decode()
+    log = last_run(store)
+    assert [n["action"] for n in log["nodes"]] == ["built", "built"]
+    second = {n["node"]: n["id"] for n in log["nodes"]}
+    assert set(second.values()).isdisjoint(first.values())
+    assert log["nodes"][0]["rebuild_of"] == first["data"]
+    assert "rebuild_of" not in log["nodes"][1]  # a new fingerprint (its input is another build)
+    for aid, manifest in manifests.items():
+        assert (store / "objects" / aid / "manifest.json").read_bytes() == manifest
+    assert cli("artifacts", "verify", store=store).returncode == 0
+
+    # A plain re-run and `status` take the rebuilds.
+    assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
+    log = last_run(store)
+    assert [(n["action"], n["id"]) for n in log["nodes"]] == [("reused", second["data"]),
+                                                              ("reused", second["tokenizer"])]
+
+    # Rebuilding the data alone leaves the tokenizer built from the earlier data stale, not reused.
+    assert cli("run", str(SMOKE), "--until", "data", "--force", "data", store=store).returncode == 0
+    third = last_run(store)["nodes"][0]["id"]
+    assert third not in (first["data"], second["data"])
+    status = cli("status", str(SMOKE), "--json", store=store)
+    rows = {r["node"]: r for r in map(json.loads, status.stdout.decode().splitlines())}
+    assert rows["data"] == {**rows["data"], "state": "cached", "id": third}
+    assert rows["tokenizer"]["state"] == "stale" and "input changed: data" in rows["tokenizer"]["reason"]
+    assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
+    log = last_run(store)
+    assert [n["action"] for n in log["nodes"]] == ["reused", "built"]
+    assert log["nodes"][1]["id"] not in (first["tokenizer"], second["tokenizer"])
 
 
 def test_gc_keeps_what_latest_runs_use(tmp_path):

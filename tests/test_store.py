@@ -58,6 +58,31 @@ def test_manifest_cannot_point_outside_the_artifact(tmp_path):
     assert problems and "outside the artifact" in problems[0]
 
 
+def test_a_rebuild_keeps_its_id_until_committed_and_never_reuses_one(tmp_path):
+    store = Store(tmp_path)
+    original = make_artifact(store)
+    assert store.current_build(original.id) == original.id
+    first = store.next_build(original.id)
+    # Until a rebuild is committed and recorded, forcing again names the same id (and work folder),
+    # so a crashed rebuild resumes.
+    assert first != original.id and store.next_build(original.id) == first
+    with store.writing(first) as out:
+        (out / "weights.bin").write_bytes(b"rebuilt\n")
+        store.commit(first, out, {"stage": "demo"})
+    store.record_build(original.id, first, "run-1")
+    store.record_build(original.id, first, "run-1")  # idempotent
+    assert store.current_build(original.id) == first
+    second = store.next_build(original.id)
+    assert second not in (original.id, first)
+    assert (original.path / "weights.bin").read_bytes() == b"hello world\n"
+    # The rebuild removed (gc): the fingerprint falls back to its own artifact, and the next
+    # rebuild still gets an id that was never used.
+    import shutil
+    shutil.rmtree(store.path_of(first))
+    assert store.current_build(original.id) == original.id
+    assert store.next_build(original.id) == second
+
+
 def test_failed_stage_leaves_nothing(tmp_path):
     store = Store(tmp_path)
     aid = artifact_id("demo", "0" * 64)
