@@ -105,7 +105,8 @@ def artifacts_list(store: StoreOpt = None,
                 complete = False
         rows.append({"id": path.name, "stage": manifest.get("stage", path.name.rsplit("-", 1)[0]),
                      "path": str(path), "created": manifest.get("created"), "complete": complete,
-                     "bytes": manifest.get("bytes"), "duration_s": manifest.get("duration_s")})
+                     "bytes": manifest.get("bytes"), "duration_s": manifest.get("duration_s"),
+                     "rebuild_of": manifest.get("rebuild_of")})
     if json_out:
         for row in rows:
             print(json.dumps(row))

@@ -86,6 +86,8 @@ def test_force_rebuilds_under_new_ids_and_leaves_the_old_artifacts_as_they_were(
     for aid, manifest in manifests.items():
         assert (store / "objects" / aid / "manifest.json").read_bytes() == manifest
     assert cli("artifacts", "verify", store=store).returncode == 0
+    listing = {a["id"]: a for a in map(json.loads, cli("artifacts", "list", "--json", store=store).stdout.decode().splitlines())}
+    assert listing[second["data"]]["rebuild_of"] == first["data"] and listing[first["data"]]["rebuild_of"] is None
 
     # A plain re-run and `status` take the rebuilds.
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
@@ -104,7 +106,16 @@ def test_force_rebuilds_under_new_ids_and_leaves_the_old_artifacts_as_they_were(
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
     log = last_run(store)
     assert [n["action"] for n in log["nodes"]] == ["reused", "built"]
-    assert log["nodes"][1]["id"] not in (first["tokenizer"], second["tokenizer"])
+    latest = {n["node"]: n["id"] for n in log["nodes"]}
+    assert latest["tokenizer"] not in (first["tokenizer"], second["tokenizer"])
+
+    # gc removes the earlier builds; the recipe still resolves to the ones it last used.
+    assert cli("artifacts", "gc", store=store).returncode == 0
+    assert {p.name for p in (store / "objects").iterdir()} == set(latest.values())
+    status = cli("status", str(SMOKE), "--json", store=store)
+    rows = {r["node"]: r for r in map(json.loads, status.stdout.decode().splitlines())}
+    assert {name: (rows[name]["state"], rows[name]["id"]) for name in latest} == \
+        {name: ("cached", aid) for name, aid in latest.items()}
 
 
 def test_gc_keeps_what_latest_runs_use(tmp_path):
