@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from pipeline.stages.data import read_split
 from pipeline.stages.kd_corpus import TOP_K_FILE, closest_to_reference, load_top_k
 from pipeline.stages.train import project_embedding
 
-from .conftest import SMOKE
+from .conftest import SMOKE, cli
 
 
 def test_kd_corpus_and_students(smoke):
@@ -39,6 +40,26 @@ def test_kd_corpus_and_students(smoke):
     assert ref["steps"] == student["steps"] and ref["stopped_by"].startswith("max_steps")
     assert ref["steps_matched_to"] == {"model": arts["student"].id, "steps": student["steps"]}
     assert ref["epochs"] < 2 == student["epochs"]
+
+
+def test_two_processes_translate_the_same_kd_corpus_in_the_same_order(smoke, tmp_path):
+    """Under torchrun the corpus's chunks are shared out by rank and merged by chunk index: the
+    result is the one process's corpus, line for line."""
+    store, _ = smoke.build("kd_corpus")
+    copy = tmp_path / "store"
+    shutil.copytree(store.root, copy)
+    corpora = []
+    for nproc in ("1", "2"):  # 200 sentences in 4 chunks: ranks take 0, 2 and 1, 3
+        proc = cli("run", str(SMOKE), "--until", "kd_corpus", "--force", "kd_corpus", "--nproc", nproc,
+                   store=copy, timeout=600, env={"PIPELINE_KD_CHUNK": "64"})
+        assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+        built = [n for n in json.loads(max((copy / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+                                       .read_text())["nodes"] if n["node"] == "kd_corpus"][0]
+        folder = copy / "objects" / built["id"]
+        assert json.loads((folder / "manifest.json").read_text())["metrics"]["processes"] == int(nproc)
+        corpora.append(read_split(folder, "kd"))
+    assert len(corpora[0][0]) > 150
+    assert corpora[1] == corpora[0]
 
 
 def test_the_ablation_may_keep_its_own_budget(smoke):

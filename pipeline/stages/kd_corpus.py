@@ -19,7 +19,10 @@ from ..context import StageContext
 from ..distributed import launch, worker_main, world_size
 from .data import read_split
 
-CHUNK = 1024  # sentences per saved chunk
+# Sentences per saved chunk: what a resumed run keeps, and the unit processes share under
+# torchrun. Results do not depend on it beyond float noise (it bounds the batches), so it is
+# not in the fingerprint; tests set a small one to have several chunks to share.
+CHUNK = int(os.environ.get("PIPELINE_KD_CHUNK", "1024"))
 
 
 def run(ctx: StageContext) -> dict:
