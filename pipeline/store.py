@@ -275,7 +275,14 @@ class Store:
         path = self._builds_file(default_id)
         if not path.is_file():
             return []
-        return json.loads(path.read_text(encoding="utf-8")).get("rebuilds", [])
+        try:
+            rebuilds = json.loads(path.read_text(encoding="utf-8"))["rebuilds"]
+            if not all(_ID_RE.match(b["id"]) for b in rebuilds):
+                raise ValueError("an id that is not an artifact id")
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise IntegrityError(f"{path}: unreadable record of rebuilds ({exc}); the store writes it "
+                                 "atomically, so it was edited by hand") from None
+        return rebuilds
 
     def current_build(self, default_id: str) -> str:
         """The id a fingerprint resolves to: its newest rebuild still in the store, else its own."""

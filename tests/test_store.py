@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pipeline.errors import PipelineError, StoreLockedError
+from pipeline.errors import IntegrityError, PipelineError, StoreLockedError
 from pipeline.store import Store, artifact_id, fingerprint, verify_folder
 
 from .conftest import REPO
@@ -81,6 +81,9 @@ def test_a_rebuild_keeps_its_id_until_committed_and_never_reuses_one(tmp_path):
     shutil.rmtree(store.path_of(first))
     assert store.current_build(original.id) == original.id
     assert store.next_build(original.id) == second
+    (store.builds / f"{original.id}.json").write_text('{"rebuilds": [{"id": "../../etc"}]}')
+    with pytest.raises(IntegrityError, match="unreadable record of rebuilds"):
+        store.current_build(original.id)
 
 
 def test_failed_stage_leaves_nothing(tmp_path):
