@@ -228,7 +228,7 @@ def resolve_builds(nodes: list[Node], current_build: Callable[[str], str],
     for node in nodes:  # topological order
         _set_fingerprint(node, by_name)
         current = current_build(node.default_id)
-        node.build = "" if current == node.default_id else current
+        node.build = "" if current == node.default_id else current  # rebuild(node) reads node.id
         node.build = rebuild(node) or node.build
         by_name[node.name] = node
 

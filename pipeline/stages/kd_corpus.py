@@ -21,8 +21,8 @@ from .data import read_split
 
 # Sentences per saved chunk: what a resumed run keeps, and the unit processes share under
 # torchrun. Results do not depend on it beyond float noise (it bounds the batches), so it is
-# not in the fingerprint; tests set a small one to have several chunks to share.
-CHUNK = int(os.environ.get("PIPELINE_KD_CHUNK", "1024"))
+# not in the fingerprint; tests set a small one (PIPELINE_KD_CHUNK) to have several to share.
+CHUNK = 1024
 
 
 def run(ctx: StageContext) -> dict:
@@ -55,7 +55,8 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     chunks_dir.mkdir(parents=True, exist_ok=True)
     tokenized = translator.tokenizer.encode(src)
     order = sorted(range(len(src)), key=lambda i: len(tokenized[i]))
-    chunks = [order[i: i + CHUNK] for i in range(0, len(order), CHUNK)]
+    chunk = int(os.environ.get("PIPELINE_KD_CHUNK", CHUNK))
+    chunks = [order[i: i + chunk] for i in range(0, len(order), chunk)]
     mine = [c for c in range(len(chunks)) if c % world == rank]
     todo = [c for c in mine if not (chunks_dir / f"{c:05d}.json").is_file()]
     if len(todo) < len(mine):
