@@ -25,12 +25,13 @@ import onnxruntime as ort
 import torch
 from onnx import numpy_helper
 
-from model.onnx_export import export_onnx, optimize_onnx, positions_as_formula, tie_decoder_embedding
+from model.onnx_export import positions_as_formula
 from model.onnx_quantize import node_groups, quantize_blockwise
 from model.search import GenerationConfig
 from model.tokenizer import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig, load_model
 from pipeline.packaging import write_package
+from pipeline.stages.export import float32_graphs
 
 
 def student_shaped(d_model: int, vocab_size: int) -> Transformer:
@@ -44,14 +45,7 @@ def student_shaped(d_model: int, vocab_size: int) -> Transformer:
 def fp32_and_int8(model: Transformer, tokenizer: Path, work: Path) -> tuple[Path, Path]:
     """The export stage's graph pipeline, then the quantize stage's int8_dynamic (no guard:
     the latency does not depend on the BLEU)."""
-    raw, optimized = work / "raw", work / "optimized"
-    export_onnx(model, raw, fused=True)
-    optimized.mkdir(parents=True)
-    graphs = {}
-    for name in ("encoder", "decoder"):
-        optimize_onnx(raw / f"{name}.onnx", optimized / f"{name}.onnx")
-        graphs[name] = optimized / f"{name}.onnx"
-    tie_decoder_embedding(graphs["decoder"])
+    graphs, _ = float32_graphs(model, work, opset=17, fused=True, optimize=True)
     for path in graphs.values():
         positions_as_formula(path, model.cfg.d_model)
     cfg = model.cfg

@@ -41,18 +41,10 @@ def run(ctx: StageContext) -> dict:
     valid_src, _ = read_split(ctx.input("data").path, "valid")
     sentences = valid_src[: parity_cfg["decode_sentences"]]
 
-    raw = ctx.work / "raw"
-    export_onnx(model, raw, opset=cfg["opset"], fused=cfg["fused_attention"])
-    graphs = {"encoder": raw / "encoder.onnx", "decoder": raw / "decoder.onnx"}
+    graphs, built = float32_graphs(model, ctx.work, cfg["opset"], cfg["fused_attention"], cfg["optimize"])
     metrics: dict = {"opset": cfg["opset"], "fused_attention": cfg["fused_attention"], "onnxruntime": ort.__version__,
                      "torch": torch.__version__,
-                     "source_artifact": source.id, "threads": threads, "packages": {}, "parity": {}}
-    if cfg["optimize"]:
-        opt = ctx.work / "optimized"
-        opt.mkdir(exist_ok=True)
-        metrics["optimizer"] = {name: optimize_onnx(path, opt / path.name) for name, path in graphs.items()}
-        graphs = {name: opt / path.name for name, path in graphs.items()}
-    metrics["tied_embedding"] = tie_decoder_embedding(graphs["decoder"])
+                     "source_artifact": source.id, "threads": threads, "packages": {}, "parity": {}, **built}
     ctx.log(f"exported {source.id} (opset {cfg['opset']}); checking parity on random inputs and "
             f"{len(sentences)} validation sentences")
 
@@ -108,6 +100,23 @@ def run(ctx: StageContext) -> dict:
         ctx.log(f"generate.onnx: greedy {graph['greedy_identical']}, beam {graph['beam_identical']} identical to the "
                 f"Python search; batch-1 greedy {graph['greedy_speedup_vs_python_search']}x faster")
     return metrics
+
+
+def float32_graphs(model: Transformer, work: Path, opset: int, fused: bool, optimize: bool) -> tuple[dict, dict]:
+    """The model's encoder and decoder step graphs as the fp32 package ships them, up to the
+    positional table (made a formula after any float16 copy): exported, optimized, the decoder's
+    token lookup reading the output projection. Returns ({graph: path}, what was done)."""
+    raw = work / "raw"
+    export_onnx(model, raw, opset=opset, fused=fused)
+    graphs = {"encoder": raw / "encoder.onnx", "decoder": raw / "decoder.onnx"}
+    done: dict = {}
+    if optimize:
+        opt = work / "optimized"
+        opt.mkdir(exist_ok=True)
+        done["optimizer"] = {name: optimize_onnx(path, opt / path.name) for name, path in graphs.items()}
+        graphs = {name: opt / path.name for name, path in graphs.items()}
+    done["tied_embedding"] = tie_decoder_embedding(graphs["decoder"])
+    return graphs, done
 
 
 def describe(model: Transformer, source, variant: str, data_metrics: dict) -> dict:
