@@ -68,7 +68,7 @@ def forced_length_session(package: Path, steps: int) -> ort.InferenceSession:
     return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def time_packages(packages: dict[str, Path], ids: list[list[int]], eos: int, steps: int,
+def time_packages(packages: dict[str, Path], ids: list[list[int]], eos: int, pad: int, steps: int,
                   rounds: int) -> dict[str, float]:
     sessions = {name: forced_length_session(path, steps) for name, path in packages.items()}
     feeds = [{"input_ids": np.array([row + [eos]], np.int32), "max_length": np.array([steps + 1], np.int32),
@@ -83,8 +83,9 @@ def time_packages(packages: dict[str, Path], ids: list[list[int]], eos: int, ste
                 start = time.perf_counter()
                 tokens = session.run(None, feed)[0]
                 seconds[name] += time.perf_counter() - start
-                if int((tokens[0, 0] != 0).sum()) != steps + 1:  # start token + steps
-                    raise RuntimeError(f"{name}: decoded {int((tokens[0, 0] != 0).sum()) - 1} tokens, not {steps}")
+                decoded = int((tokens[0, 0] != pad).sum()) - 1  # less the start token
+                if decoded != steps:
+                    raise RuntimeError(f"{name}: decoded {decoded} tokens, not {steps}")
     return {name: 1000 * s / (rounds * len(feeds)) for name, s in seconds.items()}
 
 
@@ -109,7 +110,8 @@ def main() -> None:
     for name, model in models:
         with tempfile.TemporaryDirectory() as work:
             fp32, int8 = fp32_and_int8(model, args.tokenizer, Path(work))
-            ms = time_packages({"fp32": fp32, "int8": int8}, ids, model.cfg.eos_id, args.steps, args.rounds)
+            ms = time_packages({"fp32": fp32, "int8": int8}, ids, model.cfg.eos_id, model.cfg.pad_id, args.steps,
+                               args.rounds)
         print(f"{name:40} {model.cfg.d_model:>4} {model.num_parameters():>11,} {ms['fp32']:>8.2f} {ms['int8']:>8.2f} "
               f"{ms['int8'] / ms['fp32']:>9.3f}", flush=True)
 

@@ -106,9 +106,7 @@ def float32_graphs(model: Transformer, work: Path, opset: int, fused: bool, opti
     """The model's encoder and decoder step graphs as the fp32 package ships them, up to the
     positional table (made a formula after any float16 copy): exported, optimized, the decoder's
     token lookup reading the output projection. Returns ({graph: path}, what was done)."""
-    raw = work / "raw"
-    export_onnx(model, raw, opset=opset, fused=fused)
-    graphs = {"encoder": raw / "encoder.onnx", "decoder": raw / "decoder.onnx"}
+    graphs = export_onnx(model, work / "raw", opset=opset, fused=fused)
     done: dict = {}
     if optimize:
         opt = work / "optimized"
