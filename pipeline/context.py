@@ -4,19 +4,32 @@ report progress. Nothing about where the store keeps things."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
 from .store import Artifact
 
 console = Console(stderr=True, highlight=False)
+
+# Seconds between progress lines when the output is not a terminal; a worker process whose
+# output a runner relays (pipeline/distributed.py) is given a shorter interval here.
+PROGRESS_EVERY_ENV = "PIPELINE_PROGRESS_EVERY_S"
+
+
+def _progress_every_s() -> float:
+    try:
+        return max(0.5, float(os.environ.get(PROGRESS_EVERY_ENV, "30")))
+    except ValueError:
+        return 30.0
 
 
 class ProgressHandle:
@@ -52,7 +65,7 @@ class ProgressHandle:
 @contextlib.contextmanager
 def progress_bar(description: str, total: float | None = None, unit: str = "") -> Iterator[ProgressHandle]:
     if not console.is_terminal:
-        yield ProgressHandle(None, None, description, total, unit)
+        yield ProgressHandle(None, None, description, total, unit, log_every_s=_progress_every_s())
         return
     columns = [TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn(unit), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
@@ -70,7 +83,11 @@ class StageContext:
     out: Path  # write the artifact's files here (a temporary folder, renamed when complete)
     work: Path  # scratch that survives a crash (checkpoints); deleted after success
     nproc: int = 1  # processes for stages that can use several (training, corpus translation)
+    # Cores this stage may use when the runner builds it side by side with others (None: all).
+    cores: int | None = None
     events: list[dict] = field(default_factory=list)
+    # Where `status` lines go instead of the console (the runner's live display of side-by-side builds).
+    on_status: Callable[[str], None] | None = None
 
     def input(self, role: str) -> Artifact:
         try:
@@ -78,10 +95,18 @@ class StageContext:
         except KeyError:
             raise KeyError(f"stage {self.name} has no input {role!r} (has {sorted(self.inputs)})") from None
 
-    def log(self, message: str, **data: Any) -> None:
-        """A line for the user, also kept in the run log."""
-        console.print(f"  [dim]{self.name}:[/dim] {message}")
+    def log(self, message: str, *, markup: bool = True, **data: Any) -> None:
+        """A line for the user, also kept in the run log. markup=False: show `message` as it is
+        (text from elsewhere, such as a worker's output, whose brackets are not rich markup)."""
+        console.print(f"  [dim]{self.name}:[/dim] {message if markup else escape(message)}")
         self.events.append({"time": time.time(), "message": message, **data})
+
+    def status(self, text: str) -> None:
+        """A passing progress line (not kept in the run log)."""
+        if self.on_status is not None:
+            self.on_status(text)
+        else:
+            console.print(f"  [dim]{self.name}:[/dim] {escape(text)}")
 
     def progress(self, description: str, total: float | None = None, unit: str = ""):
         return progress_bar(description, total, unit)

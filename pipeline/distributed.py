@@ -1,31 +1,54 @@
-"""Running a stage's work in several processes with torchrun, from the same stage code.
+"""Running a stage's work in other processes, from the same stage code.
 
 The runner stays one process (it holds the store lock); a stage that can use several processes
 writes its job to a JSON file and starts `torchrun -m <stage module> JOB.json`. Each worker
 calls the stage's job function with its rank; rank 0 writes the metrics the stage returns.
+A stage built side by side with another (see the runner) starts one such worker of its own,
+`python -m <stage module> JOB.json`, on its share of the cores: one process per training, so
+that neither waits on the other's interpreter lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Callable
 
-from .context import StageContext, console, progress_bar
+from .context import PROGRESS_EVERY_ENV, StageContext, console, progress_bar
 from .errors import PipelineError
+
+
+# Set in a worker's environment: the pid it must not outlive.
+PARENT_ENV = "PIPELINE_PARENT_PID"
+
+
+def _write_job(ctx: StageContext, job: dict) -> tuple[Path, Path]:
+    job_path = ctx.work / "job.json"
+    job_path.write_text(json.dumps(job), encoding="utf-8")
+    metrics_path = ctx.work / "metrics.json"
+    metrics_path.unlink(missing_ok=True)
+    return job_path, metrics_path
+
+
+def _read_metrics(metrics_path: Path, rc: int, what: str) -> dict:
+    if rc != 0 or not metrics_path.is_file():
+        if rc == 130:
+            raise PipelineError(f"{what} was interrupted; its checkpoints are kept, run again to resume")
+        raise PipelineError(f"{what} exited with code {rc}; its checkpoints are kept, run again to resume")
+    return json.loads(metrics_path.read_text(encoding="utf-8"))
 
 
 def launch(ctx: StageContext, module: str, job: dict) -> dict:
     import torch
 
-    job_path = ctx.work / "job.json"
-    job_path.write_text(json.dumps(job), encoding="utf-8")
-    metrics_path = ctx.work / "metrics.json"
-    metrics_path.unlink(missing_ok=True)
+    job_path, metrics_path = _write_job(ctx, job)
     env = dict(os.environ)
     if not torch.cuda.is_available():
         # The cores are shared out: N processes with all cores each would oversubscribe them.
@@ -34,10 +57,73 @@ def launch(ctx: StageContext, module: str, job: dict) -> dict:
            "-m", module, str(job_path)]
     ctx.log(f"launching {ctx.nproc} processes: torchrun --nproc_per_node={ctx.nproc} -m {module}")
     rc = subprocess.run(cmd, env=env).returncode
-    if rc != 0 or not metrics_path.is_file():
-        raise PipelineError(f"{ctx.nproc}-process run exited with code {rc}; its checkpoints are kept, "
-                            "run again to resume")
-    return json.loads(metrics_path.read_text(encoding="utf-8"))
+    return _read_metrics(metrics_path, rc, f"{ctx.nproc}-process run")
+
+
+_children: set[subprocess.Popen] = set()
+_children_lock = threading.Lock()
+
+
+def launch_alone(ctx: StageContext, module: str, job: dict, threads: int) -> dict:
+    """Run the job in one worker process with `threads` intra-op threads, relaying its output:
+    its log lines become this stage's (and the run log's) events, its progress lines go to
+    `ctx.status`. The worker dies with this process (a SIGKILLed runner leaves no orphan
+    writing into a work folder that the next run resumes from)."""
+    job_path, metrics_path = _write_job(ctx, job)
+    # On a terminal its progress lines feed a live display: often. In a log: as often as ever.
+    every = "2" if console.is_terminal else os.environ.get(PROGRESS_EVERY_ENV, "30")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), PARENT_ENV: str(os.getpid()),
+           PROGRESS_EVERY_ENV: every, "COLUMNS": "400", "PYTHONUNBUFFERED": "1"}
+    env.pop("WORLD_SIZE", None)
+    proc = subprocess.Popen([sys.executable, "-m", module, str(job_path)], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    with _children_lock:
+        _children.add(proc)
+    log_prefix = f"  {_worker_name(job, job_path)}: "
+    try:
+        for line in proc.stdout:
+            line = line.rstrip()
+            if line.startswith(log_prefix):
+                ctx.log(line[len(log_prefix):], markup=False)
+            elif line.strip():
+                ctx.status(line.strip())
+        rc = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        with _children_lock:
+            _children.discard(proc)
+    return _read_metrics(metrics_path, rc, "the training process")
+
+
+def interrupt_children() -> list[subprocess.Popen]:
+    """Pass a Ctrl-C on to the workers `launch_alone` started (a SIGINT sent to the runner's pid
+    alone does not reach them); returns them, for the caller to wait on."""
+    with _children_lock:
+        children = list(_children)
+    for proc in children:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
+    return children
+
+
+def _worker_name(job: dict, job_path: Path) -> str:
+    return job.get("role") or job_path.parent.name
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this process when the thread that started it ends; and
+    if that parent is gone already, end now."""
+    parent = os.environ.get(PARENT_ENV)
+    if not parent:
+        return
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != int(parent):
+        os._exit(1)
 
 
 def worker_main(job_fn: Callable[..., dict]) -> None:
@@ -45,15 +131,18 @@ def worker_main(job_fn: Callable[..., dict]) -> None:
     import torch
     import torch.distributed as dist
 
+    _die_with_parent()
     job_path = Path(sys.argv[1])
     job = json.loads(job_path.read_text(encoding="utf-8"))
     cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend="nccl" if cuda else "gloo")
-    rank = dist.get_rank()
-    name = job.get("role") or job_path.parent.name
+    distributed = "WORLD_SIZE" in os.environ  # under torchrun; else one worker on its own
+    if distributed:
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    rank = dist.get_rank() if distributed else 0
+    name = _worker_name(job, job_path)
     log = (lambda msg: console.print(f"  [dim]{name}:[/dim] {msg}")) if rank == 0 else (lambda msg: None)
     progress = progress_bar if rank == 0 else silent_progress
     try:
@@ -62,8 +151,14 @@ def worker_main(job_fn: Callable[..., dict]) -> None:
             tmp = job_path.with_name("metrics.json.tmp")
             tmp.write_text(json.dumps(metrics), encoding="utf-8")
             os.replace(tmp, job_path.with_name("metrics.json"))
+    except KeyboardInterrupt:
+        # The runner that started this worker says what happened; its checkpoints are kept.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     finally:
-        dist.destroy_process_group()
+        if distributed:
+            dist.destroy_process_group()
 
 
 def world_size() -> int:

@@ -24,6 +24,10 @@ class Node:
     config: Any  # plain data (JSON-able); hashed into the fingerprint
     inputs: dict[str, str] = field(default_factory=dict)  # role -> upstream node name
     settings: Any = None  # the typed config object handed to the stage
+    # The nodes (this one included) that the runner builds at the same time, each on its share
+    # of the cores; also in the config, so that a model trained on a share is not taken for one
+    # trained on all the cores.
+    side_by_side: tuple[str, ...] = ()
     fingerprint: str = ""
     build: str = ""  # a forced rebuild's artifact id; "" for the build the fingerprint names
 
@@ -107,6 +111,8 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
                 ref_inputs["teacher"] = "teacher"
             add("student_ref", "train", reference_only, ref_inputs)
             models.append("student_ref")
+            if d.ablation_budget == "side_by_side":
+                _side_by_side([n for n in nodes if n.name in ("student", "student_ref")])
 
     if recipe.prune is not None:
         if not models:
@@ -192,6 +198,13 @@ def _variants(recipe, models, exports, final_model, has_cuda) -> list[dict]:
                                 runtime="onnxruntime", device="cpu", compute_type="int8"))
     # A GPU-only variant is evaluated only where a GPU is; elsewhere the report says why not.
     return out
+
+
+def _side_by_side(group: list[Node]) -> None:
+    names = tuple(n.name for n in group)
+    for node in group:
+        node.side_by_side = names
+        node.config = {**node.config, "side_by_side": list(names)}
 
 
 def _names(nodes: list[Node]) -> set[str]:

@@ -3,19 +3,25 @@ build the rest in dependency order, and log what happened."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import subprocess
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from rich.markup import escape
+from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from . import stages
 from .context import StageContext, console
+from .distributed import interrupt_children
 from .errors import PipelineError, UserInputError
 from .graph import Node, build_graph, resolve_builds, select
 from .machine import machine_info
@@ -132,12 +138,25 @@ def run(plan: Plan, store: Store, until: str | None = None, force: list[str] = (
         by_name: dict[str, Node] = {n.name: n for n in plan.nodes}
         built: dict[str, Any] = {}
         try:
-            for node in selected:
-                record = _run_node(node, by_name, built, store, node.name in forced, nproc, run_id)
+            def logged(node: Node, record: dict) -> None:
                 log["nodes"].append(record)
                 result.records.append(record)
                 store.write_run(log)
                 _update_latest(store, plan, node, run_id)
+
+            for group in _batches(selected):
+                if not group[0].side_by_side:
+                    logged(group[0], _run_node(group[0], by_name, built, store, group[0].name in forced,
+                                               nproc, run_id))
+                    continue
+                try:
+                    done = _run_side_by_side(group, built, store, forced, nproc, run_id)
+                except PartialBuild as exc:
+                    for node, record in exc.done:
+                        logged(node, record)
+                    raise exc.error from None
+                for node, record in done:
+                    logged(node, record)
             log["status"] = "ok"
         except KeyboardInterrupt:
             log["status"] = "interrupted"
@@ -170,27 +189,128 @@ def _forced(nodes: list[Node], selected: list[Node], force: list[str]) -> set[st
     return forced & names
 
 
-def _run_node(node: Node, by_name: dict[str, Node], built: dict, store: Store, force: bool,
-              nproc: int, run_id: str) -> dict:
+def _batches(selected: list[Node]) -> list[list[Node]]:
+    """The nodes in order, consecutive side-by-side nodes (see Node.side_by_side) together."""
+    out: list[list[Node]] = []
+    for node in selected:
+        if out and node.side_by_side and out[-1][0].side_by_side == node.side_by_side:
+            out[-1].append(node)
+        else:
+            out.append([node])
+    return out
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _run_side_by_side(group: list[Node], built: dict, store: Store, forced: set[str], nproc: int,
+                      run_id: str) -> list[tuple[Node, dict]]:
+    """Build the group's nodes at the same time, each in its own process on its share of the
+    cores. One that is cached is reused; one left to build alone still gets only its share, so
+    that what it learns in its minutes does not depend on whether its partner was cached. With
+    --nproc N each is a torchrun job that wants the whole machine: one after the other."""
+    share = max(1, _cores() // len(group[0].side_by_side))
+    records = {node.name: _record_head(node) for node in group}
+    to_build = [node for node in group
+                if node.name in forced or not _reuse(node, built, store, records[node.name])]
+    if nproc > 1 or len(to_build) == 1:
+        for node in to_build:
+            _build(node, records[node.name], built, store, nproc, run_id, cores=None if nproc > 1 else share)
+        return [(node, records[node.name]) for node in group]
+
+    console.print(f"[cyan]▶[/cyan] {' and '.join(n.name for n in to_build)} side by side, "
+                  f"{share} core{'s' if share > 1 else ''} each")
+    failures: list[PipelineError] = []
+    with _side_by_side_display([n.name for n in to_build]) as show, \
+            ThreadPoolExecutor(max_workers=len(to_build)) as pool:
+        futures = {pool.submit(_build, node, records[node.name], built, store, nproc, run_id,
+                               cores=share, on_status=show(node.name)): node for node in to_build}
+        try:
+            wait(futures)
+        except KeyboardInterrupt:
+            # A terminal's Ctrl-C reaches the workers too; a SIGINT sent to this process alone
+            # does not. Either way wait for them: each build then removes its half-written output.
+            for proc in interrupt_children():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=60)
+            wait(futures, timeout=120)
+            raise
+        for future in futures:
+            try:
+                future.result()
+            except PipelineError as exc:
+                failures.append(exc)
+    done = [(node, records[node.name]) for node in group if records[node.name].get("action") in ("reused", "built")]
+    if failures:
+        raise PartialBuild(done, failures[0])
+    return done
+
+
+class PartialBuild(PipelineError):
+    """A side-by-side build in which at least one node failed: `done` were committed all the same."""
+
+    def __init__(self, done: list[tuple[Node, dict]], error: PipelineError):
+        super().__init__(str(error))
+        self.done, self.error = done, error
+
+
+@contextlib.contextmanager
+def _side_by_side_display(names: list[str]):
+    """show(name) -> a callback for that build's progress lines: on a terminal one live line per
+    build; in a log, every line as it comes."""
+    if not console.is_terminal:
+        yield lambda name: (lambda text: console.print(f"  [dim]{name}:[/dim] {escape(text)}"))
+        return
+    width = max(len(n) for n in names)
+    with Progress(TextColumn("  {task.fields[label]}"), TextColumn("{task.description}"),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        tasks = {name: progress.add_task("starting", label=name.ljust(width), total=None) for name in names}
+        yield lambda name: (lambda text: progress.update(tasks[name], description=escape(text)))
+
+
+def _record_head(node: Node) -> dict:
     record = {"node": node.name, "stage": node.stage, "id": node.id, "fingerprint": node.fingerprint}
     if node.build:
         record["rebuild_of"] = node.default_id
-    t0 = time.monotonic()
-    if store.exists(node.id) and not force:
-        problems = store.verify(node.id)
-        if not problems:
-            artifact = store.get(node.id)
-            built[node.name] = artifact
-            record.update(action="reused", duration_s=round(time.monotonic() - t0, 3))
-            console.print(f"[green]✓[/green] {node.name:<22} reused   {node.id}")
-            return record
-        console.print(f"[red]✗[/red] {node.name}: artifact {node.id} failed verification:")
-        for line in problems[:10]:
-            console.print(f"    {line}", markup=False)
-        moved = store.quarantine_artifact(node.id)
-        console.print(f"    moved to {moved}; rebuilding")
-        record["rebuilt_because"] = problems[:10]
+    return record
 
+
+def _reuse(node: Node, built: dict, store: Store, record: dict) -> bool:
+    """Reuse the node's artifact if the store has it and it verifies (True; it is then in `built`
+    and the record says so). One that fails verification is quarantined, to be rebuilt."""
+    if not store.exists(node.id):
+        return False
+    t0 = time.monotonic()
+    problems = store.verify(node.id)
+    if not problems:
+        built[node.name] = store.get(node.id)
+        record.update(action="reused", duration_s=round(time.monotonic() - t0, 3))
+        console.print(f"[green]✓[/green] {node.name:<22} reused   {node.id}")
+        return True
+    console.print(f"[red]✗[/red] {node.name}: artifact {node.id} failed verification:")
+    for line in problems[:10]:
+        console.print(f"    {line}", markup=False)
+    moved = store.quarantine_artifact(node.id)
+    console.print(f"    moved to {moved}; rebuilding")
+    record["rebuilt_because"] = problems[:10]
+    return False
+
+
+def _run_node(node: Node, by_name: dict[str, Node], built: dict, store: Store, force: bool,
+              nproc: int, run_id: str) -> dict:
+    record = _record_head(node)
+    if force or not _reuse(node, built, store, record):
+        _build(node, record, built, store, nproc, run_id)
+    return record
+
+
+def _build(node: Node, record: dict, built: dict, store: Store, nproc: int, run_id: str,
+           cores: int | None = None, on_status: Callable[[str], None] | None = None) -> None:
+    t0 = time.monotonic()
     console.print(f"[cyan]▶[/cyan] {node.name:<22} building {node.id}")
     run_stage = stages.load(node.stage)
     inputs = {role: built[up] for role, up in node.inputs.items()}
@@ -198,7 +318,7 @@ def _run_node(node: Node, by_name: dict[str, Node], built: dict, store: Store, f
     stage_started = now_iso()
     with store.writing(node.id) as out:
         ctx = StageContext(name=node.name, settings=node.settings, config=node.config, inputs=inputs,
-                           out=out, work=work, nproc=nproc)
+                           out=out, work=work, nproc=nproc, cores=cores, on_status=on_status)
         record["events"] = ctx.events
         try:
             metrics = run_stage(ctx) or {}
@@ -229,7 +349,6 @@ def _run_node(node: Node, by_name: dict[str, Node], built: dict, store: Store, f
     built[node.name] = artifact
     record.update(action="built", duration_s=duration, metrics=_small(metrics))
     console.print(f"[green]✓[/green] {node.name:<22} built    {node.id} in {_fmt_s(duration)}")
-    return record
 
 
 def _update_latest(store: Store, plan: Plan, node: Node, run_id: str) -> None:

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +23,7 @@ from pipeline.stages.data import read_split
 from pipeline.stages.kd_corpus import TOP_K_FILE, closest_to_reference, load_top_k
 from pipeline.stages.train import project_embedding
 
-from .conftest import SMOKE, cli
+from .conftest import REPO, SMOKE, cli
 
 
 def test_kd_corpus_and_students(smoke):
@@ -66,6 +71,83 @@ def test_the_ablation_may_keep_its_own_budget(smoke):
     plan = make_plan(SMOKE, ["distill.ablation_budget=own"])
     ref = next(n for n in plan.nodes if n.name == "student_ref")
     assert "steps_of" not in ref.inputs and ref.config["train"]["max_epochs"] == 2
+
+
+def _latest_run(store) -> dict:
+    return json.loads(max((store / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime_ns).read_text())
+
+
+def _workers_of(store) -> list[str]:
+    """Command lines of live processes that work in this store (Linux /proc)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(store) in text and "pipeline.stages.train" in text:
+            found.append(text)
+    return found
+
+
+def test_side_by_side_trains_the_student_and_its_ablation_at_once(smoke, tmp_path):
+    """Each in its own process on its share of the cores, at the same time, for the same budget;
+    their log lines reach the run log as if they had run in the runner."""
+    plan = make_plan(SMOKE, ["distill.ablation_budget=side_by_side"])
+    nodes = {n.name: n for n in plan.nodes}
+    assert nodes["student"].side_by_side == nodes["student_ref"].side_by_side == ("student", "student_ref")
+    assert "steps_of" not in nodes["student_ref"].inputs
+    default = {n.name: n for n in make_plan(SMOKE).nodes}
+    assert nodes["student"].fingerprint != default["student"].fingerprint  # trained on a share of the cores
+
+    store, _ = smoke.build("kd_corpus")
+    copy = tmp_path / "store"
+    shutil.copytree(store.root, copy)
+    proc = cli("run", str(SMOKE), "--until", "train", "--set", "distill.ablation_budget=side_by_side",
+               "--set", "distill.student.train.max_epochs=6", store=copy, timeout=600)
+    err = proc.stderr.decode()
+    assert proc.returncode == 0, err[-3000:]
+    assert "student and student_ref side by side" in err
+    records = {r["node"]: r for r in _latest_run(copy)["nodes"]}
+    assert records["teacher"]["action"] == "reused"
+    manifests = {name: json.loads((copy / "objects" / records[name]["id"] / "manifest.json").read_text())
+                 for name in ("student", "student_ref")}
+    student, ref = (manifests[n] for n in ("student", "student_ref"))
+    assert student["started"] < ref["created"] and ref["started"] < student["created"]  # they overlapped
+    cores = len(os.sched_getaffinity(0))
+    for name, manifest in manifests.items():
+        assert records[name]["action"] == "built"
+        assert manifest["metrics"]["threads"] == max(1, cores // 2)
+        assert manifest["metrics"]["stopped_by"].startswith("max_epochs")
+        assert any("parameters" in e["message"] for e in records[name]["events"])  # relayed from its process
+    assert "steps_matched_to" not in ref["metrics"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="dying with the parent is Linux's prctl")
+def test_a_killed_runner_takes_its_side_by_side_workers_with_it(smoke, tmp_path):
+    """No orphan goes on writing checkpoints into the work folders that the next run resumes from."""
+    store, _ = smoke.build("kd_corpus")
+    copy = tmp_path / "store"
+    shutil.copytree(store.root, copy)
+    args = ["run", str(SMOKE), "--until", "train", "--set", "distill.ablation_budget=side_by_side",
+            "--set", "distill.student.train.max_epochs=40", "--set", "distill.student.train.checkpoint_every_minutes=0.01"]
+    runner = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args, "--store", str(copy)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(copy.glob("work/*/checkpoint/state.json"))) < 2:
+        time.sleep(0.05)
+    assert len(_workers_of(copy)) == 2
+    runner.kill()
+    runner.wait(30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _workers_of(copy):
+        time.sleep(0.05)
+    assert _workers_of(copy) == []
+    again = cli(*args, store=copy, timeout=600)
+    err = again.stderr.decode()
+    assert again.returncode == 0, err[-3000:]
+    assert err.count("resumed from checkpoint at step") == 2
 
 
 def test_changing_only_the_student_reuses_the_kd_corpus(smoke):

@@ -1,7 +1,8 @@
 """Train stage: the teacher, the distilled student and the reference-only student.
 
 With `--nproc N` the same code runs under torchrun (DistributedDataParallel: gloo on CPU, nccl
-on GPU); run as `python -m pipeline.stages.train JOB.json` it is one such worker.
+on GPU); run as `python -m pipeline.stages.train JOB.json` it is one such worker, or, built side by
+side with another training, a process of its own on its share of the cores.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from model.tokenizer import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig, load_model, save_model
 
 from ..context import StageContext
-from ..distributed import launch, worker_main, world_size
+from ..distributed import launch, launch_alone, worker_main, world_size
 from ..errors import UserInputError
 from ..recipe import TrainConfig
 from ..training import Trainer, ValidationSet, encode_corpus
@@ -46,6 +47,10 @@ def run(ctx: StageContext) -> dict:
     }
     if ctx.nproc > 1:
         return launch(ctx, "pipeline.stages.train", job)
+    if ctx.cores is not None:  # built side by side with another training
+        threads = min(train.get("num_threads") or ctx.cores, ctx.cores)
+        job["train"] = {**train, "num_threads": threads}
+        return launch_alone(ctx, "pipeline.stages.train", job, threads)
     return train_job(job, ctx.log, ctx.progress)
 
 
