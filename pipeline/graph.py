@@ -24,12 +24,15 @@ class Node:
     config: Any  # plain data (JSON-able); hashed into the fingerprint
     inputs: dict[str, str] = field(default_factory=dict)  # role -> upstream node name
     settings: Any = None  # the typed config object handed to the stage
-    # The nodes (this one included) that the runner builds at the same time, each on its share
-    # of the cores; also in the config, so that a model trained on a share is not taken for one
-    # trained on all the cores.
-    side_by_side: tuple[str, ...] = ()
     fingerprint: str = ""
     build: str = ""  # a forced rebuild's artifact id; "" for the build the fingerprint names
+
+    @property
+    def side_by_side(self) -> tuple[str, ...]:
+        """The nodes (this one included) that the runner builds at the same time, each on its
+        share of the cores. Part of the config, so that a model trained on a share is not taken
+        for one trained on all the cores."""
+        return tuple(self.config.get("side_by_side", ())) if isinstance(self.config, dict) else ()
 
     @property
     def default_id(self) -> str:
@@ -201,10 +204,9 @@ def _variants(recipe, models, exports, final_model, has_cuda) -> list[dict]:
 
 
 def _side_by_side(group: list[Node]) -> None:
-    names = tuple(n.name for n in group)
+    names = [n.name for n in group]
     for node in group:
-        node.side_by_side = names
-        node.config = {**node.config, "side_by_side": list(names)}
+        node.config = {**node.config, "side_by_side": names}
 
 
 def _names(nodes: list[Node]) -> set[str]:

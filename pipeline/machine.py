@@ -15,6 +15,13 @@ def machine_info() -> dict:
             "system": f"{platform.system()} {platform.machine()}"}
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (a container or taskset can allow fewer than the host has)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:

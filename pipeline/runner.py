@@ -24,7 +24,7 @@ from .context import StageContext, console
 from .distributed import interrupt_children
 from .errors import PipelineError, UserInputError
 from .graph import Node, build_graph, resolve_builds, select
-from .machine import machine_info
+from .machine import machine_info, usable_cores
 from .recipe import Recipe, load_recipe
 from .store import Store, now_iso, safe_name, tool_versions
 
@@ -200,20 +200,13 @@ def _batches(selected: list[Node]) -> list[list[Node]]:
     return out
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def _run_side_by_side(group: list[Node], built: dict, store: Store, forced: set[str], nproc: int,
                       run_id: str) -> list[tuple[Node, dict]]:
     """Build the group's nodes at the same time, each in its own process on its share of the
     cores. One that is cached is reused; one left to build alone still gets only its share, so
     that what it learns in its minutes does not depend on whether its partner was cached. With
     --nproc N each is a torchrun job that wants the whole machine: one after the other."""
-    share = max(1, _cores() // len(group[0].side_by_side))
+    share = max(1, usable_cores() // len(group[0].side_by_side))
     records = {node.name: _record_head(node) for node in group}
     to_build = [node for node in group
                 if node.name in forced or not _reuse(node, built, store, records[node.name])]

@@ -58,8 +58,7 @@ def test_two_processes_translate_the_same_kd_corpus_in_the_same_order(smoke, tmp
         proc = cli("run", str(SMOKE), "--until", "kd_corpus", "--force", "kd_corpus", "--nproc", nproc,
                    store=copy, timeout=600, env={"PIPELINE_KD_CHUNK": "64"})
         assert proc.returncode == 0, proc.stderr.decode()[-3000:]
-        built = [n for n in json.loads(max((copy / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
-                                       .read_text())["nodes"] if n["node"] == "kd_corpus"][0]
+        built = [n for n in _latest_run(copy)["nodes"] if n["node"] == "kd_corpus"][0]
         folder = copy / "objects" / built["id"]
         assert json.loads((folder / "manifest.json").read_text())["metrics"]["processes"] == int(nproc)
         corpora.append(read_split(folder, "kd"))

@@ -32,6 +32,7 @@ from model.ctranslate2_export import NotConvertible, compare_greedy, export_ctra
 from ..context import StageContext
 from ..errors import UserInputError
 from ..graph import MODEL_NODES
+from ..machine import usable_cores
 from ..store import Artifact, tool_versions
 from .data import read_split
 
@@ -313,8 +314,7 @@ def describe_machine(machine: dict) -> dict:
     info = {"cpu": machine.get("cpu"), "cores": machine.get("cores") or os.cpu_count() or 1,
             "gpu": machine.get("gpu"), "system": machine.get("system"), "versions": tool_versions(),
             "runtimes": {}}
-    # "all" threads means the cores this process may use (a container can have fewer than the host).
-    info["usable_cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else info["cores"]
+    info["usable_cores"] = usable_cores()  # what "all" threads means here
     if info["gpu"] and shutil.which("nvidia-smi"):
         try:
             out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader",
