@@ -223,7 +223,7 @@ class DistillConfig(Strict):
     # same time, each in its own process on half the cores: equal minutes on an equally loaded
     # machine. Where one training cannot use two cores well (a small model on a small CPU) the pair
     # gets through more work than one after the other: on 2 cores, two one-thread trainings each
-    # take 0.7x the steps of one two-thread training in the same minutes.
+    # took 0.63x the steps a minute of one two-thread training (the pair: 1.27x the work).
     ablation_budget: Literal["student_steps", "own", "side_by_side"] = "student_steps"
     # Start the ablation from the teacher's projected embedding too (see the student's
     # embeddings_from_teacher), so that it measures what the KD corpus alone buys.
