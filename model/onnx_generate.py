@@ -43,6 +43,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .onnx_graph import refer_to_bytes_in
+
 EXTERNAL_MIN_BYTES = 128  # below this a tensor's bytes cost less than a reference to them
 # Ops that only reshape or retype the source mask on its way to an attention's key_padding_mask.
 _MASK_PLUMBING = {"Cast", "Unsqueeze", "Flatten", "Reshape", "Squeeze"}
@@ -100,23 +102,9 @@ def _short_names(graph: onnx.GraphProto) -> None:
 
 def _external(graph: onnx.GraphProto, source: str, blob: bytes) -> int:
     """Point the graph's larger initializers at the same bytes inside the file `source` (whose
-    content is `blob`); returns how many."""
-    moved = 0
-    for tensor in graph.initializer:
-        raw = tensor.raw_data
-        if len(raw) < EXTERNAL_MIN_BYTES:
-            continue
-        offset = blob.find(raw)
-        if offset < 0:  # not stored verbatim (should not happen): keep the copy
-            continue
-        tensor.ClearField("raw_data")
-        tensor.data_location = TensorProto.EXTERNAL
-        del tensor.external_data[:]
-        for key, value in (("location", source), ("offset", str(offset)), ("length", str(len(raw)))):
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, value
-        moved += 1
-    return moved
+    content is `blob`); returns how many. Tensors already stored elsewhere keep their reference."""
+    return sum(refer_to_bytes_in(tensor, source, blob) for tensor in graph.initializer
+               if len(tensor.raw_data) >= EXTERNAL_MIN_BYTES)
 
 
 def _last_position_gather(graph: onnx.GraphProto, logits: str, producer: dict) -> onnx.NodeProto | None:

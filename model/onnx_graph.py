@@ -4,6 +4,7 @@ quantization code that uses them does not import it)."""
 from __future__ import annotations
 
 import onnx
+from onnx import TensorProto
 
 
 def drop_unused_initializers(graph: onnx.GraphProto) -> None:
@@ -30,4 +31,22 @@ def splice_and_save(proto: onnx.ModelProto, path, index: int, new_nodes: list[on
         graph.node.insert(index + offset, node)
     drop_unused_initializers(graph)
     onnx.save(proto, str(path))
+    return True
+
+
+def refer_to_bytes_in(tensor: onnx.TensorProto, source: str, blob: bytes) -> bool:
+    """Make `tensor` "external data" pointing at the same bytes inside the file `source` (whose
+    content is `blob`; a protobuf keeps a raw tensor's bytes verbatim) instead of holding a copy.
+    onnxruntime resolves `source` next to the graph file that names it. False, and the copy
+    kept, where the bytes are not there verbatim."""
+    raw = tensor.raw_data
+    offset = blob.find(raw) if raw else -1
+    if offset < 0:
+        return False
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    del tensor.external_data[:]
+    for key, value in (("location", source), ("offset", str(offset)), ("length", str(len(raw)))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
     return True

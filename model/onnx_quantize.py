@@ -19,13 +19,14 @@ import contextlib
 import io
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 import onnx
 
-from .onnx_graph import drop_unused_initializers, gathers_columns, splice_and_save
+from .onnx_graph import drop_unused_initializers, gathers_columns, refer_to_bytes_in, splice_and_save
 
 GRAPHS = ("encoder", "decoder")
 # Node names come from the exporter's module scopes (see model/onnx_export.py: name_nodes).
@@ -281,7 +282,9 @@ def quantize_blockwise(paths: dict[str, Path], out: Path, groups: dict, keep_flo
     """The decoder's weights as int8 blocks along the input dimension (one scale per block of
     each output column), run by onnxruntime's MatMulNBits with accuracy_level 4: activations
     are quantized to int8 per block at run time, products accumulate in int32. The encoder,
-    which runs once per sentence on all its rows, gets quantize_dynamic's per-channel form.
+    which runs once per sentence on all its rows, gets quantize_dynamic's per-channel form,
+    except its token lookup: it reads the decoder's packed table, whose bytes it refers to
+    inside decoder.onnx (so the package stores the vocabulary table once; keep the files together).
 
     MatMulNBits is the kernel ORT tunes for one-row decoding; MatMulInteger, which
     quantize_dynamic writes, is a general GEMM, and at one row was barely faster than fp32
@@ -292,15 +295,74 @@ def quantize_blockwise(paths: dict[str, Path], out: Path, groups: dict, keep_flo
     (16..128) that stores the fewest bytes (padding plus scales) is used instead."""
     out.mkdir(parents=True, exist_ok=True)
     result = {graph: out / f"{graph}.onnx" for graph in GRAPHS}
-    _dynamic_graph(paths["encoder"], result["encoder"], nodes_for(groups, "encoder", keep_float), per_channel)
     proto = onnx.load(str(paths["decoder"]))
     chosen = set(nodes_for(groups, "decoder", keep_float))
+    packed = {}
     if chosen:
-        _to_nbits(proto.graph, chosen, block_size)
-        if not any(o.domain == "com.microsoft" for o in proto.opset_import):
-            proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+        packed = _to_nbits(proto.graph, chosen, block_size)
+        _import_contrib_ops(proto)
     onnx.save(proto, str(result["decoder"]))
+    encoder_nodes = nodes_for(groups, "encoder", keep_float)
+    shared = _lookups_of_packed_tables(paths["encoder"], encoder_nodes, packed)
+    _dynamic_graph(paths["encoder"], result["encoder"], [n for n in encoder_nodes if n not in shared], per_channel)
+    if shared:
+        _read_tables_from_decoder(result["encoder"], result["decoder"], shared)
     return result
+
+
+def _lookups_of_packed_tables(encoder: Path, nodes: list[str], packed: dict[str, "PackedTable"]
+                              ) -> dict[str, "PackedTable"]:
+    """{encoder lookup node: the decoder's packed matrix holding exactly its table}: the tied
+    embedding, which the decoder already stores as int8 blocks for its output projection."""
+    if not packed:
+        return {}
+    from onnx import numpy_helper
+
+    proto = onnx.load(str(encoder))
+    weights = {i.name: i for i in proto.graph.initializer}
+    shared = {}
+    for node in proto.graph.node:
+        if node.name in nodes and node.op_type == "Gather" and node.input[0] in weights:
+            table = numpy_helper.to_array(weights[node.input[0]])  # [vocab, d]
+            shared.update({node.name: entry for entry in packed.values()
+                           if entry.weight.shape == table.T.shape and np.array_equal(entry.weight, table.T)})
+    return shared
+
+
+def _read_tables_from_decoder(encoder: Path, decoder: Path, shared: dict[str, "PackedTable"]) -> None:
+    """Replace the encoder's float lookups by GatherBlockQuantized over the decoder's packed
+    tables, stored as references to their bytes inside decoder.onnx: the package keeps the
+    vocabulary table once (half of a small model's bytes), not once per graph."""
+    proto = onnx.load(str(encoder))
+    graph = proto.graph
+    blob = decoder.read_bytes()
+    tensors = {t.name: t for t in onnx.load_from_string(blob).graph.initializer}
+    new_nodes: list[onnx.NodeProto] = []
+    added: set[str] = set()
+    for node in graph.node:
+        entry = shared.get(node.name)
+        if entry is None:
+            new_nodes.append(node)
+            continue
+        for name in (entry.blocks, entry.scales):
+            if name not in added:
+                tensor = onnx.TensorProto()
+                tensor.CopyFrom(tensors[name])
+                if not refer_to_bytes_in(tensor, decoder.name, blob):
+                    raise ValueError(f"{decoder}: the bytes of {name} are not stored verbatim")
+                graph.initializer.append(tensor)
+                added.add(name)
+        new_nodes += block_lookup(graph, node.name, entry, node.input[1], node.output[0], entry.rows)
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    _import_contrib_ops(proto)
+    drop_unused_initializers(graph)
+    onnx.save(proto, str(encoder))
+
+
+def _import_contrib_ops(proto: onnx.ModelProto) -> None:
+    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
 
 
 BLOCK_SIZES = (16, 32, 64, 128)
@@ -332,53 +394,74 @@ def _pack_int8_blocks(weight: np.ndarray, block_size: int) -> tuple[np.ndarray, 
     return packed, scales
 
 
-def _to_nbits(graph: onnx.GraphProto, chosen: set[str], block_size: int) -> None:
+@dataclass(frozen=True, eq=False)
+class PackedTable:
+    """A float weight [K, N] stored as int8 blocks: `blocks` uint8 [N, K blocks, block] and
+    `scales` float [N, K blocks] (initializer names), K rows before padding."""
+
+    blocks: str
+    scales: str
+    rows: int
+    block: int
+    shape: tuple[int, ...]
+    weight: np.ndarray  # the float [K, N] it was packed from
+
+
+def block_lookup(graph: onnx.GraphProto, node_name: str, table: PackedTable, indices: str, output: str,
+                 d: int) -> list[onnx.NodeProto]:
+    """Nodes reading rows `indices` of a packed [vocab, d] table (dequantized) into `output`."""
+    from onnx import numpy_helper
+
+    make = onnx.helper.make_node
+    rows, blocks, block = table.shape
+    width = blocks * block
+    # The table as [rows, blocks * block_size]: a Reshape of an initializer, which ORT folds
+    # when the session loads (the file keeps one copy).
+    shape = f"{node_name}/table_shape"
+    graph.initializer.append(numpy_helper.from_array(np.array([rows, width], dtype=np.int64), shape))
+    gathered = output if width == d else f"{node_name}/padded"
+    nodes = [make("Reshape", [table.blocks, shape], [f"{node_name}/table"], name=f"{node_name}_table"),
+             make("GatherBlockQuantized", [f"{node_name}/table", indices, table.scales], [gathered], name=node_name,
+                  domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=block, bits=8)]
+    if width != d:  # K was padded to whole blocks
+        bounds = [f"{node_name}/{k}" for k in ("starts", "ends", "axes")]
+        graph.initializer.extend(numpy_helper.from_array(np.array([v], dtype=np.int64), n)
+                                 for n, v in zip(bounds, (0, d, -1)))
+        nodes.append(make("Slice", [gathered, *bounds], [output], name=f"{node_name}_unpad"))
+    return nodes
+
+
+def _to_nbits(graph: onnx.GraphProto, chosen: set[str], block_size: int) -> dict[str, PackedTable]:
+    """The chosen MatMuls as MatMulNBits and lookups as GatherBlockQuantized, in place; returns
+    {float weight name: its packed form}."""
     from onnx import numpy_helper
 
     make = onnx.helper.make_node
     weights = {i.name: i for i in graph.initializer}
-    # float weight -> (packed name, scales name, K, block, packed shape [N, K blocks, block])
-    packed: dict[str, tuple[str, str, int, int, tuple[int, ...]]] = {}
+    packed: dict[str, PackedTable] = {}
 
-    def pack(name: str, matrix: np.ndarray) -> tuple[str, str, int, int, tuple[int, ...]]:
+    def pack(name: str, matrix: np.ndarray) -> PackedTable:
         if name not in packed:
             block = block_for(matrix.shape[0], block_size)
             q, s = _pack_int8_blocks(matrix, block)
             graph.initializer.extend([numpy_helper.from_array(q, f"{name}_int8_blocks"),
                                       numpy_helper.from_array(s, f"{name}_block_scales")])
-            packed[name] = (f"{name}_int8_blocks", f"{name}_block_scales", matrix.shape[0], block, q.shape)
+            packed[name] = PackedTable(f"{name}_int8_blocks", f"{name}_block_scales", matrix.shape[0], block,
+                                       q.shape, matrix)
         return packed[name]
-
-    def lookup(node_name: str, table: str, indices: str, output: str, d: int) -> list[onnx.NodeProto]:
-        q, s, _, block, (rows, blocks, _) = packed[table]
-        width = blocks * block
-        # The table as [rows, blocks * block_size]: a Reshape of an initializer, which ORT folds
-        # when the session loads (the file keeps one copy).
-        shape = f"{node_name}/table_shape"
-        graph.initializer.append(numpy_helper.from_array(np.array([rows, width], dtype=np.int64), shape))
-        gathered = output if width == d else f"{node_name}/padded"
-        nodes = [make("Reshape", [q, shape], [f"{node_name}/table"], name=f"{node_name}_table"),
-                 make("GatherBlockQuantized", [f"{node_name}/table", indices, s], [gathered], name=node_name,
-                      domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=block, bits=8)]
-        if width != d:  # K was padded to whole blocks
-            bounds = [f"{node_name}/{k}" for k in ("starts", "ends", "axes")]
-            graph.initializer.extend(numpy_helper.from_array(np.array([v], dtype=np.int64), n)
-                                     for n, v in zip(bounds, (0, d, -1)))
-            nodes.append(make("Slice", [gathered, *bounds], [output], name=f"{node_name}_unpad"))
-        return nodes
 
     new_nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         if node.name in chosen and node.op_type == "MatMul":
             w = numpy_helper.to_array(weights[node.input[1]])
-            q, s, rows, block, _ = pack(node.input[1], w)
-            new_nodes.append(make("MatMulNBits", [node.input[0], q, s], list(node.output), name=node.name,
-                                  domain="com.microsoft", K=rows, N=w.shape[1], bits=8, block_size=block,
-                                  accuracy_level=4))
+            table = pack(node.input[1], w)
+            new_nodes.append(make("MatMulNBits", [node.input[0], table.blocks, table.scales], list(node.output),
+                                  name=node.name, domain="com.microsoft", K=table.rows, N=w.shape[1], bits=8,
+                                  block_size=table.block, accuracy_level=4))
         elif node.name in chosen and node.op_type == "Gather":  # a [vocab, d] table, rows gathered
-            table = numpy_helper.to_array(weights[node.input[0]])
-            pack(node.input[0], table.T)
-            new_nodes += lookup(node.name, node.input[0], node.input[1], node.output[0], table.shape[1])
+            rows = numpy_helper.to_array(weights[node.input[0]])
+            table = pack(node.input[0], rows.T)
+            new_nodes += block_lookup(graph, node.name, table, node.input[1], node.output[0], rows.shape[1])
         else:
             new_nodes.append(node)
     # The decoder's tied lookup (Gather of [d, vocab] columns + Transpose) reads the packed
@@ -388,13 +471,15 @@ def _to_nbits(graph: onnx.GraphProto, chosen: set[str], block_size: int) -> None
             continue
         transpose = next(n for n in new_nodes if n.op_type == "Transpose" and node.output[0] in n.input)
         index = new_nodes.index(node)
-        replacement = lookup(node.name, node.input[0], node.input[1], transpose.output[0], packed[node.input[0]][2])
+        replacement = block_lookup(graph, node.name, packed[node.input[0]], node.input[1], transpose.output[0],
+                                   packed[node.input[0]].rows)
         new_nodes[index: index + 1] = replacement
         new_nodes.remove(transpose)
     del graph.node[:]
     graph.node.extend(new_nodes)
     fold_bias_adds(graph)
     drop_unused_initializers(graph)
+    return packed
 
 
 MATMUL_NBITS_BIAS = 5  # MatMulNBits' inputs: A, B, scales, zero_points, g_idx, bias

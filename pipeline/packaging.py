@@ -1,6 +1,7 @@
 """The shipped ONNX package: one self-contained folder per variant (fp32, fp16, int8_dynamic, ...).
 
-    encoder.onnx, decoder.onnx   the graphs (I/O documented in MODEL_CARD.md)
+    encoder.onnx, decoder.onnx   the graphs (I/O documented in MODEL_CARD.md); an int8 encoder
+                                 reads the token table from decoder.onnx's bytes
     generate.onnx                float32 packages: both graphs inside onnxruntime's BeamSearch op,
                                  weights read from the two files above (model/onnx_generate.py)
     generate_batch.onnx          int8 packages: the same with kernels for many rows (beam, batches)
@@ -85,7 +86,9 @@ def graph_io(path: Path) -> dict:
 
     return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output),
             "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-            "contrib_ops": sorted({n.op_type for n in model.graph.node if n.domain == "com.microsoft"})}
+            "contrib_ops": sorted({n.op_type for n in model.graph.node if n.domain == "com.microsoft"}),
+            "reads_from": sorted({e.value for t in model.graph.initializer for e in t.external_data
+                                  if e.key == "location"})}
 
 
 def package_bytes(folder: Path) -> int:
@@ -113,6 +116,15 @@ def _io_table(io: dict) -> str:
             for v in io[graph][direction]:
                 rows.append(f"| {graph} | {direction[:-1]} | `{v['name']}` | {v['type']} | {_shape(v['shape'])} |")
     return "\n".join(rows)
+
+
+def _shared_bytes(io: dict) -> str:
+    readers = [f"`{g}.onnx` reads weights from bytes inside {', '.join(f'`{f}`' for f in io[g]['reads_from'])}"
+               for g in ("encoder", "decoder") if io[g].get("reads_from")]
+    if not readers:
+        return ""
+    return ("\n" + "; ".join(readers) + " (ONNX external data, so the package stores the token table "
+            "once): keep the files together.\n")
 
 
 def _generate_section(io: dict, generation: dict) -> str:
@@ -172,7 +184,7 @@ print(translator.translate(["A man is riding a bicycle."], beam=4))
 ## The graphs, for your own client
 
 Two graphs. Run the encoder once per batch, then the decoder once per generated token.
-
+{_shared_bytes(io)}
 {_io_table(io)}
 
 - `src_ids`: subword ids of the source (`tokenizer.json`, no special tokens added) followed by

@@ -204,6 +204,49 @@ def test_int8_decoder_takes_its_biases_inside_matmulnbits(tmp_path, monkeypatch)
     assert searches[0](_sources(), gen) == searches[1](_sources(), gen)
 
 
+def _lookup_alone(proto: onnx.ModelProto, prefix: str, tokens: np.ndarray) -> np.ndarray:
+    """Run the nodes named `prefix`* of a graph (a token lookup) on `tokens` [n, 1]."""
+    nodes = [n for n in proto.graph.node if n.name.startswith(prefix)]
+    needed = {i for n in nodes for i in n.input}
+    sub = onnx.helper.make_model(
+        onnx.helper.make_graph(nodes, "lookup",
+                               [onnx.helper.make_tensor_value_info(nodes[1].input[1], onnx.TensorProto.INT64, [None, 1])],
+                               [onnx.helper.make_tensor_value_info(nodes[-1].output[0], onnx.TensorProto.FLOAT, None)],
+                               [t for t in proto.graph.initializer if t.name in needed]),
+        opset_imports=proto.opset_import, ir_version=proto.ir_version)
+    session = ort.InferenceSession(sub.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {nodes[1].input[1]: tokens})[0].reshape(len(tokens), -1)
+
+
+@pytest.mark.parametrize("d_model", [32, 24])  # 24: padded blocks, the lookups unpad
+def test_int8_encoder_reads_the_token_table_from_the_decoders_bytes(tiny, tmp_path, d_model):
+    """The tied table is stored once in the int8 package: the encoder's lookup refers to the
+    packed blocks inside decoder.onnx and gives exactly the decoder's rows."""
+    model, paths, folder = tiny if d_model == 32 else export_tiny(tmp_path, d_model)
+    groups = node_groups(paths)
+    out = quantize_blockwise(paths, tmp_path / "int8", groups, block_size=32)
+    vocab, d = model.cfg.vocab_size, model.cfg.d_model
+    encoder = onnx.load(str(out["encoder"]), load_external_data=False)
+    big = [t.name for t in encoder.graph.initializer if np.prod(t.dims) >= vocab * d // 2]
+    assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in encoder.graph.initializer if t.name in big)
+    assert {e.value for t in encoder.graph.initializer if t.name in big for e in t.external_data
+            if e.key == "location"} == {"decoder.onnx"}
+    inline = quantize_dynamic(paths, tmp_path / "inline", groups)["encoder"]  # its own int8 table
+    assert out["encoder"].stat().st_size < inline.stat().st_size - 0.9 * vocab * d
+    tokens = np.array([[5], [17], [299]], dtype=np.int64)
+    enc_rows = _lookup_alone(onnx.load(str(out["encoder"])), "/embed/Gather", tokens)
+    dec_rows = _lookup_alone(onnx.load(str(out["decoder"])), "/embed/Gather_tied", tokens)
+    np.testing.assert_array_equal(enc_rows, dec_rows)
+    assert np.abs(enc_rows - model.embed.weight.detach().numpy()[tokens[:, 0]]).max() < 0.05
+    # The package runs from its own folder; the next-token choices are the fp32 graphs' choices.
+    agree, error, spread = _next_token_agreement(paths, out)
+    assert agree > 0.75 and error < 0.3 * spread
+    # With the embeddings kept in float (the guard's choice), the encoder keeps its own table.
+    kept = quantize_blockwise(paths, tmp_path / "keep", groups, keep_float=["embeddings"], block_size=32)
+    assert not any(t.data_location == onnx.TensorProto.EXTERNAL
+                   for t in onnx.load(str(kept["encoder"]), load_external_data=False).graph.initializer)
+
+
 def _float_tables(path, cfg) -> list[str]:
     return [i.name for i in onnx.load(str(path)).graph.initializer
             if i.data_type == onnx.TensorProto.FLOAT and sorted(i.dims) == sorted([cfg.vocab_size, cfg.d_model])]

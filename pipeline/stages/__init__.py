@@ -28,7 +28,7 @@ STAGES: dict[str, StageInfo] = {
     "kd_corpus": StageInfo("pipeline.stages.kd_corpus", 1, "translate the training sources with the teacher"),
     "prune": StageInfo("pipeline.stages.prune", 4, "remove attention heads (and FFN neurons), fine-tune"),
     "export": StageInfo("pipeline.stages.export", 8, "export to ONNX, optimise, check parity"),
-    "quantize": StageInfo("pipeline.stages.quantize", 13, "int8 dynamic and static quantization with a guard"),
+    "quantize": StageInfo("pipeline.stages.quantize", 14, "int8 dynamic and static quantization with a guard"),
     "evaluate": StageInfo("pipeline.stages.evaluate", 2, "translate the test sets, score BLEU and chrF"),
     "benchmark": StageInfo("pipeline.stages.benchmark", 6, "latency and throughput of every variant"),
     "report": StageInfo("pipeline.stages.report", 8, "BLEU against latency: table, JSON and plot"),
