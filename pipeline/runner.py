@@ -210,7 +210,7 @@ def _run_side_by_side(group: list[Node], built: dict, store: Store, forced: set[
     records = {node.name: _record_head(node) for node in group}
     to_build = [node for node in group
                 if node.name in forced or not _reuse(node, built, store, records[node.name])]
-    if nproc > 1 or len(to_build) == 1:
+    if nproc > 1 or len(to_build) <= 1:  # (none: both were cached)
         for node in to_build:
             _build(node, records[node.name], built, store, nproc, run_id, cores=None if nproc > 1 else share)
         return [(node, records[node.name]) for node in group]

@@ -120,6 +120,14 @@ def test_side_by_side_trains_the_student_and_its_ablation_at_once(smoke, tmp_pat
         assert manifest["metrics"]["stopped_by"].startswith("max_epochs")
         assert any("parameters" in e["message"] for e in records[name]["events"])  # relayed from its process
     assert "steps_matched_to" not in ref["metrics"]
+    # Run again unchanged: both are reused, nothing is trained.
+    again = cli("run", str(SMOKE), "--until", "train", "--set", "distill.ablation_budget=side_by_side",
+                "--set", "distill.student.train.max_epochs=6", store=copy, timeout=120)
+    assert again.returncode == 0, again.stderr.decode()[-3000:]
+    rerun = {r["node"]: r for r in _latest_run(copy)["nodes"]}
+    assert {rerun[n]["action"] for n in ("student", "student_ref")} == {"reused"}
+    assert {rerun[n]["id"] for n in ("student", "student_ref")} == {records[n]["id"] for n in ("student", "student_ref")}
+    assert "side by side" not in again.stderr.decode()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="dying with the parent is Linux's prctl")
