@@ -5,7 +5,8 @@ same weights as our runtimes. Conversion reads model.safetensors with NumPy: no 
 
 How our layers map onto CTranslate2's TransformerSpec:
   embed.weight           the encoder's and decoder's embeddings and the output projection (tied;
-                         CTranslate2 keeps one copy and aliases the others), scaled by sqrt(d_model)
+                         CTranslate2 keeps one copy and aliases the others), scaled by sqrt(d_model);
+                         a factorised table (embed_dim) enters as its product with embed_proj
   positions              an explicit sinusoidal table: ours interleaves sin/cos, CTranslate2's
                          built-in one concatenates them, so its default cannot be used
   attn.qkv (fused)       self_attention.linear[0], same row order (all Q, then all K, then all V)
@@ -99,6 +100,8 @@ def build_spec(folder: Path, pad_heads: bool = False):
     cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     enc_heads, dec_heads = padded_heads(cfg) if pad_heads else uniform_heads(cfg)
     w = load_file(str(folder / "model.safetensors"))
+    if "embed_proj.weight" in w:  # a factorised table: CTranslate2 reads one [vocab, d] table
+        w["embed.weight"] = w.pop("embed.weight") @ w.pop("embed_proj.weight").T
     pre_ln, head_dim = cfg["pre_ln"], cfg["head_dim"]
     for i, h in enumerate(cfg["enc_heads"]):
         w.update(pad_attention(w, f"encoder.{i}.attn", {"qkv": 3}, h, enc_heads, head_dim))

@@ -35,7 +35,8 @@ from onnx import numpy_helper
 from torch import Tensor, nn
 
 from .onnx_graph import gathers_columns, splice_and_save
-from .transformer import CrossAttention, SelfAttention, Transformer, sinusoidal_frequencies, sinusoidal_positions
+from .transformer import (CrossAttention, SelfAttention, Transformer, sinusoidal_frequencies, sinusoidal_positions,
+                          unfactorised)
 
 OPSET = 17
 
@@ -249,7 +250,7 @@ def decoder_input_names(model: Transformer) -> list[str]:
 def export_onnx(model: Transformer, folder: Path, opset: int = OPSET, fused: bool = True) -> dict[str, Path]:
     """Write folder/encoder.onnx and folder/decoder.onnx (fp32, unoptimised); attention as
     MultiHeadAttention nodes with `fused`, else in standard ONNX ops."""
-    model = model.float().cpu().eval()
+    model = unfactorised(model.float().cpu().eval())  # the graphs read one [vocab, d] table
     folder.mkdir(parents=True, exist_ok=True)
     names = cache_names(model)
     ex = example_inputs(model, batch=2, src_len=7, past_len=3)

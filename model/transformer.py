@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -39,6 +40,9 @@ class TransformerConfig:
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
+    # A factorised token table (ALBERT's): vocab x embed_dim, then a projection to d_model,
+    # tied both ways to the output layer. None: one vocab x d_model table.
+    embed_dim: int | None = None
 
     def __post_init__(self):
         if not (len(self.dec_self_heads) == len(self.dec_cross_heads) == len(self.dec_ffn)):
@@ -49,6 +53,8 @@ class TransformerConfig:
             raise ValueError("every attention layer needs at least one head")
         if self.activation not in ("relu", "gelu"):
             raise ValueError(f"activation must be relu or gelu, got {self.activation!r}")
+        if self.embed_dim is not None and not 0 < self.embed_dim < self.d_model:
+            raise ValueError(f"embed_dim must be below d_model ({self.d_model}), got {self.embed_dim}")
 
     @classmethod
     def from_spec(cls, spec: dict, vocab_size: int, special_ids: dict) -> "TransformerConfig":
@@ -59,7 +65,7 @@ class TransformerConfig:
                    dec_cross_heads=[spec["heads"]] * dec, enc_ffn=[spec["ffn_dim"]] * enc,
                    dec_ffn=[spec["ffn_dim"]] * dec, dropout=spec["dropout"],
                    attention_dropout=spec["attention_dropout"], activation=spec["activation"],
-                   pre_ln=spec["pre_ln"], max_positions=spec["max_positions"],
+                   pre_ln=spec["pre_ln"], max_positions=spec["max_positions"], embed_dim=spec.get("embed_dim"),
                    pad_id=special_ids["pad"], bos_id=special_ids["bos"], eos_id=special_ids["eos"])
 
     @property
@@ -210,7 +216,11 @@ class Transformer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.embed_dim or cfg.d_model, padding_idx=cfg.pad_id)
+        # Half of a small model's parameters are its token table; a narrower table and a
+        # projection leave more of a parameter budget to the layers (and make the output layer
+        # cheaper: [d, E] then [E, vocab]).
+        self.embed_proj = nn.Linear(cfg.embed_dim, cfg.d_model, bias=False) if cfg.embed_dim else None
         self.register_buffer("positions", sinusoidal_positions(cfg.max_positions, cfg.d_model), persistent=False)
         self.embed_scale = math.sqrt(cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
@@ -226,9 +236,12 @@ class Transformer(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
         # Tied with the output projection, so the scale that suits logits: N(0, d^-1/2).
         nn.init.normal_(self.embed.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
+        if self.embed_proj is not None:  # orthonormal columns: rows keep their norms both ways
+            nn.init.orthogonal_(self.embed_proj.weight)
         with torch.no_grad():
             self.embed.weight[self.cfg.pad_id].zero_()
 
@@ -241,7 +254,10 @@ class Transformer(nn.Module):
             pos = self.positions[offset: offset + t]
         else:
             pos = self.positions.narrow(0, offset, t)
-        return self.drop(self.embed(tokens) * self.embed_scale + pos)
+        x = self.embed(tokens)
+        if self.embed_proj is not None:
+            x = self.embed_proj(x)
+        return self.drop(x * self.embed_scale + pos)
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """src [B, S] -> (memory [B, S, d], src_mask [B, 1, 1, S] bool, True for real tokens)."""
@@ -255,7 +271,16 @@ class Transformer(nn.Module):
         return [layer.cross_attn.project_memory(memory) for layer in self.decoder]
 
     def logits(self, hidden: Tensor) -> Tensor:
+        if self.embed_proj is not None:
+            hidden = hidden @ self.embed_proj.weight  # [.., d] -> [.., E]: the projection's transpose
         return F.linear(hidden, self.embed.weight)
+
+    def token_table(self) -> Tensor:
+        """The [vocab, d_model] table the model reads tokens from and scores them with: the
+        factorised table times its projection, where it is factorised."""
+        if self.embed_proj is None:
+            return self.embed.weight
+        return self.embed.weight @ self.embed_proj.weight.T
 
     # -------------------------------------------------------------------- training
     def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor | None = None) -> Tensor:
@@ -286,6 +311,19 @@ class Transformer(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def unfactorised(model: Transformer) -> Transformer:
+    """The same function with one [vocab, d_model] token table (token_table()): what runtimes
+    that know no factorised table (our ONNX graphs, CTranslate2) are given. The model itself
+    where its table is not factorised."""
+    if model.embed_proj is None:
+        return model
+    plain = Transformer(dataclasses.replace(model.cfg, embed_dim=None)).to(model.embed.weight.device)
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("embed")}
+    state["embed.weight"] = model.token_table().detach()
+    plain.load_state_dict(state)
+    return plain.train(model.training)
 
 
 # ------------------------------------------------------------------------ save / load

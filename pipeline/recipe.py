@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer,
+                      model_validator)
 
 from .errors import RecipeError
 
@@ -102,6 +103,25 @@ class ModelSpec(Strict):
     activation: Literal["relu", "gelu"] = "relu"
     pre_ln: bool = False
     max_positions: PositiveInt = 256
+    # A factorised token table: vocab x embed_dim plus a projection to d_model, tied to the
+    # output layer (below d_model; null: one vocab x d_model table). For small models, whose
+    # parameters are half token table: the layers get the difference.
+    embed_dim: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _narrower_table(self):
+        if self.embed_dim is not None and self.embed_dim >= self.d_model:
+            raise ValueError(f"embed_dim ({self.embed_dim}) must be below d_model ({self.d_model})")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _unfactorised_as_before(self, handler):
+        # Absent, not null, when unused: models configured before the field existed keep
+        # their fingerprints (and their trained artifacts).
+        data = handler(self)
+        if data.get("embed_dim", 0) is None:
+            del data["embed_dim"]
+        return data
 
 
 class TrainConfig(Strict):

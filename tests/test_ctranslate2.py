@@ -26,14 +26,15 @@ def corpus(data_dir):
     return en, SubwordTokenizer.train(en + fr, vocab_size=200)
 
 
-def tiny_model(tmp_path, tokenizer, pre_ln=False, activation="relu", heads=(3, 3, 3), seed=0):
+def tiny_model(tmp_path, tokenizer, pre_ln=False, activation="relu", heads=(3, 3, 3), seed=0, embed_dim=None):
     """A randomly initialised model (biases and norms jittered so no layer is an identity),
     with heads x head_dim != d_model and uneven FFN widths, which the converter must handle."""
     torch.manual_seed(seed)
     cfg = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, head_dim=8, enc_heads=[heads[0]] * 2,
                             dec_self_heads=[heads[1]] * 2, dec_cross_heads=[heads[2]] * 2, enc_ffn=[64, 48],
                             dec_ffn=[40, 64], activation=activation, pre_ln=pre_ln, max_positions=64,
-                            pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)
+                            pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+                            embed_dim=embed_dim)
     model = Transformer(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -45,10 +46,11 @@ def tiny_model(tmp_path, tokenizer, pre_ln=False, activation="relu", heads=(3, 3
     return model.eval(), folder
 
 
-@pytest.mark.parametrize("pre_ln,activation", [(False, "relu"), (True, "gelu")])
-def test_float32_conversion_reproduces_our_model(tmp_path, corpus, pre_ln, activation):
+@pytest.mark.parametrize("pre_ln,activation,embed_dim", [(False, "relu", None), (True, "gelu", None),
+                                                         (False, "relu", 12)])
+def test_float32_conversion_reproduces_our_model(tmp_path, corpus, pre_ln, activation, embed_dim):
     sentences, tokenizer = corpus
-    model, folder = tiny_model(tmp_path, tokenizer, pre_ln, activation)
+    model, folder = tiny_model(tmp_path, tokenizer, pre_ln, activation, embed_dim=embed_dim)
     out = tmp_path / "ct2"
     meta = export_ctranslate2(folder, out, "float32")
     assert meta["heads"] == 18 and (out / "model.bin").stat().st_size == meta["model_bytes"]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from model.search import GenerationConfig, beam_search, greedy_search
 from model.torch_decoder import TorchDecoder
-from model.transformer import Transformer, TransformerConfig, load_model, save_model
+from model.transformer import Transformer, TransformerConfig, load_model, save_model, unfactorised
 
 
 def tiny(pre_ln=False, seed=0) -> Transformer:
@@ -97,3 +98,31 @@ def test_uneven_heads_save_and_load_give_identical_outputs(tmp_path):
     tgt = torch.randint(4, 60, (2, 5))
     with torch.no_grad():
         assert torch.equal(model(src, tgt), loaded(src, tgt))
+
+
+def test_a_factorised_token_table_is_smaller_and_unfactorises_to_the_same_model(tmp_path):
+    """vocab x E table plus an E -> d projection, tied both ways; unfactorised() is the same
+    function with one vocab x d table (what ONNX and CTranslate2 get), and the config saves it."""
+    torch.manual_seed(1)
+    base = dict(vocab_size=60, d_model=32, head_dim=8, enc_heads=[4], dec_self_heads=[4], dec_cross_heads=[4],
+                enc_ffn=[64], dec_ffn=[64], max_positions=64)
+    plain = Transformer(TransformerConfig(**base))
+    model = Transformer(TransformerConfig(**base, embed_dim=12)).eval()
+    assert plain.num_parameters() - model.num_parameters() == 60 * 32 - (60 * 12 + 12 * 32)
+    with torch.no_grad():
+        model.embed.weight.mul_(8.0)
+    src, tgt = torch.randint(4, 60, (3, 7)), torch.randint(4, 60, (3, 9))
+    tgt[:, 0] = 1
+    folded = unfactorised(model)
+    assert folded.embed_proj is None and folded.embed.weight.shape == (60, 32)
+    with torch.no_grad():
+        assert torch.allclose(model(src, tgt), folded(src, tgt), atol=1e-4)
+    assert greedy_search(TorchDecoder(model), SOURCES, GenerationConfig(beam=1, max_positions=64)) == \
+        greedy_search(TorchDecoder(folded), SOURCES, GenerationConfig(beam=1, max_positions=64))
+    save_model(model, tmp_path / "m")
+    loaded = load_model(tmp_path / "m")
+    assert loaded.cfg.embed_dim == 12
+    with torch.no_grad():
+        assert torch.equal(loaded(src, tgt), model(src, tgt))
+    with pytest.raises(ValueError, match="embed_dim"):
+        TransformerConfig(**base, embed_dim=32)

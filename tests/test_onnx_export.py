@@ -32,11 +32,12 @@ NO_PRUNE = "prune=null"  # the smoke student is then the final model: node expor
 
 
 
-def tiny_uneven(pre_ln: bool) -> Transformer:
+def tiny_uneven(pre_ln: bool, embed_dim: int | None = None) -> Transformer:
     torch.manual_seed(3)
     cfg = TransformerConfig(vocab_size=61, d_model=24, head_dim=6, enc_heads=[4, 1, 3], dec_self_heads=[2, 3],
                             dec_cross_heads=[1, 4], enc_ffn=[16, 40, 8], dec_ffn=[32, 12], dropout=0.1,
-                            pre_ln=pre_ln, activation="gelu" if pre_ln else "relu", max_positions=64)
+                            pre_ln=pre_ln, activation="gelu" if pre_ln else "relu", max_positions=64,
+                            embed_dim=embed_dim)
     model = Transformer(cfg).eval()
     with torch.no_grad():  # larger weights than the init gives sharper, more decisive outputs
         for p in model.parameters():
@@ -44,11 +45,12 @@ def tiny_uneven(pre_ln: bool) -> Transformer:
     return model
 
 
-@pytest.fixture(scope="module", params=[(False, True), (True, True), (False, False)],
-                ids=["post_ln", "pre_ln", "post_ln-standard_ops"])
+@pytest.fixture(scope="module", params=[(False, True, None), (True, True, None), (False, False, None),
+                                        (False, True, 10)],
+                ids=["post_ln", "pre_ln", "post_ln-standard_ops", "factorised_table"])
 def exported(request, tmp_path_factory):
-    pre_ln, fused = request.param
-    model = tiny_uneven(pre_ln)
+    pre_ln, fused, embed_dim = request.param
+    model = tiny_uneven(pre_ln, embed_dim)
     folder = tmp_path_factory.mktemp("onnx")
     paths = export_onnx(model, folder, fused=fused)
     attention_nodes = {name: [n for n in onnx.load(str(path)).graph.node if n.op_type == "MultiHeadAttention"]

@@ -32,6 +32,8 @@ MALFORMED = {
     "dropout_range": ("tokenizer: {}\nteacher:\n  model: {dropout: 1.5}\n", "teacher.model.dropout: must be < 1"),
     "no_budget": ("tokenizer: {}\nteacher:\n  train: {max_epochs: null}\n", "set at least one budget"),
     "missing_need": ("teacher: {}\n", "teacher: needs a 'tokenizer' section"),
+    "wide_table": ("tokenizer: {}\nteacher:\n  model: {d_model: 64, embed_dim: 64}\n",
+                   "embed_dim (64) must be below d_model (64)"),
     "extends_missing": ("extends: nowhere.yaml\n", "file not found"),
 }
 
@@ -110,3 +112,15 @@ def test_bare_yaml_on_off_means_the_word(tmp_path):
     assert recipe.teacher.train.bf16 == "off"
     with pytest.raises(RecipeError, match=r"teacher\.train\.bf16: must be one of"):
         load_recipe(path, ["teacher.train.bf16=sometimes"])
+
+
+def test_an_unfactorised_model_keeps_the_fingerprint_it_had_before_embed_dim(tmp_path):
+    """embed_dim enters a model's config only when set: teachers and students configured before
+    it existed are not retrained."""
+    from pipeline.recipe import dump_config
+
+    path = write(tmp_path, "tokenizer: {}\nteacher: {}\n")
+    plain, _ = load_recipe(path)
+    assert "embed_dim" not in dump_config(plain.teacher)["model"]
+    factorised, _ = load_recipe(path, ["teacher.model.embed_dim=32"])
+    assert dump_config(factorised.teacher)["model"]["embed_dim"] == 32

@@ -111,12 +111,12 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
     if job.get("embeddings_from_teacher"):
         source = teacher if teacher is not None else _teacher_with_our_vocabulary(
             job, tokenizer, "cpu", "embeddings_from_teacher")
+        width = model.embed.weight.shape[1]  # embed_dim where the table is factorised
         with torch.no_grad():
-            projected, kept = project_embedding(source.embed.weight, model_cfg.d_model,
-                                                float(model.embed.weight.std()))
+            projected, kept = project_embedding(source.token_table(), width, float(model.embed.weight.std()))
             model.embed.weight.copy_(projected)
         data_info["embeddings_from_teacher"] = {"teacher_d_model": source.cfg.d_model, "variance_kept": round(kept, 4)}
-        log(f"embedding: the teacher's, on its top {model_cfg.d_model} of {source.cfg.d_model} principal "
+        log(f"embedding: the teacher's, on its top {width} of {source.cfg.d_model} principal "
             f"directions ({kept:.1%} of its variance)")
 
     log(f"{model.num_parameters():,} parameters, {len(train)} training pairs, "
