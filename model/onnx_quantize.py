@@ -306,7 +306,7 @@ def quantize_blockwise(paths: dict[str, Path], out: Path, groups: dict, keep_flo
     shared = _lookups_of_packed_tables(paths["encoder"], encoder_nodes, packed)
     _dynamic_graph(paths["encoder"], result["encoder"], [n for n in encoder_nodes if n not in shared], per_channel)
     if shared:
-        _read_tables_from_decoder(result["encoder"], result["decoder"], shared)
+        _read_tables_from_decoder(result["encoder"], result["decoder"], proto.graph, shared)
     return result
 
 
@@ -329,14 +329,15 @@ def _lookups_of_packed_tables(encoder: Path, nodes: list[str], packed: dict[str,
     return shared
 
 
-def _read_tables_from_decoder(encoder: Path, decoder: Path, shared: dict[str, "PackedTable"]) -> None:
+def _read_tables_from_decoder(encoder: Path, decoder: Path, decoder_graph: onnx.GraphProto,
+                              shared: dict[str, "PackedTable"]) -> None:
     """Replace the encoder's float lookups by GatherBlockQuantized over the decoder's packed
     tables, stored as references to their bytes inside decoder.onnx: the package keeps the
     vocabulary table once (half of a small model's bytes), not once per graph."""
     proto = onnx.load(str(encoder))
     graph = proto.graph
-    blob = decoder.read_bytes()
-    tensors = {t.name: t for t in onnx.load_from_string(blob).graph.initializer}
+    blob = decoder.read_bytes()  # as saved: the offsets of the tensors' bytes
+    tensors = {t.name: t for t in decoder_graph.initializer}
     new_nodes: list[onnx.NodeProto] = []
     added: set[str] = set()
     for node in graph.node:
