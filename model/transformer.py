@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import dataclasses
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -319,7 +318,7 @@ def unfactorised(model: Transformer) -> Transformer:
     where its table is not factorised."""
     if model.embed_proj is None:
         return model
-    plain = Transformer(dataclasses.replace(model.cfg, embed_dim=None)).to(model.embed.weight.device)
+    plain = Transformer(replace(model.cfg, embed_dim=None)).to(model.embed.weight.device)
     state = {k: v for k, v in model.state_dict().items() if not k.startswith("embed")}
     state["embed.weight"] = model.token_table().detach()
     plain.load_state_dict(state)
