@@ -135,9 +135,12 @@ class TrainConfig(Strict):
     label_smoothing: OpenFraction = 0.1
     clip_norm: PositiveFloat | None = 1.0
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
-    # Budgets: training stops at the first one reached; at least one must be set.
+    # The budget: training stops at the first of these reached, and the schedule's cooldown
+    # follows it. Steps and epochs mean the same model on every machine; at least one is needed.
     max_epochs: PositiveInt | None = 20
     max_steps: PositiveInt | None = None
+    # A cap on wall-clock minutes, not a budget: a training it cuts short is recorded as cut
+    # ("cut by time at step N of M") in its manifest, the run log, `status` and the report.
     max_minutes: PositiveFloat | None = None
     seed: int = 1
     # Validation each epoch: loss on all of valid, BLEU (greedy) on its first N sentences.
@@ -146,7 +149,10 @@ class TrainConfig(Strict):
     average_checkpoints: PositiveInt = 1
     checkpoint_every_minutes: PositiveFloat = 2.0
     num_threads: PositiveInt | None = None  # torch intra-op threads; all cores if null
-    bf16: Literal["auto", "on", "off"] = "auto"  # auto: bf16 autocast on CUDA only
+    # bf16 autocast. auto: where the GPU supports it, and on a CPU where a probe at this model's
+    # shapes measures it faster than float32 (pipeline/speed_probe.py); on: always (a warning
+    # gives the measured slowdown where it is slower); off: float32.
+    bf16: Literal["auto", "on", "off"] = "auto"
 
     @field_validator("bf16", mode="before")
     @classmethod
@@ -156,8 +162,10 @@ class TrainConfig(Strict):
 
     @model_validator(mode="after")
     def _some_budget(self):
-        if self.max_epochs is None and self.max_steps is None and self.max_minutes is None:
-            raise ValueError("set at least one budget: max_epochs, max_steps or max_minutes")
+        if self.max_epochs is None and self.max_steps is None:
+            cap = " (max_minutes is a cap, not a budget: the same recipe would train a different model " \
+                  "on each machine)" if self.max_minutes is not None else ""
+            raise ValueError(f"set a budget: max_steps or max_epochs{cap}")
         return self
 
 

@@ -2,7 +2,10 @@
 
 Label-smoothed cross-entropy, Adam(0.9, 0.98, 1e-9) with inverse-square-root warmup, gradient
 clipping, batches by token count with length bucketing, validation loss and BLEU each epoch,
-checkpoint averaging, budgets by epochs / steps / minutes. A killed run resumes from its last
+checkpoint averaging. The budget is steps or epochs, so that one recipe trains the same model on
+any machine; minutes are only a cap, and a training the cap cuts short says so in its result.
+Speed-only switches (bf16, attention kernel, fused Adam, threads) are measured on the machine at
+hand (pipeline/speed_probe.py) and kept in the checkpoint and the result. A killed run resumes from its last
 checkpoint (model, optimizer, schedule, position in the data order, RNG): checkpoints are
 safetensors + JSON, written to a temporary name and renamed, so a kill never leaves half of one.
 Several processes (torchrun; gloo on CPU, nccl on GPU) split each epoch's batches.
@@ -10,7 +13,6 @@ Several processes (torchrun; gloo on CPU, nccl on GPU) split each epoch's batche
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -24,13 +26,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from safetensors.torch import load_file, save_file
 
 from model.search import GenerationConfig, greedy_search
 from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer
 
+from . import speed_probe
 from .recipe import TrainConfig
 from .scoring import bleu_only
 
@@ -150,6 +152,13 @@ class Checkpoints:
 
     def exists(self) -> bool:
         return (self.dir / "state.json").is_file()
+
+    def saved_state(self) -> dict | None:
+        """The last checkpoint's state.json (no tensors), or None where there is none."""
+        for folder in (self.dir, self.dir.with_name("checkpoint.old")):  # .old: killed between renames
+            if (folder / "state.json").is_file():
+                return json.loads((folder / "state.json").read_text())
+        return None
 
     def save(self, model: Transformer, optimizer: torch.optim.Optimizer, state: dict) -> None:
         tmp = self.dir.with_name("checkpoint.tmp")
@@ -271,17 +280,11 @@ def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: f
                                        None if probs is None else probs.float(), float(alpha))
 
 
-def attention_kernel(device: torch.device):
-    """PyTorch's plain-math attention on the CPU: its flash kernel is slower for our short
-    sentences and narrow heads (training throughput 1.09-1.15x the student's, 1.17-1.31x the teacher's,
-    with the same outputs); elsewhere PyTorch chooses."""
-    return sdpa_kernel(SDPBackend.MATH) if device.type == "cpu" else contextlib.nullcontext()
-
-
 class Trainer:
     def __init__(self, model: Transformer, cfg: TrainConfig, train: Corpus, valid: ValidationSet, tokenizer,
                  work: Path, log: Callable[[str], None], progress, device: str = "cpu",
-                 teacher: Transformer | None = None, kd_alpha: float = 0.0, kd_temperature: float = 1.0):
+                 teacher: Transformer | None = None, kd_alpha: float = 0.0, kd_temperature: float = 1.0,
+                 probe_threads: list[int] | None = None, speed: speed_probe.SpeedChoice | None = None):
         self.cfg, self.train_set, self.valid, self.tokenizer = cfg, train, valid, tokenizer
         self.log, self.progress, self.device = log, progress, torch.device(device)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
@@ -291,12 +294,11 @@ class Trainer:
         self.teacher = teacher.to(self.device).eval() if teacher is not None else None
         self.kd_alpha, self.kd_temperature = kd_alpha, kd_temperature
         self.budget_used = 0.0  # fraction of the training budget used so far (drives the cooldown)
-        self.use_bf16 = cfg.bf16 == "on" or (cfg.bf16 == "auto" and self.device.type == "cuda")
-        opt_cls = torch.optim.AdamW if cfg.weight_decay > 0 else torch.optim.Adam
-        # fused: one kernel for all parameters instead of a few per tensor (the step is 3% of a
-        # small model's training time otherwise).
-        self.optimizer = opt_cls(self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9,
-                                 weight_decay=cfg.weight_decay, fused=self.device.type in ("cpu", "cuda"))
+        self.probe_threads = probe_threads if self.world == 1 else None
+        # Chosen when fit() starts, unless given (a caller that has chosen already, or a test).
+        self.fixed_speed = speed
+        self.speed: speed_probe.SpeedChoice | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
         self.ddp_model = self.model
         if self.world > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -310,7 +312,9 @@ class Trainer:
         torch.manual_seed(cfg.seed + self.rank)
         state = {"step": 0, "epoch": 0, "batch": 0, "elapsed_s": 0.0, "history": [], "kept": [],
                  "tokens": 0, "resumed_from": []}
-        if self.ckpt.exists() or self.ckpt.dir.with_name("checkpoint.old").is_dir():
+        saved = self.ckpt.saved_state()
+        self._choose_speed(saved.get("speed") if saved else None)
+        if saved is not None:
             state = self.ckpt.load(self.model, self.optimizer)
             state["resumed_from"].append(state["step"])
             self.log(f"resumed from checkpoint at step {state['step']} (epoch {state['epoch'] + 1}, "
@@ -318,6 +322,7 @@ class Trainer:
         session_start = time.monotonic()
         elapsed = lambda: state["elapsed_s"] + time.monotonic() - session_start  # noqa: E731
         last_ckpt = time.monotonic()
+        eta = _Forecast(self, state)
         # A run resumed from a checkpoint taken when its budget ran out must not take another step.
         stop_reason = self._budget_reached(state, elapsed(), 0.0)
         max_epochs = cfg.max_epochs or 10 ** 9
@@ -338,7 +343,7 @@ class Trainer:
                     tok_epoch += ntok
                     rate = tok_epoch * self.world / max(1e-6, time.monotonic() - t_epoch)
                     bar.advance(1, postfix=f"loss {loss:.3f} lr {self.optimizer.param_groups[0]['lr']:.2e} "
-                                           f"{rate:.0f} tok/s")
+                                           f"{rate:.0f} tok/s{eta.update(len(batches))}")
                     stop_reason = self._budget_reached(state, elapsed(), state["batch"] / len(batches))
                     if stop_reason:
                         break
@@ -358,21 +363,60 @@ class Trainer:
                 stop_reason = self._budget_reached(state, elapsed(), 0.0)
         return self._finish(state, elapsed(), stop_reason or "done")
 
+    def _choose_speed(self, saved: dict | None) -> None:
+        """The speed switches: those of the checkpoint a resumed run continues (one training, one
+        precision), else measured now; rank 0 decides for every rank. Then the optimizer."""
+        cfg = self.cfg
+        if saved is not None or self.fixed_speed is not None:
+            self.speed = speed_probe.SpeedChoice.from_dict(saved) if saved is not None else self.fixed_speed
+            if self.world == 1:
+                torch.set_num_threads(self.speed.threads)
+            how = "kept from the checkpoint" if saved is not None else "as given"
+        else:
+            choice = [None]
+            if self.rank == 0:
+                choice = [self._probe_speed().to_dict()]
+            if self.world > 1:
+                dist.broadcast_object_list(choice, 0)
+            self.speed = speed_probe.SpeedChoice.from_dict(choice[0])
+            how = f"probe {self.speed.probe_s:.1f} s"
+        self.log(f"speed: {self.speed.summary()}; {how}")
+        if self.speed.warning and saved is None:
+            self.log(f"warning: {self.speed.warning}")
+        opt_cls = torch.optim.AdamW if cfg.weight_decay > 0 else torch.optim.Adam
+        self.optimizer = opt_cls(self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9,
+                                 weight_decay=cfg.weight_decay, fused=self.speed.fused_optimizer or None,
+                                 foreach=None if self.speed.fused_optimizer else True)
+
+    def _probe_speed(self) -> speed_probe.SpeedChoice:
+        cfg, tok = self.cfg, self.tokenizer
+        batches = make_batches(self.train_set, cfg.batch_tokens, cfg.seed, 0)
+        full = max(batches, key=len)
+        part = full[: max(1, len(full) // 4)]  # a quarter of a batch: the probe in a second or two
+        src, tin, tout = collate(self.train_set, part, tok.pad_id, tok.bos_id, tok.eos_id, self.device)
+        target = tout[tout != tok.pad_id]
+        self.model.train()
+        return speed_probe.choose(
+            self.model, (src, tin, tout), lambda logits: label_smoothed_loss(logits, target, cfg.label_smoothing),
+            self.device, cfg.bf16, torch.get_num_threads(), self.probe_threads,
+            steps=min(cfg.max_steps or 10 ** 12, (cfg.max_epochs or 10 ** 6) * len(batches)),
+            pass_to_step=4.4)  # a step: four times the probe's rows, plus the optimizer and batching
+
     def _save_checkpoint(self, state: dict, elapsed_s: float, session_start: float) -> None:
         if self.rank == 0:
-            self.ckpt.save(self.model, self.optimizer, {**state, "elapsed_s": elapsed_s})
+            self.ckpt.save(self.model, self.optimizer, {**state, "elapsed_s": elapsed_s, "speed": self.speed.to_dict()})
         if self.world > 1:
             dist.barrier()
 
     def _budget_reached(self, state: dict, elapsed_s: float, epoch_fraction: float) -> str | None:
-        """Whether a budget is spent; also updates `self.budget_used`, the fraction of the budget used
-        (the first budget to run out decides), which the learning-rate cooldown follows."""
+        """Whether the budget is spent or the time cap reached; also updates `self.budget_used`,
+        the fraction of the budget (steps or epochs, the first to run out) used so far, which the
+        learning-rate cooldown follows. Time never moves the schedule: a model trained to its budget
+        is the same on a fast machine and a slow one, and one the cap cuts is recorded as cut."""
         cfg = self.cfg
         fractions = []
         if cfg.max_steps is not None:
             fractions.append(state["step"] / cfg.max_steps)
-        if cfg.max_minutes is not None:
-            fractions.append(elapsed_s / (cfg.max_minutes * 60))
         if cfg.max_epochs is not None:
             fractions.append((state["epoch"] + epoch_fraction) / cfg.max_epochs)
         progress = max(fractions)
@@ -403,8 +447,8 @@ class Trainer:
         if self.train_set.soft is not None and self.kd_alpha > 0:
             ids, probs = collate_soft(self.train_set, index, tout.shape[1], self.device)
             soft = (ids[keep], probs[keep], self.kd_alpha)
-        with attention_kernel(self.device), torch.autocast(self.device.type, dtype=torch.bfloat16,
-                                                           enabled=self.use_bf16):
+        with speed_probe.attention_context(self.speed.attention), \
+                torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.speed.bf16):
             logits = self.ddp_model(src, tin, tout)
             loss = label_smoothed_loss(logits, target, cfg.label_smoothing, soft)
             if self.teacher is not None and self.kd_alpha > 0:
@@ -488,7 +532,13 @@ class Trainer:
         result = {"steps": state["step"], "epochs": state["epoch"],
                   "train_minutes": round(elapsed_s / 60, 2), "stopped_by": reason, "history": state["history"],
                   "train_tokens": state["tokens"], "resumed_from_steps": state["resumed_from"],
-                  "tokens_per_s": round(state["tokens"] * self.world / max(1e-6, elapsed_s), 1)}
+                  "tokens_per_s": round(state["tokens"] * self.world / max(1e-6, elapsed_s), 1),
+                  "budget": budget_text(self.cfg), "precision": self.speed.precision,
+                  "speed": self.speed.to_dict()}
+        if reason.startswith("max_minutes"):
+            result["cut_by_time"] = cut_text(state["step"], self.cfg)
+            self.log(f"warning: {result['cut_by_time']} (max_minutes {self.cfg.max_minutes:g}): this model is "
+                     "not the one the recipe's budget trains")
         if self.rank != 0:
             return result
         kept = state["kept"]
@@ -515,3 +565,57 @@ class Trainer:
         self.model.eval()
         result.update(chosen_checkpoint=chosen, best_valid_loss=chosen["valid_loss"], valid_bleu=chosen["valid_bleu"])
         return result
+
+
+def budget_text(cfg: TrainConfig) -> str:
+    parts = [f"{cfg.max_steps} steps"] if cfg.max_steps is not None else []
+    if cfg.max_epochs is not None:
+        parts.append(f"{cfg.max_epochs} epochs")
+    text = " or ".join(parts)
+    return text + (f", capped at {cfg.max_minutes:g} min" if cfg.max_minutes is not None else "")
+
+
+def cut_text(step: int, cfg: TrainConfig) -> str:
+    of = f" of {cfg.max_steps}" if cfg.max_steps is not None else f" (budget {cfg.max_epochs} epochs)"
+    return f"cut by time at step {step}{of}"
+
+
+class _Forecast:
+    """The time a training still needs for its budget, at the rate measured since it (re)started:
+    logged once after its first minute, then kept in the progress line."""
+
+    FIRST_AFTER_S = 60.0
+
+    def __init__(self, trainer: Trainer, state: dict):
+        self.trainer, self.state = trainer, state
+        self.start, self.start_step = time.monotonic(), state["step"]
+        self.logged = False
+
+    def update(self, batches_per_epoch: int) -> str:
+        spent = time.monotonic() - self.start
+        done = self.state["step"] - self.start_step
+        if spent < self.FIRST_AFTER_S or done <= 0:
+            return ""
+        cfg, state = self.trainer.cfg, self.state
+        left = [cfg.max_steps - state["step"]] if cfg.max_steps is not None else []
+        if cfg.max_epochs is not None:
+            left.append((cfg.max_epochs - state["epoch"]) * batches_per_epoch - state["batch"])
+        if not left:
+            return ""
+        steps_left = max(0, min(left))
+        # Each epoch end validates; count the ones still to come at the last one's cost.
+        history = state["history"]
+        epochs_left = math.ceil((steps_left + state["batch"]) / max(1, batches_per_epoch))
+        validation = epochs_left * (history[-1]["validation_s"] if history else 0.0)
+        seconds = steps_left * spent / done + validation
+        if cfg.max_minutes is not None:
+            cap_left = cfg.max_minutes * 60 - (state["elapsed_s"] + spent)
+            if seconds > cap_left and not self.logged:
+                self.trainer.log(f"warning: at this rate the max_minutes cap ({cfg.max_minutes:g}) will cut "
+                                 f"this training near step {state['step'] + int(cap_left * done / spent)}")
+        if not self.logged:
+            self.logged = True
+            finish = time.strftime("%H:%M", time.localtime(time.time() + seconds))
+            self.trainer.log(f"{spent / done:.2f} s a step: the budget's {steps_left} steps left take about "
+                             f"{speed_probe.duration(seconds)} more (done near {finish})")
+        return f" eta {speed_probe.duration(seconds)}"

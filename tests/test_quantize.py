@@ -68,6 +68,37 @@ def _sources(n=6, seed=0):
     return [[int(t) for t in rng.integers(4, 300, rng.integers(3, 12))] + [2] for _ in range(n)]
 
 
+def assert_same_but_near_ties(decoder, sources, ours, theirs, beam: bool = False, min_agree: float = 0.6,
+                              tie: float = 0.05):
+    """What two int8 kernels promise each other (their rounding differs with the CPU's instruction
+    set: AVX2 and AVX-512 machines take different int8 paths): most outputs identical, and where
+    one differs, a near-tie under `decoder`: greedy, the two tokens where they part, after the
+    shared prefix, within `tie` in log-probability; beam search, the two whole outputs."""
+    same = [a == b for a, b in zip(ours, theirs)]
+    assert np.mean(same) >= min_agree, (ours, theirs)
+
+    def log_probs_after(src, prefix):
+        decoder.encode([src], 1)
+        out = decoder.step(np.array([1]), None)  # BOS
+        for token in prefix:
+            out = decoder.step(np.array([token]), None)
+        return out[0]
+
+    def score(src, seq):
+        return sum(float(log_probs_after(src, seq[:i])[t]) for i, t in enumerate(seq + [2]))
+
+    for src, a, b, equal in zip(sources, ours, theirs, same):
+        if equal:
+            continue
+        if beam:
+            assert abs(score(src, a) - score(src, b)) <= tie, (src, a, b)
+            continue
+        at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        after = log_probs_after(src, a[:at])
+        first = [seq[at] if at < len(seq) else 2 for seq in (a, b)]  # EOS where one ended
+        assert abs(float(after[first[0]] - after[first[1]])) <= tie, (src, a, b)
+
+
 def test_every_weight_belongs_to_a_named_group(tiny):
     model, paths, _ = tiny
     groups = node_groups(paths)
@@ -201,7 +232,8 @@ def test_int8_decoder_takes_its_biases_inside_matmulnbits(tmp_path, monkeypatch)
     search = onnx.load(str(tmp_path / "folded" / "generate_batch.onnx"), load_external_data=False).graph.node[-1]
     [steps] = [a.g for a in search.attribute if a.name == "decoder"]
     assert any(len(n.input) == 5 and n.input[4] for n in steps.node if n.op_type == "DynamicQuantizeMatMul")
-    assert searches[0](_sources(), gen) == searches[1](_sources(), gen)
+    assert_same_but_near_ties(_decoder(unfolded), _sources(), searches[0](_sources(), gen),
+                              searches[1](_sources(), gen), beam=True)
 
 
 def _lookup_alone(proto: onnx.ModelProto, prefix: str, tokens: np.ndarray) -> np.ndarray:
@@ -409,7 +441,13 @@ def test_int8_package_gets_a_many_rows_search_graph(tiny, tmp_path):
     graph = GraphSearch(one, many)
     src = _sources()
     steps = greedy_search(_decoder(out), src, gen)
-    assert [graph([s], gen)[0] for s in src] == steps  # one row: generate.onnx, MatMulNBits, exactly ours
+    # One row: generate.onnx, MatMulNBits as in the step graphs (the same translations but near-ties).
+    assert_same_but_near_ties(_decoder(out), src, [graph([s], gen)[0] for s in src], steps)
+    decoder = _decoder(out)  # ... and the check fails where an output parts from the other for real
+    decoder.encode([src[0]], 1)
+    unlikely = [int(np.argmin(decoder.step(np.array([1]), None)[0]))] + steps[0]
+    with pytest.raises(AssertionError):
+        assert_same_but_near_ties(decoder, src, [unlikely] + steps[1:], steps)
     # Many rows: the same int8 weights, activations quantized per call instead of per row block.
     batched = graph(src, gen)
     assert batched == GraphSearch(many)(src, gen)  # more than one row: the many-rows graph

@@ -14,6 +14,7 @@ from model.transformer import Transformer, TransformerConfig
 from pipeline.context import progress_bar
 from pipeline.recipe import TrainConfig
 from pipeline.stages.data import read_split
+from pipeline.speed_probe import SpeedChoice
 from pipeline.training import (Corpus, Trainer, ValidationSet, cooldown_factor, encode_corpus, inverse_sqrt_lr,
                                label_smoothed_loss, make_batches)
 
@@ -105,17 +106,22 @@ def _setup(smoke):
 
 def test_resumed_training_is_identical_to_uninterrupted(smoke, tmp_path):
     tok, train, valid, cfg = _setup(smoke)
+    # One set of speed switches for both trainings (a probe on a busy machine may pick others).
+    switches = SpeedChoice(bf16=False, attention="math", fused_optimizer=True, threads=1, isa="test")
 
-    def trainer(work, steps):
+    def trainer(work, steps, speed=switches):
         torch.manual_seed(0)
         model = Transformer(cfg)
         tc = TrainConfig(lr=3e-3, warmup_steps=5, batch_tokens=400, max_epochs=3, max_steps=steps,
                          valid_bleu_sentences=5, seed=7)
-        return Trainer(model, tc, train, valid, tok, work, lambda m: None, progress_bar)
+        return Trainer(model, tc, train, valid, tok, work, lambda m: None, progress_bar, speed=speed)
 
     straight = trainer(tmp_path / "a", 20).fit()
     first = trainer(tmp_path / "b", 9).fit()  # stops mid-epoch, as a kill after a checkpoint would
-    resumed = trainer(tmp_path / "b", 20).fit()
+    # The resumed run keeps the checkpoint's switches, whatever it would have chosen itself.
+    other = SpeedChoice(bf16=False, attention="default", fused_optimizer=False, threads=1, isa="test")
+    resumed = trainer(tmp_path / "b", 20, speed=other).fit()
+    assert resumed["speed"]["attention"] == "math" and resumed["speed"]["fused_optimizer"] is True
     assert first["steps"] == 9 and resumed["steps"] == 20 and resumed["resumed_from_steps"] == [9]
     a = load_file(str(tmp_path / "a" / "checkpoint" / "model.safetensors"))
     b = load_file(str(tmp_path / "b" / "checkpoint" / "model.safetensors"))

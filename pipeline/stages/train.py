@@ -8,7 +8,6 @@ side with another training, a process of its own on its share of the cores.
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -21,6 +20,7 @@ from model.transformer import Transformer, TransformerConfig, load_model, save_m
 from ..context import StageContext
 from ..distributed import launch, launch_alone, worker_main, world_size
 from ..errors import UserInputError
+from ..machine import usable_cores
 from ..recipe import TrainConfig
 from ..training import Trainer, ValidationSet, encode_corpus
 from .data import read_split
@@ -84,7 +84,10 @@ def stored_word_level(config: dict) -> dict | None:
 
 def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None) -> dict:
     train_cfg = TrainConfig.model_validate(job["train"])
-    torch.set_num_threads(train_cfg.num_threads or max(1, (os.cpu_count() or 1) // world_size()))
+    cores = max(1, usable_cores() // world_size())
+    torch.set_num_threads(train_cfg.num_threads or cores)
+    # Threads left to the machine are measured (all the cores against half); a recipe's are kept.
+    probe_threads = [cores, cores // 2] if train_cfg.num_threads is None and world_size() == 1 and cores > 1 else None
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = SubwordTokenizer.load(job["tokenizer"])
     model_cfg = TransformerConfig.from_spec(job["model"], tokenizer.vocab_size, tokenizer.special_ids())
@@ -123,7 +126,7 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
         f"device {device}, threads {torch.get_num_threads()}, processes {world_size()}")
     trainer = Trainer(model, train_cfg, train, valid, tokenizer, Path(job["work"]), log, progress, device,
                       teacher=None if word_level.get("from_kd_corpus") else teacher, kd_alpha=alpha,
-                      kd_temperature=temperature)
+                      kd_temperature=temperature, probe_threads=probe_threads)
     result = trainer.fit()
     if rank != 0:
         return result
