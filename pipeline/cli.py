@@ -43,17 +43,57 @@ def run(recipe: RecipeArg, set_: SetOpt = None, until: Annotated[Optional[str], 
         wait: Annotated[bool, typer.Option(help="Wait for the store lock instead of failing.")] = False,
         nproc: Annotated[int, typer.Option(
             min=1, help="Processes for training and corpus translation (torchrun; gloo on CPU, nccl on GPU).")] = 1,
-        store: StoreOpt = None) -> None:
+        store: StoreOpt = None,
+        dry_run: Annotated[bool, typer.Option(
+            "--dry-run", help="Build nothing: say what would be built and how long it would take here "
+                              "(trainings measured by a short probe).")] = False) -> None:
     """Build every artifact of the recipe that is not already in the store."""
     from .runner import make_plan, run as run_plan, summary_table
 
     started = time.monotonic()
     plan = make_plan(recipe, set_ or [])
     st = _store(store)
+    if dry_run:
+        _dry_run(plan, st, until)
+        return
     console.print(f"recipe [bold]{plan.name}[/bold] ({recipe}), store {st.root}"
                   + (f", overrides: {' '.join(set_)}" if set_ else ""))
     result = run_plan(plan, st, until=until, force=force or [], wait=wait, nproc=nproc)
     console.print(summary_table(result, time.monotonic() - started))
+
+
+def _dry_run(plan, st: Store, until: str | None) -> None:
+    from .estimate import estimate
+    from .graph import select
+    from .machine import machine_info
+
+    machine = machine_info()
+    console.print(f"recipe [bold]{plan.name}[/bold]: estimating on this machine ({machine['cpu']}, {machine['isa']}, "
+                  f"{machine['cores']} cores); nothing is built")
+    selected = select(plan.nodes, until)
+    rows = estimate(plan, st, selected, log=lambda line: console.print(line, style="dim"))
+    by_name = {n.name: n for n in selected}
+    table = Table(title_justify="left")
+    for col in ("stage", "estimate", "how"):
+        table.add_column(col)
+    total, unknown, counted = 0.0, [], set()
+    for row in rows:
+        shown = "–" if row.seconds is None else ("cached" if row.how == "cached" else _minutes(row.seconds))
+        table.add_row(row.node, shown, row.how)
+        if row.seconds is None:
+            unknown.append(row.node)
+            continue
+        group = by_name[row.node].side_by_side or (row.node,)  # built side by side: the longer of the pair
+        if row.node not in counted:
+            total += max(r.seconds or 0.0 for r in rows if r.node in group)
+            counted.update(group)
+    table.title = (f"about {_minutes(total)} on this machine" + (f", plus {len(unknown)} stage(s) not estimated"
+                                                                 if unknown else ""))
+    console.print(table)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
 @app.command()

@@ -175,6 +175,8 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
         inputs = {"benchmark": "benchmark", "data": "data"}  # data: the references, for BLEU's uncertainty
         for variant in (v for v in variants if not v.get("skipped")):
             inputs[f"evaluate.{variant['name']}"] = f"evaluate.{variant['name']}"
+        for model in models:  # how each was trained: steps, precision, whether a time cap cut it
+            inputs[f"trained.{model}"] = model
         add("report", "report", recipe.report, inputs, extra={"recipe": recipe.name})
 
     _check_and_fingerprint(nodes, where)

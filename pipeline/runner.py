@@ -20,6 +20,7 @@ from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from . import stages
+from .budgets import training_cut
 from .context import StageContext, console
 from .distributed import interrupt_children
 from .errors import PipelineError, UserInputError
@@ -61,9 +62,15 @@ def node_status(store: Store, plan: Plan) -> list[dict]:
     resolve_builds(plan.nodes, store.current_build)
     by_name = {n.name: n for n in plan.nodes}
     rows = []
+    cut: set[str] = set()  # nodes trained short by a time cap, and what was built from them
     for node in plan.nodes:
         if store.exists(node.id):
-            rows.append({"node": node.name, "state": "cached", "id": node.id, "reason": ""})
+            reason = training_cut(store.get(node.id).metrics)
+            upstream = sorted({up for up in node.inputs.values() if up in cut})
+            if reason or upstream:
+                cut.add(node.name)
+            reason = reason or (f"built from {', '.join(upstream)}, cut by time" if upstream else "")
+            rows.append({"node": node.name, "state": "cached", "id": node.id, "reason": reason})
             continue
         before = previous.get(node.name)
         if before is None:

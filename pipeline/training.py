@@ -33,6 +33,7 @@ from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer
 
 from . import speed_probe
+from .budgets import budget_text, cut_text
 from .recipe import TrainConfig
 from .scoring import bleu_only
 
@@ -529,15 +530,17 @@ class Trainer:
         state["kept"] = kept[:keep_n]
 
     def _finish(self, state: dict, elapsed_s: float, reason: str) -> dict:
+        cfg = self.cfg
         result = {"steps": state["step"], "epochs": state["epoch"],
                   "train_minutes": round(elapsed_s / 60, 2), "stopped_by": reason, "history": state["history"],
                   "train_tokens": state["tokens"], "resumed_from_steps": state["resumed_from"],
                   "tokens_per_s": round(state["tokens"] * self.world / max(1e-6, elapsed_s), 1),
-                  "budget": budget_text(self.cfg), "precision": self.speed.precision,
+                  "budget": budget_text(cfg.max_steps, cfg.max_epochs, cfg.max_minutes),
+                  "precision": self.speed.precision,
                   "speed": self.speed.to_dict()}
         if reason.startswith("max_minutes"):
-            result["cut_by_time"] = cut_text(state["step"], self.cfg)
-            self.log(f"warning: {result['cut_by_time']} (max_minutes {self.cfg.max_minutes:g}): this model is "
+            result["cut_by_time"] = cut_text(state["step"], cfg.max_steps, cfg.max_epochs)
+            self.log(f"warning: {result['cut_by_time']} (max_minutes {cfg.max_minutes:g}): this model is "
                      "not the one the recipe's budget trains")
         if self.rank != 0:
             return result
@@ -565,19 +568,6 @@ class Trainer:
         self.model.eval()
         result.update(chosen_checkpoint=chosen, best_valid_loss=chosen["valid_loss"], valid_bleu=chosen["valid_bleu"])
         return result
-
-
-def budget_text(cfg: TrainConfig) -> str:
-    parts = [f"{cfg.max_steps} steps"] if cfg.max_steps is not None else []
-    if cfg.max_epochs is not None:
-        parts.append(f"{cfg.max_epochs} epochs")
-    text = " or ".join(parts)
-    return text + (f", capped at {cfg.max_minutes:g} min" if cfg.max_minutes is not None else "")
-
-
-def cut_text(step: int, cfg: TrainConfig) -> str:
-    of = f" of {cfg.max_steps}" if cfg.max_steps is not None else f" (budget {cfg.max_epochs} epochs)"
-    return f"cut by time at step {step}{of}"
 
 
 class _Forecast:

@@ -24,9 +24,9 @@ class StageInfo:
 STAGES: dict[str, StageInfo] = {
     "data": StageInfo("pipeline.stages.data", 1, "fetch, verify and clean the parallel corpus"),
     "tokenizer": StageInfo("pipeline.stages.tokenizer", 1, "train the joint subword tokenizer"),
-    "train": StageInfo("pipeline.stages.train", 2, "train a Transformer (teacher, student, ablation)"),
+    "train": StageInfo("pipeline.stages.train", 3, "train a Transformer (teacher, student, ablation)"),
     "kd_corpus": StageInfo("pipeline.stages.kd_corpus", 1, "translate the training sources with the teacher"),
-    "prune": StageInfo("pipeline.stages.prune", 4, "remove attention heads (and FFN neurons), fine-tune"),
+    "prune": StageInfo("pipeline.stages.prune", 5, "remove attention heads (and FFN neurons), fine-tune"),
     "export": StageInfo("pipeline.stages.export", 8, "export to ONNX, optimise, check parity"),
     "quantize": StageInfo("pipeline.stages.quantize", 14, "int8 dynamic and static quantization with a guard"),
     "evaluate": StageInfo("pipeline.stages.evaluate", 2, "translate the test sets, score BLEU and chrF"),

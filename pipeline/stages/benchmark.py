@@ -311,7 +311,7 @@ def model_facts(artifact: Artifact) -> tuple[int | None, int | None]:
 
 def describe_machine(machine: dict) -> dict:
     """What a reader needs to interpret the numbers: CPU, cores, GPU, library versions."""
-    info = {"cpu": machine.get("cpu"), "cores": machine.get("cores") or os.cpu_count() or 1,
+    info = {"cpu": machine.get("cpu"), "isa": machine.get("isa"), "cores": machine.get("cores") or os.cpu_count() or 1,
             "gpu": machine.get("gpu"), "system": machine.get("system"), "versions": tool_versions(),
             "runtimes": {}}
     info["usable_cores"] = usable_cores()  # what "all" threads means here

@@ -200,7 +200,10 @@ def prune_step(ctx: StageContext, cfg: PruneConfig, step: int, model: Transforme
                       device, kd_alpha=word_level["alpha"] if word_level else 0.0)
     result = trainer.fit()
     candidate = trainer.model.eval()
-    record["finetune"] = {k: result[k] for k in ("steps", "train_minutes", "stopped_by", "best_valid_loss")}
+    record["finetune"] = {k: result[k] for k in ("steps", "train_minutes", "stopped_by", "best_valid_loss",
+                                                 "budget", "precision", "speed")}
+    if "cut_by_time" in result:
+        record["finetune"]["cut_by_time"] = result["cut_by_time"]
     record["valid_bleu_finetuned"] = greedy_bleu(ctx, candidate, valid, tokenizer, device,
                                                  f"step {step} valid BLEU, fine-tuned")
     drop = bleu_before - record["valid_bleu_finetuned"]

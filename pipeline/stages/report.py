@@ -16,6 +16,7 @@ import json
 import math
 from pathlib import Path
 
+from ..budgets import training_cut
 from ..context import StageContext
 from ..errors import StageFailed
 from ..scoring import paired_bootstrap
@@ -36,6 +37,9 @@ def run(ctx: StageContext) -> dict:
     rows = [report_row(row, evaluations) for row in bench.get("results", [])]
     if not rows:
         raise StageFailed("the benchmark artifact has no rows to report")
+    training = {role.removeprefix("trained."): training_summary(art.metrics) for role, art in ctx.inputs.items()
+                if role.startswith("trained.")}
+    mark_cut_rows(rows, training)
     add_ratios(rows)
     steps = bleu_uncertainty(rows, hypotheses_reader(ctx.inputs, bench))
     mark_pareto(rows)
@@ -49,6 +53,7 @@ def run(ctx: StageContext) -> dict:
         "run_note": "null in the artifact (shared by every run that reuses it); `pipeline report` fills in "
                     "the latest run whose log lists this report artifact",
         "machine": bench.get("machine"),
+        "training": training,
         "benchmark": {k: bench.get(k) for k in ("test_set", "sentences", "threads", "batch_size", "throughput_beam")},
         "teacher": TEACHER,
         "rows": rows,
@@ -186,6 +191,36 @@ def _ci(result: dict | None) -> list[float] | None:
 
 
 # ------------------------------------------------------------------------------ rows
+def training_summary(metrics: dict) -> dict:
+    """How a model artifact was trained, as this machine ran it: steps against the budget, the
+    precision and threads its probe chose, minutes, and a time cap's cut if there was one."""
+    if isinstance(metrics.get("steps"), list):  # pruning: its fine-tunes
+        tunes = [s["finetune"] for s in metrics["steps"] if s.get("finetune")]
+        return {"kind": "pruning fine-tune", "steps": sum(t["steps"] for t in tunes),
+                "budget": ", ".join(t.get("budget") or "?" for t in tunes),
+                "precision": ", ".join(sorted({t.get("precision") or "?" for t in tunes})),
+                "minutes": round(sum(t.get("train_minutes") or 0 for t in tunes), 2), "cut_by_time": training_cut(metrics)}
+    speed = metrics.get("speed") or {}
+    return {"kind": "training", "steps": metrics.get("steps"), "budget": metrics.get("budget"),
+            "precision": metrics.get("precision"), "threads": metrics.get("threads"),
+            "attention": speed.get("attention"), "precision_reason": (speed.get("reasons") or {}).get("bf16"),
+            "minutes": metrics.get("train_minutes"), "cut_by_time": training_cut(metrics)}
+
+
+# What each model was made from: a time cap that cut one of them cuts all that follow.
+LINEAGE = {"teacher": ("teacher",), "student": ("teacher", "student"), "student_ref": ("student_ref",),
+           "pruned": ("teacher", "student", "pruned")}
+
+
+def mark_cut_rows(rows: list[dict], training: dict) -> None:
+    final = next((m for m in ("pruned", "student", "teacher") if m in training), None)
+    for row in rows:
+        model = row["variant"] if row["variant"] in LINEAGE else final
+        cuts = [f"{m} {training[m]['cut_by_time']}" for m in LINEAGE.get(model, ())
+                if m in training and training[m]["cut_by_time"]]
+        row["training_cut"] = "; ".join(cuts) or None
+
+
 def report_row(row: dict, evaluations: dict) -> dict:
     """A benchmark row with its quality figures and the keys report.json promises."""
     out = {k: row.get(k) for k in ("name", "variant", "runtime", "device", "compute_type", "threads", "params",
@@ -392,10 +427,16 @@ def _size(n) -> str:
 def markdown(report: dict) -> str:
     m, b = report.get("machine") or {}, report["benchmark"]
     versions = ", ".join(f"{k} {v}" for k, v in (m.get("versions") or {}).items())
+    training = report.get("training") or {}
     lines = [
         f"# {report['recipe']}: BLEU against latency", "",
-        f"**Machine**: {m.get('cpu')}, {m.get('cores')} cores ({m.get('usable_cores')} usable), "
-        f"GPU: {m.get('gpu') or 'none'}. {versions}.", "",
+        f"**Machine**: {m.get('cpu')} ({m.get('isa') or 'instruction level not recorded'}), {m.get('cores')} "
+        f"cores ({m.get('usable_cores')} usable), GPU: {m.get('gpu') or 'none'}. {versions}.", "",
+        *(["**Training** (as this machine ran it):", "",
+           *[f"- {name}: {t['steps']} steps ({t['kind']}; budget {t['budget']}), {t['precision']}"
+             + (f", {t['threads']} thread{'s' if t['threads'] != 1 else ''}" if t.get("threads") else "")
+             + f", {_f(t['minutes'], '{:.1f}')} min" + (f"; **{t['cut_by_time']}**" if t["cut_by_time"] else "")
+             for name, t in training.items()], ""] if training else []),
         f"**How**: the first {b['sentences']} sentences of {b['test_set']}, text in to text out (tokenization "
         f"included). Latency: one sentence at a time, warm-up excluded, passes repeated until the p50 is stable; "
         f"p50/p90/p99 over all timed sentences. Throughput: the same sentences in batches of {b['batch_size']}, "
@@ -416,7 +457,7 @@ def markdown(report: dict) -> str:
         g = lat["greedy_b1"]
         pareto = ("greedy" if r["pareto"] else "") + (" beam4" if r["pareto_beam4"] else "")
         lines.append(
-            f"| {r['variant']} | {r['runtime']} | {r['device']} | {r['compute_type']} | {r['threads']} | "
+            f"| {r['variant']}{' (' + r['training_cut'] + ')' if r.get('training_cut') else ''} | {r['runtime']} | {r['device']} | {r['compute_type']} | {r['threads']} | "
             f"{_f(r['params'], '{:,}')} | {_f(r['heads'], '{}')} | {_size(r['bytes'])} | {_f(r['bleu'], '{:.2f}')} | "
             f"{_f(r['bleu_greedy'], '{:.2f}')} | {_f(r['chrf'], '{:.1f}')} | "
             f"{g['p50']:.1f} / {g['p90']:.1f} / {g['p99']:.1f} | {lat['beam4_b1']['p50']:.1f} | "
