@@ -269,9 +269,26 @@ def _bytes(n: Optional[int]) -> str:
     return str(n)
 
 
+def _click_modules() -> list:
+    """click as typer uses it: typer 0.2x carries its own copy (typer._click), older ones use click;
+    their exceptions are different classes, and a usage error must be caught whichever it is."""
+    import importlib
+
+    found = []
+    for name in ("typer._click", "click"):
+        try:
+            found.append(importlib.import_module(name))
+        except ImportError:
+            pass
+    return found
+
+
 def main() -> None:
-    import click
     from rich.markup import escape
+
+    clicks = _click_modules()
+    aborts = tuple(c.exceptions.Abort for c in clicks if hasattr(c.exceptions, "Abort"))
+    click_errors = tuple(c.exceptions.ClickException for c in clicks)
 
     def fail(line: str, code: int) -> None:
         console.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)
@@ -292,7 +309,7 @@ def main() -> None:
 
     try:
         code = app(standalone_mode=False)
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, *aborts):
         interrupted()
     except RecipeError as exc:
         for line in exc.lines:
@@ -300,7 +317,7 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except PipelineError as exc:
         fail(str(exc), exc.exit_code)
-    except click.exceptions.ClickException as exc:
+    except click_errors as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except BrokenPipeError:

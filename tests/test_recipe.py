@@ -10,7 +10,7 @@ import pytest
 from pipeline.errors import RecipeError
 from pipeline.recipe import load_recipe
 
-from .conftest import cli
+from .conftest import SMOKE, cli
 
 
 def write(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:
@@ -125,3 +125,10 @@ def test_an_unfactorised_model_keeps_the_fingerprint_it_had_before_embed_dim(tmp
     assert "embed_dim" not in dump_config(plain.teacher)["model"]
     factorised, _ = load_recipe(path, ["teacher.model.embed_dim=32"])
     assert dump_config(factorised.teacher)["model"]["embed_dim"] == 32
+
+
+def test_a_usage_error_is_one_message_and_exit_2():
+    for args in (("validate", str(SMOKE), str(SMOKE)), ("run", str(SMOKE), "--no-such-option")):
+        proc = cli(*args)
+        err = proc.stderr.decode()
+        assert proc.returncode == 2 and "Traceback" not in err and "Error:" in err, err[-1500:]
