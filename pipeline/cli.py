@@ -246,13 +246,17 @@ def report(recipe: Annotated[Optional[Path], typer.Argument(help="Recipe whose l
            json_out: Annotated[bool, typer.Option("--json", help="Print report.json.")] = False,
            compare: Annotated[Optional[tuple[str, str]], typer.Option(
                help="Compare two runs: --compare RUN_A RUN_B.")] = None,
+           markdown: Annotated[bool, typer.Option(
+               "--markdown", help="Print the latest report as a section of docs/results.md.")] = False,
            store: StoreOpt = None) -> None:
     """Show the BLEU / latency table of a recipe's latest run, or compare two runs."""
-    from .report import compare_runs, show_latest
+    from .report import compare_runs, results_markdown, show_latest
 
     st = _store(store)
     if compare:
         compare_runs(st, *compare)
+    elif recipe is not None and markdown:
+        sys.stdout.write(results_markdown(st, recipe))
     elif recipe is not None:
         show_latest(st, recipe, json_out=json_out)
     else:

@@ -257,3 +257,28 @@ def _state(figures: dict | None) -> str:
 
 def _mb(n: int | None) -> str:
     return _num(None if n is None else n / 1e6, "{:.2f}")
+
+
+def results_markdown(store: Store, recipe_path: str | Path) -> str:
+    """The latest report of a recipe as a section of docs/results.md: which run and report it is,
+    the machine and its CPU's instruction level, the run's wall time and each stage's, then the
+    report's own tables (headings one level down), so that the figures there trace to a report id."""
+    report = latest_report(store, recipe_path)
+    m = report.get("machine") or {}
+    run_path = store.runs / f"{report['run']}.json" if report.get("run") else None
+    run = json.loads(run_path.read_text(encoding="utf-8")) if run_path and run_path.is_file() else {}
+    built = [r for r in run.get("nodes", []) if r.get("action") == "built"]
+    lines = [f"## {report['recipe']} on {m.get('cpu')} ({m.get('isa') or 'instruction level not recorded'}), "
+             f"{m.get('cores')} cores", "",
+             f"Run `{report.get('run') or 'unknown'}`, report `{report['report_artifact']}`"
+             + (f": {run['total_s'] / 60:.1f} minutes in all" if run.get("total_s") else "")
+             + (f", {len(built)} stages built" if built else "") + ".", ""]
+    if built:
+        lines.append("Stage minutes: " + ", ".join(f"{r['node']} {r['duration_s'] / 60:.1f}" for r in built
+                                                   if r.get("duration_s", 0) >= 30) + " (stages under half a minute left out).")
+        lines.append("")
+    body = Path(report["files"]["report.md"]).read_text(encoding="utf-8").splitlines()[1:]  # its own title
+    while body and not body[0].strip():
+        body.pop(0)
+    lines += ["#" + line if line.startswith("#") else line for line in body]
+    return "\n".join(lines).rstrip() + "\n"

@@ -115,7 +115,10 @@ def test_report_files(built):
     _, arts, _ = built
     report = json.loads(arts["report"].file("report.json").read_text(encoding="utf-8"))
     assert report["recipe"] == "smoke" and report["run"] is None
-    assert {"cpu", "cores", "gpu", "versions"} <= set(report["machine"])
+    assert {"cpu", "isa", "cores", "gpu", "versions"} <= set(report["machine"])
+    teacher_training = report["training"]["teacher"]  # as this machine trained it
+    assert teacher_training["steps"] > 0 and teacher_training["precision"] in ("bf16", "float32")
+    assert teacher_training["cut_by_time"] is None and teacher_training["precision_reason"]
     types = {"variant": str, "runtime": str, "device": str, "compute_type": str, "params": int, "heads": int,
              "bytes": int, "bleu": float, "chrf": float}
     for row in report["rows"]:
@@ -223,6 +226,13 @@ def test_pipeline_report_and_compare(built, smoke, capsys):
     proc = cli("report", str(SMOKE), "--json", store=store.root)
     assert proc.returncode == 0, proc.stderr.decode()
     assert json.loads(proc.stdout)["run"] == rerun
+
+    # --markdown: the section docs/results.md is made of, naming the run and the report.
+    proc = cli("report", str(SMOKE), "--markdown", store=store.root)
+    text = proc.stdout.decode()
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert f"Run `{rerun}`, report `{report['report_artifact']}`" in text and "minutes in all" in text
+    assert "| variant | runtime |" in text and "**Training**" in text and report["machine"]["isa"] in text
 
 
 def test_onnx_packages_are_measured_in_onnxruntime(smoke):

@@ -119,7 +119,8 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     tgt_words = sum(len(translations[i].split()) for i in keep)
     metrics = {"sentences": len(keep), "empty_translations": len(src) - len(keep), "beam": job["beam"],
                "seconds": round(seconds, 1), "sentences_per_s": round(rate, 2) if rate else None,
-               "processes": world, "device": device, "length_ratio": round(tgt_words / max(1, src_words), 3)}
+               "processes": world, "device": device, "length_ratio": round(tgt_words / max(1, src_words), 3),
+               "threads": torch.get_num_threads() if device == "cpu" else None, "precision": "float32"}
     if job.get("top_k"):
         # A translation whose text the tokenizer splits differently from how the teacher wrote it
         # would misalign its distributions with the student's targets: those pairs train on hard labels.
