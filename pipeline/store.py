@@ -419,8 +419,11 @@ class Store:
     def reading(self) -> Iterator[None]:
         """Shared lock held while a command reads artifacts it did not build (translate,
         export-package): `artifacts gc` takes it exclusively, so it never deletes an artifact
-        while one is being read. Readers never wait on `pipeline run`, only on a gc in progress."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        while one is being read. Readers never wait on `pipeline run`, only on a gc in progress.
+        A store that does not exist has nothing to collect: no lock, and no folder made for one."""
+        if not self.root.is_dir():
+            yield
+            return
         fd = os.open(self.root / "readers.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             try:
