@@ -5,7 +5,9 @@ tokenizer.py), so it imports its siblings relatively and nothing else from this 
 
 A package folder holds encoder.onnx, decoder.onnx (graph I/O: see model/onnx_export.py and the
 package's MODEL_CARD.md), tokenizer.json, generation.json and package.json, which lists every
-file with its sha256. Translator refuses a package whose files differ from that list.
+file with its sha256. Translator refuses a package whose files differ from that list, that holds
+anything but regular files, or whose graphs name external data outside it (model/files.py),
+before onnxruntime opens a graph.
 
 Float32 packages also hold generate.onnx: the same two graphs inside onnxruntime's BeamSearch op
 (model/onnx_generate.py), so that a whole batch is translated by one onnxruntime call instead of
@@ -16,7 +18,6 @@ one call per token plus a NumPy search loop. On the CPU, Translator uses it when
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import warnings
 from pathlib import Path
@@ -25,49 +26,11 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
+from .files import PACKAGE_JSON, PackageError, sha256_file, verify_package  # noqa: F401 (re-exported)
 from .search import GenerationConfig, translate_sentences
 from .tokenizer import SubwordTokenizer
 
-PACKAGE_JSON = "package.json"
 _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
-
-
-class PackageError(Exception):
-    """The package is incomplete or was modified after export."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
-def verify_package(folder: str | Path) -> dict:
-    """Check every file package.json lists (size, then sha256); return package.json's content."""
-    folder = Path(folder)
-    try:
-        meta = json.loads((folder / PACKAGE_JSON).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PackageError(f"{folder}: not a package (no {PACKAGE_JSON})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PackageError(f"{folder / PACKAGE_JSON}: unreadable ({exc})") from None
-    files = meta.get("files") or {}
-    for required in ("encoder.onnx", "decoder.onnx", "tokenizer.json", "generation.json"):
-        if required not in files:
-            raise PackageError(f"{folder / PACKAGE_JSON}: does not list {required}")
-    root = folder.resolve()
-    for rel, info in sorted(files.items()):
-        path = folder / rel
-        if not path.resolve().is_relative_to(root):
-            raise PackageError(f"{folder / PACKAGE_JSON}: names a file outside the package: {rel!r}")
-        if not path.is_file():
-            raise PackageError(f"{path}: missing from the package")
-        if path.stat().st_size != info["bytes"] or sha256_file(path) != info["sha256"]:
-            raise PackageError(f"{path}: modified after export (sha256 differs from {PACKAGE_JSON}); "
-                               "refusing to load it")
-    return meta
 
 
 class OnnxDecoder:
@@ -167,10 +130,11 @@ class GraphSearch:
         self.session, self.many_rows = session, many_rows
 
     @classmethod
-    def load(cls, folder: Path, options: ort.SessionOptions) -> GraphSearch | None:
-        """The folder's generate graphs on the CPU, or None where it has none."""
+    def load(cls, folder: Path, options: ort.SessionOptions, listed=None) -> GraphSearch | None:
+        """The folder's generate graphs on the CPU, or None where it has none. `listed`: the files
+        the package lists (verified); a graph it does not list is never opened."""
         sessions = [ort.InferenceSession(str(folder / name), options, providers=["CPUExecutionProvider"])
-                    for name in cls.FILES if (folder / name).is_file()]
+                    for name in cls.FILES if (folder / name).is_file() and (listed is None or name in listed)]
         return cls(*sessions) if sessions else None
 
     def __call__(self, src: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
@@ -231,13 +195,14 @@ class Translator:
         if search not in ("auto", "graph", "python"):
             raise ValueError(f"search must be 'auto', 'graph' or 'python', got {search!r}")
         # On CUDA the step graphs with I/O binding stay the path (the op's CUDA kernel is untested here).
-        has_graph = (self.folder / GraphSearch.FILES[0]).is_file() and self.device == "cpu"
+        listed = self.package["files"]
+        has_graph = GraphSearch.FILES[0] in listed and self.device == "cpu"
         if search == "graph" and not has_graph:
             raise PackageError(f"{self.folder}: no generate.onnx usable on {self.device} (float32 CPU packages have one)")
         self.graph_search = None
         if has_graph and search != "python":
             try:
-                self.graph_search = GraphSearch.load(self.folder, options)
+                self.graph_search = GraphSearch.load(self.folder, options, listed)
             except Exception as exc:  # e.g. a minimal onnxruntime build without the contrib ops
                 if search == "graph":
                     raise PackageError(f"{self.folder}: generate.onnx does not load: {exc}") from exc

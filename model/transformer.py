@@ -17,6 +17,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .files import read_bounded
+from .sizes import size_problem
+
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class ModelConfigError(ValueError):
+    """A model config (config.json, or one built from a recipe) that cannot be a model here."""
+
+
 # A decoder cache: per layer (self_k, self_v), each [batch, heads, past_len, head_dim].
 Cache = list[tuple[Tensor, Tensor]]
 
@@ -44,6 +54,20 @@ class TransformerConfig:
     embed_dim: int | None = None
 
     def __post_init__(self):
+        # Sizes first, before anything is allocated: a config.json comes with a model folder that
+        # may be someone else's (model/sizes.py states the bounds).
+        problem = size_problem(self.d_model, self.head_dim, self.enc_heads, self.dec_self_heads, self.dec_cross_heads,
+                               self.enc_ffn, self.dec_ffn, self.vocab_size, self.embed_dim, self.max_positions)
+        if problem:
+            raise ModelConfigError(f"model config: {problem}")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < self.vocab_size:
+                raise ModelConfigError(f"model config: {name} must be a token id below vocab_size, got {value!r}")
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
+                raise ModelConfigError(f"model config: {name} must be a number in [0, 1), got {value!r}")
         if not (len(self.dec_self_heads) == len(self.dec_cross_heads) == len(self.dec_ffn)):
             raise ValueError("decoder per-layer lists differ in length")
         if len(self.enc_heads) != len(self.enc_ffn):
@@ -83,10 +107,14 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "TransformerConfig":
+        if not isinstance(data, dict):
+            raise ModelConfigError("model config: must be a JSON object")
         known = set(cls.__dataclass_fields__)
         unknown = set(data) - known
         if unknown:
-            raise ValueError(f"unknown model config keys: {sorted(unknown)}")
+            raise ModelConfigError(f"unknown model config keys: {sorted(map(str, unknown))[:5]}")
+        if "vocab_size" not in data:
+            raise ModelConfigError("model config: vocab_size is missing")
         return cls(**data)
 
 
@@ -342,7 +370,14 @@ def load_model(folder: Path, device: str | torch.device = "cpu") -> Transformer:
     """Weights only through safetensors: loading a model never runs code from the file."""
     from safetensors.torch import load_file
 
-    cfg = TransformerConfig.from_dict(json.loads((folder / CONFIG).read_text(encoding="utf-8")))
+    try:
+        data = json.loads(read_bounded(folder / CONFIG, MAX_CONFIG_BYTES))
+    except (ValueError, OSError) as exc:  # UnsafeFile, bad JSON or UTF-8, a 5000-digit number
+        raise ModelConfigError(f"{folder / CONFIG}: unreadable model config ({str(exc).splitlines()[0][:200]})") from None
+    try:
+        cfg = TransformerConfig.from_dict(data)
+    except ModelConfigError as exc:
+        raise ModelConfigError(f"{folder / CONFIG}: {exc}") from None
     model = Transformer(cfg)
     state = load_file(str(folder / WEIGHTS), device=str(device))
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from .context import console
@@ -169,46 +170,88 @@ def artifacts_show(artifact: Annotated[str, typer.Argument(help="Artifact id (or
 
 @artifacts_app.command("verify")
 def artifacts_verify(artifact: Annotated[Optional[str], typer.Argument(
-        help="Artifact id; all artifacts if omitted.")] = None, store: StoreOpt = None) -> None:
+        help="Artifact id, or the path of an artifact folder (checked against its own manifest and, "
+             "when the store holds its id, against the store's digests); all artifacts if omitted.")] = None,
+        store: StoreOpt = None) -> None:
     """Check every file against its manifest's size and sha256. Exit 1 on any mismatch."""
     st = _store(store)
-    ids = [st.resolve(artifact).id] if artifact else [p.name for p in st.list_dirs()]
-    bad = 0
-    for aid in ids:
-        problems = st.verify(aid) if st.exists(aid) else [f"{st.path_of(aid)}: no manifest (incomplete)"]
+    bad = total = 0
+    targets = [st.resolve(artifact)] if artifact else [p.name for p in st.list_dirs()]
+    for target in targets:
+        total += 1
+        if isinstance(target, str):
+            label = target
+            problems = st.verify(target) if st.exists(target) else [f"{st.path_of(target)}: no manifest (incomplete)"]
+        else:
+            label = target.id if st.in_store(target) else f"{target.path} ({target.id})"
+            problems = st.verify_artifact(target)
         if problems:
             bad += 1
-            console.print(f"[red]✗ {aid}[/red]")
+            console.print(f"[red]✗[/red] {escape(label)}")
             for line in problems:
                 console.print(f"    {line}", markup=False)
         else:
-            console.print(f"[green]✓[/green] {aid}")
-    console.print(f"{len(ids) - bad} ok, {bad} failed")
+            console.print(f"[green]✓[/green] {escape(label)}")
+            if not isinstance(target, str) and not st.in_store(target) and not (
+                    _is_id(target.id) and st.exists(target.id)):
+                console.print(f"    checked against its own manifest only: {st.root} holds no copy of "
+                              f"{target.id}", markup=False)
+    console.print(f"{total - bad} ok, {bad} failed")
     if bad:
         raise typer.Exit(1)
 
 
+def _is_id(text: str) -> bool:
+    from .store import _ID_RE
+
+    return bool(_ID_RE.match(text))
+
+
 @artifacts_app.command("gc")
 def artifacts_gc(store: StoreOpt = None, dry_run: Annotated[bool, typer.Option(
-        help="Only list what would be removed.")] = False) -> None:
+        help="Only list what would be removed.")] = False,
+        drop_checkpoints: Annotated[bool, typer.Option(
+            "--drop-checkpoints", help="Also remove the resume checkpoints (work/ folders) of stages that "
+                                       "were interrupted; kept otherwise, so the same run resumes.")] = False
+        ) -> None:
     """Remove artifacts that no recipe's latest run uses (and leftovers of crashed runs)."""
+    from .store import work_dir_holder
+
     st = _store(store)
-    with st.lock():
+    with st.lock(), st.no_readers():
         keep = {node["id"] for pointer in st.all_latest() for node in pointer.get("nodes", {}).values()}
         doomed = [p for p in st.list_dirs() if p.name not in keep]
-        extra = [p for d in (st.quarantine, st.work) if d.is_dir() for p in d.iterdir()
-                 if d == st.quarantine or p.name not in keep]
+        work = [p for p in st.work.iterdir()] if st.work.is_dir() else []
+        # A work folder holds the checkpoints an interrupted stage resumes from: kept unless asked,
+        # and never removed while a live process holds it.
+        busy = [p for p in work if p.is_dir() and work_dir_holder(p) is not None]
+        kept_work = [p for p in work if p not in busy and not drop_checkpoints]
+        extra = ([p for p in st.quarantine.iterdir()] if st.quarantine.is_dir() else []) + \
+            [p for p in work if p not in busy and drop_checkpoints]
         freed = 0
         for path in doomed + extra:
-            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+            size = _tree_bytes(path)
             freed += size
-            console.print(f"{'would remove' if dry_run else 'removed'} {path} ({_bytes(size)})")
+            console.print(f"{'would remove' if dry_run else 'removed'} {path} ({_bytes(size)})", markup=False)
             if not dry_run:
-                shutil.rmtree(path, ignore_errors=True)
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() \
+                    else path.unlink(missing_ok=True)
         if not dry_run:
             st.clean_tmp()
     console.print(f"{len(doomed)} artifact(s), {_bytes(freed)} {'reclaimable' if dry_run else 'freed'}; "
                   f"kept {len(keep)}")
+    if kept_work:
+        console.print(f"kept {len(kept_work)} resume checkpoint folder(s) of interrupted stages "
+                      f"({_bytes(sum(_tree_bytes(p) for p in kept_work))}): run the recipe again to resume, "
+                      "or pass --drop-checkpoints to remove them")
+    for path in busy:
+        console.print(f"kept {path}: in use by a live process", markup=False)
+
+
+def _tree_bytes(path: Path) -> int:
+    if path.is_symlink() or not path.is_dir():
+        return 0
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
 # ------------------------------------------------------------------------- use a model
@@ -220,12 +263,15 @@ def translate(model: Annotated[str, typer.Option(help="Model artifact id, artifa
                   help="Package inside an export/quantize artifact (fp32, fp16, int8_dynamic, int8_static).")] = None,
               device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
               threads: Annotated[Optional[int], typer.Option(min=1, help="Intra-op threads.")] = None,
+              max_line_bytes: Annotated[int, typer.Option(
+                  min=1, help="Longest input line read, in bytes; a longer one is cut to this many "
+                              "(with a warning) and still gives one output line.")] = 16384,
               store: StoreOpt = None) -> None:
-    """Translate lines from stdin to stdout."""
+    """Translate lines from stdin to stdout: one output line per input line."""
     from .translate import translate_stream
 
     translate_stream(_store(store), model, beam=beam, batch_size=batch_size, package=package, device=device,
-                     threads=threads)
+                     threads=threads, max_line_bytes=max_line_bytes)
 
 
 @app.command("export-package")
@@ -237,8 +283,11 @@ def export_package(artifact: Annotated[str, typer.Argument(help="An export or qu
     """Copy a shipped ONNX package out of the store."""
     from .packaging import copy_packages
 
-    for path in copy_packages(_store(store).resolve(artifact), dest, package):
-        console.print(f"wrote {path}")
+    st = _store(store)
+    with st.reading():  # `artifacts gc` waits until the copy is done
+        written = copy_packages(st.resolve(artifact), dest, package)
+    for path in written:
+        console.print(f"wrote {path}", markup=False)
 
 
 @app.command()

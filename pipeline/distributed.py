@@ -18,11 +18,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
 from .context import PROGRESS_EVERY_ENV, StageContext, console, progress_bar
 from .errors import PipelineError
+from .store import hold_work_dir
 
 
 # Set in a worker's environment: the pid it must not outlive.
@@ -53,11 +55,66 @@ def launch(ctx: StageContext, module: str, job: dict) -> dict:
     if not torch.cuda.is_available():
         # The cores are shared out: N processes with all cores each would oversubscribe them.
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ctx.nproc))
+    env[PARENT_ENV] = str(os.getpid())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ctx.nproc}",
            "-m", module, str(job_path)]
     ctx.log(f"launching {ctx.nproc} processes: torchrun --nproc_per_node={ctx.nproc} -m {module}")
-    rc = subprocess.run(cmd, env=env).returncode
+    # torchrun starts each worker in a session of its own, so neither a terminal's Ctrl-C nor a
+    # signal to this process group reaches them: torchrun gets SIGTERM when this process dies
+    # (parent-death signal) and stops them; each worker dies when torchrun does (worker_main).
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=_parent_death_signal(signal.SIGTERM))
+    try:
+        rc = proc.wait()
+    except BaseException:
+        stop_tree(proc)
+        raise
     return _read_metrics(metrics_path, rc, f"{ctx.nproc}-process run")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of pid (Linux /proc), children first."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    kids = [int(k) for k in f.read().split()]
+                out += kids
+                todo += kids
+    return out
+
+
+def stop_tree(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """Stop a launcher and every process under it: SIGTERM to the launcher (torchrun passes it on
+    to its workers and waits for them), then SIGKILL to whatever is left, workers included."""
+    tree = _descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
+    for pid in [proc.pid, *tree, *_descendants(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def _parent_death_signal(sig: int):
+    """A preexec_fn: the child gets `sig` when the thread that started it ends (Linux)."""
+    def set_it() -> None:
+        _prctl_pdeathsig(sig)
+    return set_it if sys.platform.startswith("linux") else None
+
+
+def _prctl_pdeathsig(sig: int) -> None:
+    PR_SET_PDEATHSIG = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
 
 
 _children: set[subprocess.Popen] = set()
@@ -113,17 +170,41 @@ def _worker_name(job: dict, job_path: Path) -> str:
 
 
 def _die_with_parent() -> None:
-    """Linux: have the kernel SIGKILL this process when the thread that started it ends; and
-    if that parent is gone already, end now."""
+    """A worker never outlives the run that started it. Linux: the kernel SIGKILLs this process
+    when its parent ends (the runner, or under torchrun the torchrun agent, which itself gets
+    SIGTERM when the runner ends). If the parent is gone already, end now; under torchrun a
+    watchdog thread also ends this worker once the runner (its grandparent) is gone."""
     parent = os.environ.get(PARENT_ENV)
     if not parent:
         return
     if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != int(parent):
+        _prctl_pdeathsig(signal.SIGKILL)
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+    if not under_torchrun:
+        if os.getppid() != int(parent):
+            os._exit(1)
+        return
+    launcher = os.getppid()
+    if launcher == 1 or not _alive(int(parent)):
         os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != launcher or not _alive(int(parent)):
+                os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-runner", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def worker_main(job_fn: Callable[..., dict]) -> None:
@@ -134,6 +215,8 @@ def worker_main(job_fn: Callable[..., dict]) -> None:
     _die_with_parent()
     job_path = Path(sys.argv[1])
     job = json.loads(job_path.read_text(encoding="utf-8"))
+    # Held for this process's life: no later run (nor gc) touches the work folder while it writes.
+    hold_work_dir(job_path.parent, f"{_worker_name(job, job_path)} worker")
     cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if cuda:

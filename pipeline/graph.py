@@ -7,9 +7,12 @@ what that code reads, and its inputs name the upstream nodes. Fingerprints follo
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from model.files import UnsafeFile, open_regular
 
 from .errors import RecipeError, UserInputError
 from .recipe import Recipe, dump_config
@@ -295,7 +298,7 @@ def _file_specs(files):
 def _file_digest(path: Path) -> str:
     try:
         h = hashlib.sha256()
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:  # a fifo or a device is refused, never hashed
             while block := f.read(1 << 20):
                 h.update(block)
         return h.hexdigest()
@@ -303,5 +306,7 @@ def _file_digest(path: Path) -> str:
         raise UserInputError(f"data file not found: {path}") from None
     except IsADirectoryError:
         raise UserInputError(f"data file is a directory: {path}") from None
+    except UnsafeFile as exc:
+        raise UserInputError(f"data file {exc}; a data file must be a regular file") from None
     except OSError as exc:
         raise UserInputError(f"cannot read data file {path}: {exc.strerror}") from None

@@ -17,16 +17,18 @@ Torch-free, so `pipeline export-package` never imports torch.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
+from model.files import PackageError, UnsafeFile, open_regular, verify_package, walk
 from model.onnx_generate import GENERATE, GENERATE_MANY_ROWS, write_generate_graph
 
-from .errors import UserInputError
+from .errors import IntegrityError, UserInputError
 from .store import Artifact, now_iso, sha256_file
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
-RUNTIME_FILES = ("runtime.py", "search.py", "tokenizer.py")
+RUNTIME_FILES = ("runtime.py", "search.py", "tokenizer.py", "files.py")
 PACKAGE_JSON = "package.json"
 GRAPHS = ("encoder.onnx", "decoder.onnx", GENERATE, GENERATE_MANY_ROWS)
 FORMAT = "mt-onnx-package/1"
@@ -59,9 +61,13 @@ def write_package(dest: Path, encoder: Path, decoder: Path, tokenizer: Path, gen
         if (dest / name).is_file():
             io[key] = graph_io(dest / name)
     (dest / "MODEL_CARD.md").write_text(model_card(about, figures or {}, io, generation), encoding="utf-8")
+    written, problems = walk(dest, skip_dirs=("__pycache__",))
+    if problems:
+        raise UnsafeFile(problems[0])
     files = {}
-    for path in sorted(p for p in dest.rglob("*") if p.is_file() and p.name != PACKAGE_JSON):
-        files[path.relative_to(dest).as_posix()] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    for rel in written:
+        if rel != PACKAGE_JSON:
+            files[rel] = {"sha256": sha256_file(dest / rel), "bytes": (dest / rel).stat().st_size}
     meta = {"format": FORMAT, "created": now_iso(), **about, "figures": figures or {},
             "opset": io["decoder"]["opset"], "files": files,
             "onnx_bytes": sum(files[g]["bytes"] for g in GRAPHS if g in files)}
@@ -169,7 +175,7 @@ def model_card(about: dict, figures: dict, io: dict, generation: dict) -> str:
 
 {figure_lines}
 
-## Run it (five lines; needs only `pip install onnxruntime tokenizers numpy`)
+## Run it (five lines; needs only `pip install "onnxruntime>=1.24.1" tokenizers numpy`)
 
 ```python
 import sys
@@ -228,30 +234,47 @@ print(tok.decode(out))
 
 # ------------------------------------------------------------------------- copying out
 def packages_in(artifact: Artifact) -> list[str]:
-    return sorted(p.parent.name for p in artifact.path.glob(f"*/{PACKAGE_JSON}"))
+    """The package folders the artifact's manifest lists (never what a link points to)."""
+    files = artifact.manifest.get("files")
+    return sorted({rel.split("/")[0] for rel in files if isinstance(rel, str) and rel.count("/") == 1
+                   and rel.endswith("/" + PACKAGE_JSON)}) if isinstance(files, dict) else []
 
 
 def copy_packages(artifact: Artifact, dest: Path, package: str | None = None) -> list[Path]:
     """Copy package folders of an export or quantize artifact to dest/<package>/ after checking
-    them against the artifact's manifest. Returns the folders written."""
-    from .store import verify_folder
-
+    them: the artifact against its manifest (model/files.py's rule: regular files only, no link,
+    device or fifo), each package as its runtime will (package.json's digests, and every graph's
+    external data inside the package). Only the files the manifest lists are copied, each read
+    without following a link. Returns the folders written."""
     available = packages_in(artifact)
     if not available:
         raise UserInputError(f"artifact {artifact.id} holds no ONNX package (is it an export or quantize artifact?)")
     if package is not None and package not in available:
         raise UserInputError(f"artifact {artifact.id} has no package {package!r} (has: {', '.join(available)})")
+    from .store import verify_folder
+
     problems = verify_folder(artifact.path, artifact.manifest)
     if problems:
-        from .errors import IntegrityError
-
-        raise IntegrityError(f"artifact {artifact.id} failed verification: {problems[0]}")
+        raise IntegrityError(f"artifact {artifact.id} failed verification: {problems[0]}"
+                             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    names = [package] if package else available
+    for name in names:
+        try:
+            verify_package(artifact.path / name)
+        except (PackageError, UnsafeFile) as exc:
+            raise IntegrityError(f"artifact {artifact.id}, package {name}: {exc}") from None
     dest = Path(dest)
     written = []
-    for name in [package] if package else available:
+    for name in names:
         target = dest / name
-        if target.exists():
+        if target.exists() or target.is_symlink():
             raise UserInputError(f"{target} already exists; choose another destination")
-        shutil.copytree(artifact.path / name, target, ignore=shutil.ignore_patterns("__pycache__"))
+        for rel in sorted(artifact.manifest["files"]):
+            if rel.startswith(name + "/"):
+                out = target / rel[len(name) + 1:]
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with os.fdopen(open_regular(artifact.path / rel, follow_links=False), "rb") as src, \
+                        open(out, "xb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
         written.append(target)
     return written

@@ -16,17 +16,30 @@ import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer,
                       model_validator)
 
+from model.files import UnsafeFile, read_bounded
+from model.sizes import MAX_DIM, MAX_LAYERS, MAX_VOCAB, size_problem
+
 from .errors import RecipeError
 
-PositiveInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
+# Every number a recipe gives is bounded, here, once: floats are finite (Strict: no inf, no nan),
+# counts are at most MAX_COUNT, model sizes within model/sizes.py's bounds (Dim, Layers), and the
+# YAML itself holds no integer beyond 64 bits (_check_numbers). So `lr: .inf`, `seed: 1e23` or
+# `d_model: 1e9` fail validation with one line instead of a stage later.
+MAX_COUNT = 2**31 - 1
+PositiveInt = Annotated[int, Field(gt=0, le=MAX_COUNT)]
+NonNegInt = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, le=1)]
 OpenFraction = Annotated[float, Field(ge=0, lt=1)]
+Dim = Annotated[int, Field(gt=0, le=MAX_DIM)]
+Layers = Annotated[int, Field(gt=0, le=MAX_LAYERS)]
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
+MAX_RECIPE_BYTES = 1 << 20  # a recipe file (and each file it extends) is read up to this size
+_MAX_YAML_INT = 2**63
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------------- data
@@ -83,7 +96,7 @@ class DataConfig(Strict):
 
 class TokenizerConfig(Strict):
     kind: Literal["unigram", "bpe"] = "unigram"
-    vocab_size: Annotated[int, Field(ge=64)] = 8000
+    vocab_size: Annotated[int, Field(ge=64, le=MAX_VOCAB)] = 8000
     # Sentences sampled from the training split to train the tokenizer (all if null).
     max_sentences: PositiveInt | None = None
 
@@ -92,26 +105,37 @@ class TokenizerConfig(Strict):
 class ModelSpec(Strict):
     """Architecture. Heads and FFN width may be lists (one value per layer), as pruning leaves them."""
 
-    d_model: PositiveInt = 256
-    encoder_layers: PositiveInt = 3
-    decoder_layers: PositiveInt = 3
-    heads: PositiveInt = 4
-    head_dim: PositiveInt = 64
-    ffn_dim: PositiveInt = 1024
+    d_model: Dim = 256
+    encoder_layers: Layers = 3
+    decoder_layers: Layers = 3
+    heads: Layers = 4
+    head_dim: Dim = 64
+    ffn_dim: Dim = 1024
     dropout: OpenFraction = 0.1
     attention_dropout: OpenFraction = 0.0
     activation: Literal["relu", "gelu"] = "relu"
     pre_ln: bool = False
-    max_positions: PositiveInt = 256
+    max_positions: Dim = 256
     # A factorised token table: vocab x embed_dim plus a projection to d_model, tied to the
     # output layer (below d_model; null: one vocab x d_model table). For small models, whose
     # parameters are half token table: the layers get the difference.
-    embed_dim: PositiveInt | None = None
+    embed_dim: Dim | None = None
 
     @model_validator(mode="after")
     def _narrower_table(self):
         if self.embed_dim is not None and self.embed_dim >= self.d_model:
             raise ValueError(f"embed_dim ({self.embed_dim}) must be below d_model ({self.d_model})")
+        return self
+
+    @model_validator(mode="after")
+    def _buildable(self):
+        # The layers' parameters (the token table's depend on the tokenizer, checked when built).
+        enc, dec = self.encoder_layers, self.decoder_layers
+        problem = size_problem(self.d_model, self.head_dim, [self.heads] * enc, [self.heads] * dec,
+                               [self.heads] * dec, [self.ffn_dim] * enc, [self.ffn_dim] * dec,
+                               embed_dim=self.embed_dim, max_positions=self.max_positions)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @model_serializer(mode="wrap")
@@ -142,7 +166,7 @@ class TrainConfig(Strict):
     # A cap on wall-clock minutes, not a budget: a training it cuts short is recorded as cut
     # ("cut by time at step N of M") in its manifest, the run log, `status` and the report.
     max_minutes: PositiveFloat | None = None
-    seed: int = 1
+    seed: Seed = 1
     # Validation each epoch: loss on all of valid, BLEU (greedy) on its first N sentences.
     valid_bleu_sentences: NonNegInt = 400
     # The saved model is the average of the best N epoch checkpoints by validation loss.
@@ -424,13 +448,18 @@ def _read_yaml(path: Path, referrer: Path | None) -> dict:
     if path.is_dir():
         raise RecipeError([f"{where}: is a directory, not a recipe file: {path}"])
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded(path, MAX_RECIPE_BYTES).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RecipeError([f"{path}: not UTF-8 text (byte {exc.start})"]) from None
+    except UnsafeFile as exc:
+        prefix = f"{referrer}: extends: " if referrer else ""
+        raise RecipeError([f"{prefix}{exc} (a recipe is a regular file of at most {MAX_RECIPE_BYTES} bytes)"]) from None
     except OSError as exc:
         raise RecipeError([f"{path}: cannot read: {exc.strerror}"]) from None
     try:
         data = yaml.safe_load(text)
+    except ValueError as exc:  # int(): an integer of more digits than Python converts (4300)
+        raise RecipeError([f"{path}: {_digits_message(exc)}"]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -444,8 +473,38 @@ def _read_yaml(path: Path, referrer: Path | None) -> dict:
         raise RecipeError([f"{path}: top level must be a mapping, got {_kind(data)}"])
     bad = [k for k in data if not isinstance(k, str)]
     if bad:
-        raise RecipeError([f"{path}: keys must be strings, got {bad[0]!r}"])
+        raise RecipeError([f"{path}: keys must be strings, got {_short_repr(bad[0])}"])
+    _check_numbers(data, str(path))
     return data
+
+
+def _digits_message(exc: ValueError) -> str:
+    if "digits" in str(exc):
+        return "a number has more digits than a recipe takes (integers up to 2**63)"
+    return f"unreadable value ({str(exc).splitlines()[0][:100]})"
+
+
+def _short_repr(value: Any) -> str:
+    if isinstance(value, int) and abs(value) >= _MAX_YAML_INT:
+        return "an integer beyond 64 bits"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_numbers(value: Any, where: str, key: str = "") -> None:
+    """No integer beyond 64 bits anywhere in a recipe (YAML reads 0x... of any length, and a
+    pydantic error would print it)."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int) and abs(value) >= _MAX_YAML_INT:
+        raise RecipeError([f"{where}: {key or '(top level)'}: integer too large (recipes take integers up to 2**63)"])
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_numbers(k, where, key)
+            _check_numbers(v, where, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_numbers(v, where, f"{key}.{i}" if key else str(i))
 
 
 def _load_with_extends(path: Path, seen: tuple[Path, ...], referrer: Path | None = None) -> dict:
@@ -482,8 +541,11 @@ def _apply_override(raw: dict, item: str, path: Path) -> None:
         raise RecipeError([f"{path}: --set {item!r}: empty key"])
     try:
         value = yaml.safe_load(text) if text.strip() else None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise RecipeError([f"{path}: --set {dotted}: {_digits_message(exc)}"]) from None
     except yaml.YAMLError:
         value = text
+    _check_numbers(value, f"{path}: --set", dotted.strip())
     node = raw
     for i, key in enumerate(keys[:-1]):
         child = node.get(key)
@@ -544,7 +606,9 @@ def _unwrap(annotation: Any) -> Any:
 
 
 def _num(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 _MESSAGES = {
@@ -555,8 +619,10 @@ _MESSAGES = {
     "int_type": lambda c: "must be an integer",
     "int_parsing": lambda c: "must be an integer",
     "int_from_float": lambda c: "must be a whole number",
+    "int_parsing_size": lambda c: "must be an integer of a sane size",
     "float_type": lambda c: "must be a number",
     "float_parsing": lambda c: "must be a number",
+    "finite_number": lambda c: "must be a finite number",
     "bool_type": lambda c: "must be true or false",
     "bool_parsing": lambda c: "must be true or false",
     "string_type": lambda c: "must be a string",

@@ -50,7 +50,7 @@ def load_report(store: Store, report_id: str) -> dict:
 
 def latest_report(store: Store, recipe_path: str | Path) -> dict:
     recipe, _ = load_recipe(recipe_path)
-    pointer = store.latest(recipe.name)
+    pointer = store.latest(recipe.name, recipe_path)
     if pointer is None:
         raise UserInputError(f"no run of recipe '{recipe.name}' in {store.root}: run `pipeline run {recipe_path}` first")
     node = pointer.get("nodes", {}).get("report")

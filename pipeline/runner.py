@@ -58,7 +58,7 @@ def _needs_machine(recipe: Recipe) -> bool:
 # ------------------------------------------------------------------------------ status
 def node_status(store: Store, plan: Plan) -> list[dict]:
     """Per node: cached / stale / missing, with the reason."""
-    previous = (store.latest(plan.name) or {}).get("nodes", {})
+    previous = (store.latest(plan.name, plan.path) or {}).get("nodes", {})
     resolve_builds(plan.nodes, store.current_build)
     by_name = {n.name: n for n in plan.nodes}
     rows = []
@@ -352,7 +352,7 @@ def _build(node: Node, record: dict, built: dict, store: Store, nproc: int, run_
 
 
 def _update_latest(store: Store, plan: Plan, node: Node, run_id: str) -> None:
-    pointer = store.latest(plan.name) or {"recipe": plan.name, "nodes": {}}
+    pointer = store.latest(plan.name, plan.path) or {"recipe": plan.name, "nodes": {}}
     by_name = {n.name: n for n in plan.nodes}
     pointer.update(recipe_path=str(plan.path), run=run_id, updated=now_iso())
     pointer["nodes"][node.name] = {
@@ -360,7 +360,7 @@ def _update_latest(store: Store, plan: Plan, node: Node, run_id: str) -> None:
         "version": stages.STAGES[node.stage].version, "config": node.config,
         "inputs": {role: by_name[up].input_key for role, up in node.inputs.items()},
     }
-    store.set_latest(plan.name, pointer)
+    store.set_latest(plan.name, pointer, plan.path)
 
 
 def _small(metrics: dict) -> dict:

@@ -29,10 +29,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from model.files import member_problem, open_regular, read_bounded, walk
+
 from .errors import IntegrityError, PipelineError, StoreLockedError, UserInputError
 
 MANIFEST = "manifest.json"
 FORMAT = 1
+MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists file names and digests: far below this
 _ID_RE = re.compile(r"^[a-z][a-z0-9_.]*-[0-9a-f]{16}$")
 _TRACKED_PACKAGES = ("torch", "onnx", "onnxruntime", "onnxruntime-gpu", "tokenizers", "sacrebleu",
                      "numpy", "safetensors", "ctranslate2")
@@ -61,8 +64,9 @@ def artifact_id(stage: str, fp: str) -> str:
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Digest of a regular file, opened without following a link (UnsafeFile otherwise)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(open_regular(path, follow_links=False), "rb") as f:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
@@ -168,8 +172,14 @@ class Store:
             return self.get(ref)
         path = Path(ref)
         if (path / MANIFEST).is_file():
-            manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-            return Artifact(manifest.get("id", path.name), path, manifest)
+            try:
+                manifest = json.loads(read_bounded(path / MANIFEST, MAX_MANIFEST_BYTES, follow_links=False))
+            except (ValueError, OSError) as exc:  # UnsafeFile is a ValueError
+                raise IntegrityError(f"{path / MANIFEST}: unreadable manifest ({exc})") from None
+            if not isinstance(manifest, dict):
+                raise IntegrityError(f"{path / MANIFEST}: unreadable manifest (not a JSON object)")
+            aid = manifest.get("id")
+            return Artifact(aid if isinstance(aid, str) else path.name, path, manifest)
         matches = [p.name for p in self.list_dirs() if p.name.startswith(ref) and (p / MANIFEST).is_file()]
         if len(matches) == 1:
             return self.get(matches[0])
@@ -181,6 +191,26 @@ class Store:
         if not self.objects.is_dir():
             return []
         return sorted(p for p in self.objects.iterdir() if p.is_dir())
+
+    def in_store(self, artifact: Artifact) -> bool:
+        """Whether `artifact` is this store's own folder for its id (not a copy elsewhere)."""
+        return bool(_ID_RE.match(artifact.id)) and artifact.path.resolve() == self.path_of(artifact.id).resolve()
+
+    def verify_artifact(self, artifact: Artifact) -> list[str]:
+        """The folder the artifact names, against its own manifest; a folder outside the store is
+        also checked against the digests this store holds for its id, when it holds that id (a
+        copy whose files and manifest were both rewritten still fails)."""
+        if self.in_store(artifact):
+            return self.verify(artifact)
+        trusted = None
+        if _ID_RE.match(artifact.id) and self.exists(artifact.id):
+            try:
+                trusted = self.get(artifact.id).manifest.get("files")
+            except IntegrityError as exc:
+                return [str(exc)]
+            if not isinstance(trusted, dict):
+                trusted = None
+        return verify_folder(artifact.path, artifact.manifest, trusted)
 
     def verify(self, artifact: Artifact | str) -> list[str]:
         """Problems found (empty when every file matches the manifest's size and sha256)."""
@@ -211,10 +241,11 @@ class Store:
         """Digest every file, write the manifest last, then rename the folder into place."""
         try:
             files = {}
-            for path in sorted(p for p in tmp.rglob("*") if p.is_file() or p.is_symlink()):
-                if path.is_symlink():
-                    raise PipelineError(f"stage wrote a symbolic link {path.name}; artifacts hold plain files")
-                rel = path.relative_to(tmp).as_posix()
+            written, problems = walk(tmp)
+            if problems:
+                raise PipelineError(f"stage wrote {problems[0].replace(str(tmp) + '/', '')}")
+            for rel in written:
+                path = tmp / rel
                 if rel == MANIFEST:
                     raise PipelineError("a stage may not write manifest.json itself")
                 with open(path, "rb") as f:
@@ -245,9 +276,16 @@ class Store:
         return self._quarantine(self.path_of(artifact))
 
     def work_dir(self, artifact: str) -> Path:
-        """Scratch space kept across crashes (checkpoints), removed once the artifact is complete."""
+        """Scratch space kept across crashes (checkpoints), removed once the artifact is complete.
+        Refused while a process still holds the folder's lock (see hold_work_dir)."""
         path = self.work / self._check_id(artifact)
         path.mkdir(parents=True, exist_ok=True)
+        holder = work_dir_holder(path)
+        if holder is not None:
+            raise PipelineError(
+                f"work folder {path} is in use by pid {holder.get('pid', '?')} ({holder.get('role', 'a worker')}), "
+                "a process of an earlier run that is still writing its checkpoints: stop it "
+                f"(kill {holder.get('pid', 'it')}) or wait for it to end, then run again")
         return path
 
     def drop_work_dir(self, artifact: str) -> None:
@@ -318,20 +356,100 @@ class Store:
             raise UserInputError(f"no run {run_id!r} in {self.runs}")
         return json.loads(path.read_text(encoding="utf-8"))
 
-    def latest(self, recipe_name: str) -> dict | None:
-        path = self.latest_dir / f"{safe_name(recipe_name)}.json"
-        if not path.is_file():
-            return None
-        return json.loads(path.read_text(encoding="utf-8"))
+    # A recipe's latest pointer is keyed by its name and its resolved file, latest/<name>@<h>.json
+    # (h: sha256 of the path, 12 hex digits), so that two recipes with the same stem (or the same
+    # `name:`) in different folders never share one: each keeps its own artifacts from gc. A
+    # pointer written before the key had the path in it, latest/<name>.json, is still read for
+    # the recipe file it records, and replaced by the keyed one on that recipe's next run.
+    def _latest_file(self, recipe_name: str, recipe_path: str | Path) -> Path:
+        key = hashlib.sha256(str(Path(recipe_path).resolve()).encode()).hexdigest()[:12]
+        return self.latest_dir / f"{safe_name(recipe_name)}@{key}.json"
 
-    def set_latest(self, recipe_name: str, pointer: dict) -> None:
+    def _read_pointer(self, path: Path) -> dict | None:
+        try:
+            pointer = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise IntegrityError(f"{path}: unreadable latest pointer ({exc}); the store writes it atomically, "
+                                 "so it was edited by hand (delete it and run the recipe again)") from None
+        if not isinstance(pointer, dict):
+            raise IntegrityError(f"{path}: unreadable latest pointer (not a JSON object)")
+        return pointer
+
+    def _legacy_pointer(self, recipe_name: str, recipe_path: str | Path | None) -> dict | None:
+        pointer = self._read_pointer(self.latest_dir / f"{safe_name(recipe_name)}.json")
+        if pointer is None or recipe_path is None:
+            return pointer
+        recorded = pointer.get("recipe_file") or pointer.get("recipe_path")
+        if recorded and Path(recorded).resolve() != Path(recipe_path).resolve():
+            return None
+        return pointer
+
+    def latest(self, recipe_name: str, recipe_path: str | Path | None = None) -> dict | None:
+        """What the latest run of the recipe file at recipe_path used; without a path, the most
+        recently updated pointer of any recipe with that name."""
+        if recipe_path is not None:
+            return (self._read_pointer(self._latest_file(recipe_name, recipe_path))
+                    or self._legacy_pointer(recipe_name, recipe_path))
+        found = [p for p in (self._read_pointer(f) for f in self.latest_dir.glob(f"{safe_name(recipe_name)}@*.json"))
+                 if p is not None] if self.latest_dir.is_dir() else []
+        legacy = self._legacy_pointer(recipe_name, None)
+        found += [legacy] if legacy else []
+        return max(found, key=lambda p: str(p.get("updated", ""))) if found else None
+
+    def set_latest(self, recipe_name: str, pointer: dict, recipe_path: str | Path | None = None) -> None:
+        recipe_path = recipe_path if recipe_path is not None else pointer.get("recipe_path")
+        if recipe_path is None:
+            raise PipelineError(f"latest pointer of {recipe_name}: no recipe file to key it by")
         self.latest_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.latest_dir / f"{safe_name(recipe_name)}.json", pointer)
+        pointer = {**pointer, "recipe_file": str(Path(recipe_path).resolve())}
+        write_json_atomic(self._latest_file(recipe_name, recipe_path), pointer)
+        legacy = self.latest_dir / f"{safe_name(recipe_name)}.json"
+        if legacy.is_file() and self._legacy_pointer(recipe_name, recipe_path) is not None:
+            legacy.unlink(missing_ok=True)
 
     def all_latest(self) -> list[dict]:
         if not self.latest_dir.is_dir():
             return []
-        return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(self.latest_dir.glob("*.json"))]
+        return [p for p in (self._read_pointer(f) for f in sorted(self.latest_dir.glob("*.json"))) if p is not None]
+
+    # ------------------------------------------------------------------ readers
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Shared lock held while a command reads artifacts it did not build (translate,
+        export-package): `artifacts gc` takes it exclusively, so it never deletes an artifact
+        while one is being read. Readers never wait on `pipeline run`, only on a gc in progress.
+        A store that does not exist has nothing to collect: no lock, and no folder made for one."""
+        if not self.root.is_dir():
+            yield
+            return
+        fd = os.open(self.root / "readers.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"waiting for `pipeline artifacts gc` to finish with {self.root}", file=sys.stderr)
+                fcntl.flock(fd, fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def no_readers(self) -> Iterator[None]:
+        """Exclusive side of `reading` (for gc): waits for readers to finish their reads."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / "readers.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"waiting for commands reading {self.root} (translate, export-package) to finish loading",
+                      file=sys.stderr)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------ lock
     @contextlib.contextmanager
@@ -378,32 +496,90 @@ class Store:
             os.close(fd)
 
 
-def verify_folder(path: Path, manifest: dict) -> list[str]:
+def verify_folder(path: Path, manifest: dict, trusted: dict | None = None) -> list[str]:
+    """Problems found in the folder at `path` against `manifest` (empty when every file it lists is
+    a regular file inside the folder with the listed size and sha256, and nothing else is there).
+
+    What the folder may hold is model/files.py's rule: regular files and folders only, no link,
+    device or fifo, reached without following a link. `trusted`, when given, is the file list the
+    user already holds for this id (the store's copy): each file must also match its digest there,
+    so a folder that rewrote its own manifest still fails."""
     problems = []
     files = manifest.get("files")
     if not isinstance(files, dict):
         return [f"{path / MANIFEST}: no file list"]
-    root = path.resolve()
+    present, problems = walk(path)
     for rel, meta in sorted(files.items()):
-        target = (path / rel)
-        if Path(rel).is_absolute() or ".." in Path(rel).parts or not target.resolve().is_relative_to(root):
-            problems.append(f"{path}: manifest names a file outside the artifact: {rel!r}")
+        problem = member_problem(path, rel)
+        if problem is not None:
+            if problem.endswith(": missing"):
+                problems.append(f"{path / rel}: missing")
+            else:
+                problems.append(f"{path}: manifest names a file outside the artifact or not a regular file: {problem}")
             continue
-        if not target.is_file():
-            problems.append(f"{target}: missing")
+        target = path / rel
+        if not isinstance(meta, dict):
+            problems.append(f"{target}: manifest entry is not a mapping")
             continue
         size = target.stat().st_size
         if size != meta.get("bytes"):
             problems.append(f"{target}: size {size} bytes, manifest says {meta.get('bytes')}")
             continue
-        if sha256_file(target) != meta.get("sha256"):
+        digest = sha256_file(target)
+        if digest != meta.get("sha256"):
             problems.append(f"{target}: content changed (sha256 differs from manifest)")
+        elif trusted is not None and digest != (trusted.get(rel) or {}).get("sha256"):
+            problems.append(f"{target}: differs from the store's copy of this artifact "
+                            "(sha256 differs from the digest the store holds)")
+    if trusted is not None:
+        for rel in sorted(set(trusted) - set(files)):
+            problems.append(f"{path / rel}: missing (the store's copy of this artifact has it)")
     listed = set(files) | {MANIFEST}
-    for extra in sorted(p for p in path.rglob("*") if p.is_file()):
-        rel = extra.relative_to(path).as_posix()
+    for rel in present:
         if rel not in listed:
-            problems.append(f"{extra}: not in the manifest")
+            problems.append(f"{path / rel}: not in the manifest")
     return problems
+
+
+# A work folder (work/<id>/) is written by the runner and by the worker processes it starts.
+# Every worker holds a shared flock on work/<id>/.lock for as long as it lives; the runner
+# refuses a work folder whose lock it cannot take exclusively, and gc never deletes one. So a
+# worker left running by a killed run (one that escaped its parent-death signal) can never have
+# a second run, or gc, write into or remove the folder under it.
+WORK_LOCK = ".lock"
+_held_work: dict[str, int] = {}
+
+
+def hold_work_dir(path: Path, role: str) -> None:
+    """Take this process's shared lock on a work folder, held until it exits."""
+    key = str(Path(path).resolve())
+    if key in _held_work:
+        return
+    fd = os.open(Path(path) / WORK_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    with contextlib.suppress(OSError):
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "role": role}).encode().ljust(200), 0)
+    _held_work[key] = fd
+
+
+def work_dir_holder(path: Path) -> dict | None:
+    """None when no live process holds the work folder's lock; else what the holder wrote."""
+    lock = Path(path) / WORK_LOCK
+    if not lock.is_file() or str(Path(path).resolve()) in _held_work:
+        return None
+    fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                return json.loads(os.pread(fd, 200, 0).decode().strip() or "{}")
+            except (ValueError, UnicodeDecodeError):
+                return {}
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def _write_error(exc: OSError, artifact: str) -> PipelineError:

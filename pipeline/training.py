@@ -202,6 +202,17 @@ class Checkpoints:
     def drop_snapshot(self, name: str) -> None:
         (self.snapshots / f"{name}.safetensors").unlink(missing_ok=True)
 
+    def drop_unkept(self, kept: list[dict]) -> None:
+        """Delete every snapshot the saved checkpoint does not name (and any half-written one).
+        Called only once a checkpoint recording `kept` is on disk: a checkpoint never names a
+        snapshot that is gone, whatever moment a kill lands at."""
+        if not self.snapshots.is_dir():
+            return
+        names = {f"{entry['name']}.safetensors" for entry in kept}
+        for path in self.snapshots.iterdir():
+            if path.name not in names:
+                path.unlink(missing_ok=True)
+
 
 def _flatten_optimizer(optimizer) -> tuple[dict, dict]:
     sd = optimizer.state_dict()
@@ -320,6 +331,8 @@ class Trainer:
             state["resumed_from"].append(state["step"])
             self.log(f"resumed from checkpoint at step {state['step']} (epoch {state['epoch'] + 1}, "
                      f"batch {state['batch']}, {state['elapsed_s'] / 60:.1f} min already trained)")
+        if self.rank == 0:  # snapshots of a run killed before its checkpoint recorded them
+            self.ckpt.drop_unkept(state["kept"])
         session_start = time.monotonic()
         elapsed = lambda: state["elapsed_s"] + time.monotonic() - session_start  # noqa: E731
         last_ckpt = time.monotonic()
@@ -357,6 +370,8 @@ class Trainer:
                 state["batch"] = 0
             self._end_of_epoch(state, partial)
             self._save_checkpoint(state, elapsed(), session_start)
+            if self.rank == 0:  # only now that the checkpoint names the new `kept`
+                self.ckpt.drop_unkept(state["kept"])
             last_ckpt = time.monotonic()
             if stop_reason is None and state["epoch"] >= max_epochs:
                 stop_reason = f"max_epochs ({cfg.max_epochs})"
@@ -519,14 +534,14 @@ class Trainer:
         return (bleu if bleu is not None else 0.0, -entry["valid_loss"])
 
     def _keep_snapshot(self, state: dict, entry: dict) -> None:
-        """Keep the best N epoch-end weights (by valid BLEU, then loss) for averaging."""
+        """Keep the best N epoch-end weights (by valid BLEU, then loss) for averaging. Checkpoints
+        record before they delete: the new snapshot is saved here, the checkpoint naming the new
+        `kept` next (fit), and only then are dropped snapshots deleted (Checkpoints.drop_unkept)."""
         kept = state["kept"] + [entry]
         kept.sort(key=self._rank_key, reverse=True)
         keep_n = self.cfg.average_checkpoints
         if entry in kept[:keep_n]:
             self.ckpt.save_snapshot(self.model, entry["name"])
-        for dropped in kept[keep_n:]:
-            self.ckpt.drop_snapshot(dropped["name"])
         state["kept"] = kept[:keep_n]
 
     def _finish(self, state: dict, elapsed_s: float, reason: str) -> dict:

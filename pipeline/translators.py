@@ -24,8 +24,14 @@ def load_translator(folder: Path, package: str | None = None, device: str = "cpu
         folder = folder / package
     if is_torch_model(folder):
         from model.torch_decoder import TorchTranslator
+        from model.transformer import ModelConfigError
 
-        return TorchTranslator.load(folder, device=device, threads=threads)
+        from .errors import UserInputError
+
+        try:
+            return TorchTranslator.load(folder, device=device, threads=threads)
+        except ModelConfigError as exc:
+            raise UserInputError(str(exc)) from None
     if is_onnx_package(folder):
         from model.runtime import PackageError, Translator
 

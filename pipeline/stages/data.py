@@ -17,6 +17,8 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+from model.files import UnsafeFile, open_regular
+
 from ..context import StageContext
 from ..errors import DataError
 from ..recipe import CleanConfig, DataConfig, FileSplit
@@ -37,6 +39,8 @@ MULTI30K_SHA256 = {
     "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
 }
 MULTI30K_LANGS = ("en", "de", "fr")
+# The most text one data file may hold (decompressed): Multi30k's largest is 4 MB.
+MAX_DATA_BYTES = 2 << 30
 _SPACES = re.compile(r"\s+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -118,13 +122,16 @@ def read_text_lines(path: Path) -> list[str]:
     if path.is_dir():
         raise DataError(f"{path}: is a directory, expected a text file")
     try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rb") as f:
-                raw = f.read()
-        else:
-            raw = path.read_bytes()
+        with os.fdopen(open_regular(path), "rb") as f:  # a fifo or a device is refused, never read
+            reader = gzip.GzipFile(fileobj=f, mode="rb") if path.suffix == ".gz" else f
+            raw = reader.read(MAX_DATA_BYTES + 1)
+    except UnsafeFile as exc:
+        raise DataError(f"{exc}; a data file must be a regular file") from None
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         raise DataError(f"{path}: cannot read ({exc})") from None
+    if len(raw) > MAX_DATA_BYTES:
+        raise DataError(f"{path}: more than {MAX_DATA_BYTES >> 30} GiB of text{' once decompressed' if path.suffix == '.gz' else ''}; "
+                        "split the corpus or keep fewer pairs")
     if not raw.strip():
         raise DataError(f"{path}: file is empty")
     if b"\x00" in raw[:65536]:
