@@ -165,6 +165,7 @@ def test_gc_keeps_resume_checkpoints_unless_asked(tmp_path):
 
 
 def test_gc_waits_for_a_reader(tmp_path):
+    (tmp_path / "store").mkdir()  # a store that exists (reading one that does not takes no lock)
     store = Store(tmp_path / "store")
     with store.reading():
         gc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "artifacts", "gc", "--store", str(store.root)],
