@@ -280,5 +280,9 @@ def results_markdown(store: Store, recipe_path: str | Path) -> str:
     body = Path(report["files"]["report.md"]).read_text(encoding="utf-8").splitlines()[1:]  # its own title
     while body and not body[0].strip():
         body.pop(0)
-    lines += ["#" + line if line.startswith("#") else line for line in body]
+    for line in body:
+        if line.startswith("!["):  # the plot lives in the report artifact, not beside the results page
+            lines.append(f"Plot: `bleu_vs_latency.png` in `{report['report_artifact']}`.")
+        else:
+            lines.append("#" + line if line.startswith("#") else line)
     return "\n".join(lines).rstrip() + "\n"

@@ -233,6 +233,7 @@ def test_pipeline_report_and_compare(built, smoke, capsys):
     assert proc.returncode == 0, proc.stderr.decode()
     assert f"Run `{rerun}`, report `{report['report_artifact']}`" in text and "minutes in all" in text
     assert "| variant | runtime |" in text and "**Training**" in text and report["machine"]["isa"] in text
+    assert f"Plot: `bleu_vs_latency.png` in `{report['report_artifact']}`" in text and "![" not in text
 
 
 def test_onnx_packages_are_measured_in_onnxruntime(smoke):
