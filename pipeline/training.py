@@ -199,8 +199,6 @@ class Checkpoints:
     def load_snapshot(self, name: str) -> dict:
         return load_file(str(self.snapshots / f"{name}.safetensors"))
 
-    def drop_snapshot(self, name: str) -> None:
-        (self.snapshots / f"{name}.safetensors").unlink(missing_ok=True)
 
     def drop_unkept(self, kept: list[dict]) -> None:
         """Delete every snapshot the saved checkpoint does not name (and any half-written one).
