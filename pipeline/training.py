@@ -199,7 +199,6 @@ class Checkpoints:
     def load_snapshot(self, name: str) -> dict:
         return load_file(str(self.snapshots / f"{name}.safetensors"))
 
-
     def drop_unkept(self, kept: list[dict]) -> None:
         """Delete every snapshot the saved checkpoint does not name (and any half-written one).
         Called only once a checkpoint recording `kept` is on disk: a checkpoint never names a
