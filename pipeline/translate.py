@@ -22,7 +22,7 @@ from typing import BinaryIO, Iterator, TextIO
 
 from .context import console
 from .errors import IntegrityError, UserInputError
-from .stages.data import normalize
+from .corpus import normalize
 from .store import MANIFEST, Store
 from .translators import is_onnx_package, is_torch_model, load_translator
 

@@ -19,7 +19,7 @@ from model.torch_decoder import TorchTranslator
 from model.transformer import load_model
 from pipeline.errors import RecipeError, UserInputError
 from pipeline.runner import make_plan, node_status
-from pipeline.stages.data import read_split
+from pipeline.corpus import read_split
 from pipeline.stages.kd_corpus import TOP_K_FILE, closest_to_reference, load_top_k
 from pipeline.stages.train import project_embedding
 

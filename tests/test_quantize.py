@@ -21,7 +21,7 @@ from model.runtime import GraphSearch, OnnxDecoder, Translator
 from model.search import GenerationConfig, greedy_search
 from model.transformer import Transformer, TransformerConfig
 from pipeline.errors import StageFailed
-from pipeline.stages.data import read_split
+from pipeline.corpus import read_split
 from pipeline.stages.quantize import guarded_search
 from pipeline.translators import load_translator
 

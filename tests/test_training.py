@@ -13,7 +13,7 @@ from model.tokenizer import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
 from pipeline.context import progress_bar
 from pipeline.recipe import TrainConfig
-from pipeline.stages.data import read_split
+from pipeline.corpus import read_split
 from pipeline.speed_probe import SpeedChoice
 from pipeline.training import (Corpus, Trainer, ValidationSet, cooldown_factor, encode_corpus, inverse_sqrt_lr,
                                label_smoothed_loss, make_batches)

@@ -30,11 +30,11 @@ from pathlib import Path
 from model.ctranslate2_export import NotConvertible, compare_greedy, export_ctranslate2, uniform_heads
 
 from ..context import StageContext
+from ..corpus import read_split
 from ..errors import UserInputError
 from ..graph import MODEL_NODES
 from ..machine import usable_cores
 from ..store import Artifact, tool_versions
-from .data import read_split
 
 REPO = Path(__file__).resolve().parents[2]
 PARITY_SENTENCES = 10  # sentences whose greedy output ids CTranslate2 must reproduce

@@ -10,8 +10,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-import re
-import unicodedata
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -20,6 +18,7 @@ from pathlib import Path
 from model.files import UnsafeFile, open_regular
 
 from ..context import StageContext
+from ..corpus import normalize, write_lines
 from ..errors import DataError
 from ..recipe import CleanConfig, DataConfig, FileSplit
 
@@ -41,8 +40,6 @@ MULTI30K_SHA256 = {
 MULTI30K_LANGS = ("en", "de", "fr")
 # The most text one data file may hold (decompressed): Multi30k's largest is 4 MB.
 MAX_DATA_BYTES = 2 << 30
-_SPACES = re.compile(r"\s+")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def run(ctx: StageContext) -> dict:
@@ -70,8 +67,8 @@ def run(ctx: StageContext) -> dict:
         name = split if split in ("train", "valid") else f"test.{split}"
         if name.startswith("test."):
             metrics["test_sets"].append(split)
-        _write_lines(ctx.out / f"{name}.src", src_lines)
-        _write_lines(ctx.out / f"{name}.tgt", tgt_lines)
+        write_lines(ctx.out / f"{name}.src", src_lines)
+        write_lines(ctx.out / f"{name}.tgt", tgt_lines)
         metrics[f"{split}_pairs"] = len(src_lines)
     ctx.log(f"{metrics['train_pairs']} training pairs kept of {metrics['train_raw_pairs']} "
             f"(dropped: {metrics['dropped'] or 'none'}); valid {metrics['valid_pairs']}; "
@@ -80,14 +77,6 @@ def run(ctx: StageContext) -> dict:
 
 
 # ---------------------------------------------------------------------------- cleaning
-def normalize(line: str, nfc: bool = True) -> str:
-    if nfc:
-        line = unicodedata.normalize("NFC", line)
-    # Control characters carry no meaning in text and confuse tokenizers; tabs become spaces.
-    line = _CONTROL.sub(" ", line)
-    return _SPACES.sub(" ", line).strip()
-
-
 def clean_pairs(src: list[str], tgt: list[str], cfg: CleanConfig) -> tuple[list[str], list[str], Counter]:
     dropped: Counter = Counter()
     seen: set[tuple[str, str]] = set()
@@ -295,16 +284,3 @@ class _null:
 
     def __exit__(self, *exc):
         return False
-
-
-def _write_lines(path: Path, lines: list[str]) -> None:
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        for line in lines:
-            f.write(line + "\n")
-
-
-def read_split(folder: Path, name: str) -> tuple[list[str], list[str]]:
-    """Read a split written by this stage (e.g. 'train', 'valid', 'test.test_2016_flickr')."""
-    src = (folder / f"{name}.src").read_text(encoding="utf-8").split("\n")[:-1]
-    tgt = (folder / f"{name}.tgt").read_text(encoding="utf-8").split("\n")[:-1]
-    return src, tgt

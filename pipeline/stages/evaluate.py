@@ -10,10 +10,10 @@ import json
 import time
 
 from ..context import StageContext
+from ..corpus import read_split
 from ..errors import UserInputError
 from ..scoring import score
 from ..translators import load_translator
-from .data import read_split
 
 
 def run(ctx: StageContext) -> dict:

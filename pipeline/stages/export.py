@@ -26,9 +26,9 @@ from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, load_model
 
 from ..context import StageContext
+from ..corpus import read_split
 from ..errors import StageFailed
 from ..packaging import package_bytes, write_package
-from .data import read_split
 
 
 def run(ctx: StageContext) -> dict:

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from ..context import StageContext
+from ..corpus import read_split
 from ..distributed import launch, worker_main, world_size
-from .data import read_split
 
 # Sentences per saved chunk: what a resumed run keeps, and the unit processes share under
 # torchrun. Results do not depend on it beyond float noise (it bounds the batches), so it is

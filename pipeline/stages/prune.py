@@ -37,10 +37,10 @@ from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, load_model, save_model
 
 from ..context import StageContext
+from ..corpus import read_split
 from ..recipe import PruneConfig, TrainConfig
 from ..scoring import bleu_only
 from ..training import Corpus, Trainer, ValidationSet, collate, encode_corpus, make_batches
-from .data import read_split
 from .train import stored_word_level, training_pairs
 
 DECODER_STEPS = 20  # forced decoder steps per sentence when timing one step

@@ -25,10 +25,10 @@ from model.runtime import GraphSearch, OnnxDecoder, Translator
 from model.search import greedy_search, prepare_sources, translate_sentences
 
 from ..context import StageContext
+from ..corpus import read_split
 from ..errors import StageFailed
 from ..packaging import package_bytes, write_package
 from ..scoring import bleu_only
-from .data import read_split
 
 CALIBRATION_BATCH = 16
 _PRECISION = {

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from ..budgets import training_cut
 from ..context import StageContext
+from ..corpus import read_split
 from ..errors import StageFailed
 from ..scoring import paired_bootstrap
-from .data import read_split
 
 TEACHER = "teacher"  # the row every ratio is taken against: the teacher in PyTorch on the CPU
 # What report.json promises (others script against it): keys may be added, never renamed.

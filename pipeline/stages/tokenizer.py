@@ -7,8 +7,8 @@ import random
 from model.tokenizer import SubwordTokenizer
 
 from ..context import StageContext
+from ..corpus import read_split
 from ..recipe import TokenizerConfig
-from .data import read_split
 
 
 def run(ctx: StageContext) -> dict:

@@ -18,12 +18,12 @@ from model.tokenizer import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig, load_model, save_model
 
 from ..context import StageContext
+from ..corpus import read_split
 from ..distributed import launch, launch_alone, worker_main, world_size
 from ..errors import UserInputError
 from ..machine import usable_cores
 from ..recipe import TrainConfig
 from ..training import Trainer, ValidationSet, encode_corpus
-from .data import read_split
 from .kd_corpus import TOP_K_FILE, load_top_k
 
 
