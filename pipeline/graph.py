@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from model.files import UnsafeFile, open_regular
 
+from .code_digest import combined, stage_code
 from .errors import RecipeError, UserInputError
 from .recipe import Recipe, dump_config
 from .stages import STAGES
@@ -29,6 +30,7 @@ class Node:
     settings: Any = None  # the typed config object handed to the stage
     fingerprint: str = ""
     build: str = ""  # a forced rebuild's artifact id; "" for the build the fingerprint names
+    code: dict[str, str] = field(default_factory=dict)  # source file -> digest, of what the stage runs
 
     @property
     def side_by_side(self) -> tuple[str, ...]:
@@ -231,7 +233,8 @@ def _check_and_fingerprint(nodes: list[Node], where: str) -> None:
 
 
 def _set_fingerprint(node: Node, by_name: dict[str, Node]) -> None:
-    node.fingerprint = fingerprint(node.name, STAGES[node.stage].version, node.config,
+    node.code = stage_code(STAGES[node.stage].module)
+    node.fingerprint = fingerprint(node.name, STAGES[node.stage].version, combined(node.code), node.config,
                                    {role: by_name[up].input_key for role, up in node.inputs.items()})
 
 

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from . import stages
 from .budgets import training_cut
+from .code_digest import changed_files
 from .context import StageContext, console
 from .distributed import interrupt_children
 from .errors import PipelineError, UserInputError
@@ -82,17 +83,26 @@ def node_status(store: Store, plan: Plan) -> list[dict]:
 
 
 def _why_changed(node: Node, before: dict, by_name: dict[str, Node]) -> str:
+    """Every difference from the build the recipe's last run recorded, or why it is gone."""
+    reasons = []
     changed = _diff_keys(before.get("config"), node.config)
     if changed:
-        shown = ", ".join(changed[:4]) + (f" (+{len(changed) - 4} more)" if len(changed) > 4 else "")
-        return f"config changed: {shown}"
+        reasons.append(f"config changed: {_first_few(changed)}")
     old_inputs = before.get("inputs", {})
     moved = [role for role, up in node.inputs.items() if old_inputs.get(role) != by_name[up].input_key]
     if moved:
-        return "input changed: " + ", ".join(f"{r} ({node.inputs[r]})" for r in moved)
+        reasons.append("input changed: " + ", ".join(f"{r} ({node.inputs[r]})" for r in moved))
+    if "code" not in before:  # recorded before code digests existed
+        reasons.append("code changed (the last build predates code digests)")
+    elif files := changed_files(before["code"], node.code):
+        reasons.append(f"code changed: {_first_few(files)}")
     if before.get("version") != stages.STAGES[node.stage].version:
-        return "stage code version changed"
-    return "artifact missing from the store"
+        reasons.append("stage version bumped")
+    return "; ".join(reasons) or "artifact missing from the store"
+
+
+def _first_few(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" (+{len(names) - 4} more)" if len(names) > 4 else "")
 
 
 def _diff_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
@@ -335,7 +345,7 @@ def _build(node: Node, record: dict, built: dict, store: Store, nproc: int, run_
         duration = round(time.monotonic() - t0, 3)
         manifest = {
             "stage": node.name, "kind": node.stage, "fingerprint": node.fingerprint,
-            "code_version": stages.STAGES[node.stage].version, "config": node.config,
+            "code_version": stages.STAGES[node.stage].version, "code": node.code, "config": node.config,
             "inputs": {role: built[up].id for role, up in node.inputs.items()},
             "metrics": metrics, "created": now_iso(), "started": stage_started,
             "duration_s": duration, "versions": tool_versions(),
@@ -357,7 +367,7 @@ def _update_latest(store: Store, plan: Plan, node: Node, run_id: str) -> None:
     pointer.update(recipe_path=str(plan.path), run=run_id, updated=now_iso())
     pointer["nodes"][node.name] = {
         "id": node.id, "fingerprint": node.fingerprint, "stage": node.stage,
-        "version": stages.STAGES[node.stage].version, "config": node.config,
+        "version": stages.STAGES[node.stage].version, "code": node.code, "config": node.config,
         "inputs": {role: by_name[up].input_key for role, up in node.inputs.items()},
     }
     store.set_latest(plan.name, pointer, plan.path)

@@ -53,8 +53,10 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def fingerprint(stage: str, code_version: int, config: Any, input_fingerprints: dict[str, str]) -> str:
-    payload = canonical_json({"stage": stage, "version": code_version, "config": config,
+def fingerprint(stage: str, code_version: int, code: str, config: Any, input_fingerprints: dict[str, str]) -> str:
+    """`code`: the digest of the source the stage runs (pipeline.code_digest); `code_version`: a
+    number to bump only for what that cannot see (a changed data file, a dependency's behaviour)."""
+    payload = canonical_json({"stage": stage, "version": code_version, "code": code, "config": config,
                               "inputs": input_fingerprints})
     return hashlib.sha256(payload.encode()).hexdigest()
 

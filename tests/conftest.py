@@ -61,13 +61,13 @@ def _env(monkeypatch, data_dir, tmp_path):
 
 
 def cli(*args: str, store: Path | None = None, input: bytes | None = None, timeout: float = 300,
-        env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the real `pipeline` command in a subprocess."""
+        env: dict | None = None, code: Path = REPO) -> subprocess.CompletedProcess:
+    """Run the real `pipeline` command in a subprocess, from the source tree `code`."""
     cmd = [sys.executable, "-m", "pipeline.cli", *args]
     if store is not None:
         cmd += ["--store", str(store)]
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200", **(env or {})}
-    return subprocess.run(cmd, cwd=REPO, input=input, capture_output=True, timeout=timeout, env=full_env)
+    full_env = {**os.environ, "PYTHONPATH": str(code), "COLUMNS": "200", **(env or {})}
+    return subprocess.run(cmd, cwd=code, input=input, capture_output=True, timeout=timeout, env=full_env)
 
 
 class SmokeStore:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
-from .conftest import SMOKE, cli
+from .conftest import REPO, SMOKE, cli
 
 
 def last_run(store):
@@ -128,3 +129,37 @@ def test_gc_keeps_what_latest_runs_use(tmp_path):
     assert cli("artifacts", "gc", store=store).returncode == 0
     after = {p.name for p in (store / "objects").iterdir()}
     assert len(after) == 2 and after < before
+
+
+def _status(store, code=REPO) -> dict[str, dict]:
+    out = cli("status", str(SMOKE), "--json", store=store, code=code)
+    assert out.returncode == 0, out.stderr.decode()
+    return {r["node"]: r for r in map(json.loads, out.stdout.decode().splitlines())}
+
+
+def test_a_code_change_makes_what_runs_that_code_stale_and_names_the_file(tmp_path):
+    store, code = tmp_path / "store", tmp_path / "code"
+    assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
+    for folder in ("model", "pipeline"):
+        shutil.copytree(REPO / folder, code / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    before = _status(store, code)
+    assert before["tokenizer"]["state"] == "cached"
+
+    # Comments, blank lines and docstrings are not code: nothing to rebuild.
+    tokenizer_py = code / "model" / "tokenizer.py"
+    source = tokenizer_py.read_text()
+    tokenizer_py.write_text(source.replace('"""', '"""Reworded. ', 1) + "\n\n# a new comment\n")
+    assert {n: r["id"] for n, r in _status(store, code).items()} == {n: r["id"] for n, r in before.items()}
+
+    tokenizer_py.write_text(source + "\nTOKENIZER_CHANGED = True\n")
+    after = _status(store, code)
+    assert after["data"]["state"] == "cached" and after["data"]["id"] == before["data"]["id"]
+    assert after["tokenizer"]["state"] == "stale"
+    assert after["tokenizer"]["reason"] == "code changed: model/tokenizer.py"
+
+    # The int8 code alone: quantize and what is built from it get new ids, nothing upstream does.
+    tokenizer_py.write_text(source)
+    quantize_py = code / "model" / "onnx_quantize.py"
+    quantize_py.write_text(quantize_py.read_text() + "\nQUANTIZE_CHANGED = True\n")
+    moved = {n for n, r in _status(store, code).items() if r["id"] != before[n]["id"]}
+    assert moved == {"quantize", "evaluate.int8_dynamic", "evaluate.int8_static", "benchmark", "report"}

@@ -18,7 +18,7 @@ from .conftest import REPO
 
 
 def make_artifact(store: Store, name: str = "demo", payload: bytes = b"hello world\n"):
-    aid = artifact_id(name, fingerprint(name, 1, {"x": 1}, {}))
+    aid = artifact_id(name, fingerprint(name, 1, "code", {"x": 1}, {}))
     with store.writing(aid) as out:
         (out / "weights.bin").write_bytes(payload)
         (out / "sub").mkdir()

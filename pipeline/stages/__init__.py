@@ -1,7 +1,8 @@
 """The stage registry: stage kind -> the module whose `run(ctx)` builds its artifact.
 
-Bump a stage's `version` whenever a change to its code changes what it writes: the version is
-part of every fingerprint, so artifacts built by the old code are rebuilt, not reused.
+A stage's fingerprint takes the digest of the code it runs (pipeline.code_digest), so a code
+change rebuilds what it affects by itself. `version` is an override for what the digest cannot
+see (a changed dependency's behaviour, a data file): bumping it rebuilds that stage's artifacts.
 Modules are imported only when their stage runs, so planning a run never imports torch.
 """
 
