@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer,
-                      model_validator)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from model.files import UnsafeFile, read_bounded
 from model.sizes import MAX_DIM, MAX_LAYERS, MAX_VOCAB, size_problem
@@ -34,6 +33,12 @@ OpenFraction = Annotated[float, Field(ge=0, lt=1)]
 Dim = Annotated[int, Field(gt=0, le=MAX_DIM)]
 Layers = Annotated[int, Field(gt=0, le=MAX_LAYERS)]
 Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
+# bf16 autocast. auto: where the GPU supports it, and on a CPU where a probe at the model's shapes
+# measures it faster than float32 (pipeline/speed_probe.py); on: always (a warning gives the
+# measured slowdown where it is slower); off: float32. YAML 1.1 reads a bare on/off as a
+# boolean; the user meant the word.
+Bf16 = Annotated[Literal["auto", "on", "off"],
+                 BeforeValidator(lambda v: {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v)]
 MAX_RECIPE_BYTES = 1 << 20  # a recipe file (and each file it extends) is read up to this size
 _MAX_YAML_INT = 2**63
 
@@ -173,16 +178,7 @@ class TrainConfig(Strict):
     average_checkpoints: PositiveInt = 1
     checkpoint_every_minutes: PositiveFloat = 2.0
     num_threads: PositiveInt | None = None  # torch intra-op threads; all cores if null
-    # bf16 autocast. auto: where the GPU supports it, and on a CPU where a probe at this model's
-    # shapes measures it faster than float32 (pipeline/speed_probe.py); on: always (a warning
-    # gives the measured slowdown where it is slower); off: float32.
-    bf16: Literal["auto", "on", "off"] = "auto"
-
-    @field_validator("bf16", mode="before")
-    @classmethod
-    def _yaml_switch(cls, value):
-        # YAML 1.1 reads a bare `on`/`off` as a boolean; the user meant the word.
-        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+    bf16: Bf16 = "auto"
 
     @model_validator(mode="after")
     def _some_budget(self):
@@ -299,6 +295,10 @@ class PruneFinetune(Strict):
     warmup_steps: NonNegInt = 50
     batch_tokens: PositiveInt = 4000
     max_minutes: PositiveFloat | None = None
+    # Batch order (and dropout) of step i's fine-tune: seed + i - 1. Another seed is another draw
+    # of the same recipe: how much of a pruned model's score is chance.
+    seed: Seed = 1
+    bf16: Bf16 = "auto"
 
 
 class PruneConfig(Strict):

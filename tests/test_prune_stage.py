@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from model.torch_decoder import TorchTranslator
 from model.transformer import load_model
@@ -130,3 +131,29 @@ def test_prune_finetunes_on_what_the_student_learnt_from(smoke):
     _, arts = smoke.build("pruned", "distill.student.reference_mix=0.5", "distill.student.train.max_epochs=1")
     mixed = arts["student"].metrics["reference_pairs_mixed"]
     assert mixed > 0 and arts["pruned"].metrics["finetune_data"] == f"kd_corpus + {mixed} references"
+
+
+def test_the_same_recipe_prunes_to_the_same_weights_and_another_seed_to_others(smoke, tmp_path):
+    """Pruning is a function of its inputs and config: rerun, it gives the same heads and the
+    same weights bit for bit; another fine-tune seed the same heads and other weights."""
+    from safetensors.torch import load_file
+
+    _, arts = smoke.build("pruned")
+
+    def pruned_with(seed: int, name: str) -> tuple[dict, dict]:
+        settings = PruneConfig(target_fraction=0.5, steps=1, importance_batches=2, valid_bleu_sentences=2,
+                               latency_sentences=1, latency_repeats=1,
+                               finetune=PruneFinetune(steps=3, batch_tokens=1200, seed=seed, bf16="off"))
+        (tmp_path / name / "out").mkdir(parents=True)
+        ctx = StageContext(name="pruned", settings=settings, config=dump_config(settings),
+                           inputs={"data": arts["data"], "model": arts["student"]}, out=tmp_path / name / "out",
+                           work=tmp_path / name / "work")
+        metrics = prune.run(ctx)
+        return metrics["heads_after"], load_file(str(ctx.out / "model.safetensors"))
+
+    heads, weights = pruned_with(1, "first")
+    heads_again, weights_again = pruned_with(1, "again")
+    heads_other, weights_other = pruned_with(2, "other")
+    assert heads == heads_again == heads_other
+    assert all(torch.equal(weights[k], weights_again[k]) for k in weights)
+    assert any(not torch.equal(weights[k], weights_other[k]) for k in weights)

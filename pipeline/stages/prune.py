@@ -193,7 +193,8 @@ def prune_step(ctx: StageContext, cfg: PruneConfig, step: int, model: Transforme
     smoothing = ((source_config or {}).get("train") or {}).get("label_smoothing", 0.1)
     train_cfg = TrainConfig(lr=ft.lr, warmup_steps=ft.warmup_steps, batch_tokens=ft.batch_tokens,
                             label_smoothing=smoothing, max_epochs=None, max_steps=ft.steps,
-                            max_minutes=ft.max_minutes, seed=step, valid_bleu_sentences=len(valid.sources),
+                            max_minutes=ft.max_minutes, seed=ft.seed + step - 1, bf16=ft.bf16,
+                            valid_bleu_sentences=len(valid.sources),
                             average_checkpoints=1)
     word_level = stored_word_level(source_config or {})
     trainer = Trainer(candidate, train_cfg, train, valid, tokenizer, folder / "train", ctx.log, ctx.progress,
