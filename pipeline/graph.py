@@ -16,7 +16,7 @@ from model.files import UnsafeFile, open_regular
 
 from .code_digest import combined, stage_code
 from .errors import RecipeError, UserInputError
-from .recipe import Recipe, dump_config
+from .recipe import MODEL_NODES, Recipe, dump_config
 from .stages import STAGES
 from .store import artifact_id, fingerprint
 
@@ -53,9 +53,6 @@ class Node:
         rebuild's id, so that what was built from one build is never taken for the other's."""
         return self.build or self.fingerprint
 
-
-# Model variants and the artifact + package that holds each, in report order.
-MODEL_NODES = ("teacher", "student", "student_ref", "pruned")
 
 
 def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = None) -> list[Node]:

@@ -39,6 +39,8 @@ Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 # boolean; the user meant the word.
 Bf16 = Annotated[Literal["auto", "on", "off"],
                  BeforeValidator(lambda v: {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v)]
+# The models a recipe can build (each a node of that name, exported as export.<name>), in report order.
+MODEL_NODES = ("teacher", "student", "student_ref", "pruned")
 MAX_RECIPE_BYTES = 1 << 20  # a recipe file (and each file it extends) is read up to this size
 _MAX_YAML_INT = 2**63
 

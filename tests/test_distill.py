@@ -20,7 +20,8 @@ from model.transformer import load_model
 from pipeline.errors import RecipeError, UserInputError
 from pipeline.runner import make_plan, node_status
 from pipeline.corpus import read_split
-from pipeline.stages.kd_corpus import TOP_K_FILE, closest_to_reference, load_top_k
+from pipeline.distill_corpus import TOP_K_FILE, load_top_k
+from pipeline.stages.kd_corpus import closest_to_reference
 from pipeline.stages.train import project_embedding
 
 from .conftest import REPO, SMOKE, cli

@@ -32,8 +32,8 @@ from model.ctranslate2_export import NotConvertible, compare_greedy, export_ctra
 from ..context import StageContext
 from ..corpus import read_split
 from ..errors import UserInputError
-from ..graph import MODEL_NODES
 from ..machine import usable_cores
+from ..recipe import MODEL_NODES
 from ..store import Artifact, tool_versions
 
 REPO = Path(__file__).resolve().parents[2]

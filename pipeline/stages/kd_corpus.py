@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..context import StageContext
 from ..corpus import read_split
+from ..distill_corpus import TOP_K_FILE, load_top_k, write_top_k
 from ..distributed import launch, worker_main, world_size
 
 # Sentences per saved chunk: what a resumed run keeps, and the unit processes share under
@@ -138,9 +139,6 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     return metrics
 
 
-TOP_K_FILE = "kd.topk.npz"
-
-
 def save_top_k(path: Path, done: list, tokenizer) -> int:
     """One chunk's teacher distributions, in its sentence order (see write_top_k), none for a
     sentence whose text does not encode back to the ids the teacher wrote. Returns how many have none."""
@@ -157,32 +155,6 @@ def save_top_k(path: Path, done: list, tokenizer) -> int:
         pairs.append((top_ids, (p / p.sum(1, keepdims=True)).astype(np.float16)))
     write_top_k(path, pairs)
     return sum(p is None for p in pairs)
-
-
-def write_top_k(path: Path, pairs: list) -> None:
-    """Per sentence, the teacher's k most likely words at each target position (EOS included) and
-    their probabilities renormalised over the k, or None (hard labels only): one file of three
-    arrays, lengths [sentences], ids [positions, k] (int16 when the vocabulary allows), probs (float16)."""
-    import numpy as np
-
-    present = [p for p in pairs if p is not None]
-    k = present[0][0].shape[1] if present else 0
-    ids = np.concatenate([p[0] for p in present]) if present else np.zeros((0, k), np.int32)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, lengths=np.array([0 if p is None else len(p[0]) for p in pairs], dtype=np.int64),
-             ids=ids.astype(np.int16 if ids.size == 0 or ids.max() <= np.iinfo(np.int16).max else np.int32),
-             probs=np.concatenate([p[1] for p in present]) if present else np.zeros((0, k), np.float16))
-    os.replace(tmp, path)
-
-
-def load_top_k(path: Path) -> list:
-    """write_top_k's file as per-sentence (ids, probs) pairs, None where a sentence has none."""
-    import numpy as np
-
-    with np.load(path) as f:
-        lengths, ids, probs = f["lengths"], f["ids"], f["probs"]
-    bounds = np.concatenate([[0], np.cumsum(lengths)])
-    return [(ids[a:b], probs[a:b]) if b > a else None for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def closest_to_reference(nbest: list[list[str]], references: list[str]) -> dict:

@@ -38,10 +38,10 @@ from model.transformer import Transformer, load_model, save_model
 
 from ..context import StageContext
 from ..corpus import read_split
+from ..distill_corpus import stored_word_level, training_pairs
 from ..recipe import PruneConfig, TrainConfig
 from ..scoring import bleu_only
 from ..training import Corpus, Trainer, ValidationSet, collate, encode_corpus, make_batches
-from .train import stored_word_level, training_pairs
 
 DECODER_STEPS = 20  # forced decoder steps per sentence when timing one step
 

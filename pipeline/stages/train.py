@@ -8,7 +8,6 @@ side with another training, a process of its own on its share of the cores.
 from __future__ import annotations
 
 import json
-import random
 import shutil
 from pathlib import Path
 
@@ -19,12 +18,12 @@ from model.transformer import Transformer, TransformerConfig, load_model, save_m
 
 from ..context import StageContext
 from ..corpus import read_split
+from ..distill_corpus import training_pairs
 from ..distributed import launch, launch_alone, worker_main, world_size
 from ..errors import UserInputError
 from ..machine import usable_cores
 from ..recipe import TrainConfig
 from ..training import Trainer, ValidationSet, encode_corpus
-from .kd_corpus import TOP_K_FILE, load_top_k
 
 
 def run(ctx: StageContext) -> dict:
@@ -52,34 +51,6 @@ def run(ctx: StageContext) -> dict:
         job["train"] = {**train, "num_threads": threads}
         return launch_alone(ctx, "pipeline.stages.train", job, threads)
     return train_job(job, ctx.log, ctx.progress)
-
-
-def training_pairs(job: dict, log) -> tuple[list[str], list[str], list | None, dict]:
-    """The (source, target) text the model learns from: references, or the teacher's
-    translations (sequence-level KD) optionally mixed with a share of the references; with
-    word-level distillation from the KD corpus, per pair the teacher's stored distributions
-    (None for the references)."""
-    data = Path(job["data"])
-    src, tgt = read_split(data, "train")
-    if job["kd_corpus"] is None:
-        return src, tgt, None, {"train_pairs": len(src), "source": "references"}
-    kd = Path(job["kd_corpus"])
-    kd_src, kd_tgt = read_split(kd, "kd")
-    mix = float(job.get("reference_mix") or 0.0)
-    extra = int(round(mix * len(kd_src)))
-    picked = random.Random(job["train"]["seed"]).sample(range(len(src)), min(extra, len(src))) if extra else []
-    info = {"train_pairs": len(kd_src) + len(picked), "source": "kd_corpus", "kd_pairs": len(kd_src),
-            "reference_pairs_mixed": len(picked)}
-    log(f"training on {len(kd_src)} teacher translations" + (f" + {len(picked)} references" if picked else ""))
-    soft = load_top_k(kd / TOP_K_FILE) + [None] * len(picked) if stored_word_level(job) else None
-    return kd_src + [src[i] for i in picked], kd_tgt + [tgt[i] for i in picked], soft, info
-
-
-def stored_word_level(config: dict) -> dict | None:
-    """The word-level distillation settings of a train job or model config if it learns from the
-    KD corpus's stored distributions (pruning's fine-tune then does too), else None."""
-    word_level = config.get("word_level") or {}
-    return word_level if word_level.get("enabled") and word_level.get("from_kd_corpus") else None
 
 
 def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None) -> dict:

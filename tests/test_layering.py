@@ -1,0 +1,25 @@
+"""The house's rules, read from the imports (lazy ones inside functions included): a stage is a
+thin layer over library modules, so no stage reaches another stage or the machinery that
+schedules it, and model/ stands on its own."""
+
+from __future__ import annotations
+
+from pipeline.code_digest import PROJECT_ROOT, stage_code
+from pipeline.stages import STAGES
+
+MACHINERY = {"pipeline/graph.py", "pipeline/runner.py", "pipeline/cli.py", "pipeline/stages/__init__.py"}
+
+
+def test_no_stage_imports_another_stage_or_the_graph():
+    for kind, info in STAGES.items():
+        own = info.module.replace(".", "/") + ".py"
+        reached = set(stage_code(info.module))
+        assert own in reached
+        others = {f for f in reached if f.startswith("pipeline/stages/") and f != own}
+        assert not others and not reached & MACHINERY, f"{kind} reaches {sorted(others | (reached & MACHINERY))}"
+
+
+def test_model_never_imports_pipeline():
+    for path in sorted((PROJECT_ROOT / "model").glob("*.py")):
+        reached = stage_code(f"model.{path.stem}")
+        assert all(f.startswith("model/") for f in reached), f"model/{path.name} reaches {sorted(reached)}"
