@@ -40,20 +40,16 @@ def paired_bootstrap(system: Sequence[str], baseline: Sequence[str], references:
     0.3-BLEU step from noise."""
     if not len(system) == len(baseline) == len(references):
         raise ValueError(f"{len(system)} and {len(baseline)} hypotheses for {len(references)} references")
-    metric = BLEU()
-    refs = [list(references)]
-    stats = [np.asarray(metric._extract_corpus_statistics(list(h), refs), dtype=np.float64)
-             for h in (system, baseline)]
+    stats = [sentence_statistics(h, references) for h in (system, baseline)]
     rng = np.random.default_rng(seed)
     index = rng.choice(len(references), size=(samples, len(references)), replace=True)
     # Per resample, the sentence counts times the per-sentence statistics: one matrix product
     # instead of materialising [samples, sentences, statistics].
     counts = np.zeros((samples, len(references)))
     np.add.at(counts, (np.arange(samples)[:, None], index), 1.0)
-    scores = [np.array([metric._compute_score_from_stats(list(row)).score for row in counts @ s]) for s in stats]
+    scores = [np.array([bleu_from_statistics(row) for row in counts @ s]) for s in stats]
     diffs = scores[0] - scores[1]
-    delta = (metric._compute_score_from_stats(list(stats[0].sum(0))).score
-             - metric._compute_score_from_stats(list(stats[1].sum(0))).score)
+    delta = bleu_from_statistics(stats[0].sum(0)) - bleu_from_statistics(stats[1].sum(0))
     spread = np.abs(diffs)
     p_value = (np.sum(spread - spread.mean() > abs(delta)) + 1) / (samples + 1)
     if list(system) == list(baseline):  # the test's +1 would call identical outputs different
@@ -62,3 +58,21 @@ def paired_bootstrap(system: Sequence[str], baseline: Sequence[str], references:
     return {"delta": round(float(delta), 2), "ci95": [round(float(low), 2), round(float(high), 2)],
             "p_value": round(float(p_value), 4), "samples": samples, "seed": seed,
             "test": "paired bootstrap resampling (Koehn 2004), sacrebleu's BLEU statistics"}
+
+
+def sentence_statistics(hypotheses: Sequence[str], references: Sequence[str]) -> np.ndarray:
+    """[sentences, 10]: per sentence, BLEU's matching and total 1-4-gram counts, then hypothesis
+    and reference lengths (sacrebleu's public BLEUScore fields). Summed over any sample of the
+    sentences, they give that sample's corpus BLEU (bleu_from_statistics)."""
+    metric = BLEU(effective_order=True)  # sentence-level smoothing: only the scores differ, not the counts
+    rows = []
+    for hyp, ref in zip(hypotheses, references):
+        s = metric.sentence_score(hyp, [ref])
+        rows.append([*s.counts, *s.totals, s.sys_len, s.ref_len])
+    return np.asarray(rows, dtype=np.float64).reshape(len(rows), 10)
+
+
+def bleu_from_statistics(row) -> float:
+    """Corpus BLEU, as BLEU().corpus_score computes it (exp smoothing, order 4), from summed statistics."""
+    return BLEU.compute_bleu([int(v) for v in row[:4]], [int(v) for v in row[4:8]], int(row[8]), int(row[9]),
+                             smooth_method="exp").score
