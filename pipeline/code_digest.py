@@ -54,10 +54,16 @@ def _closure(module: str, root: Path) -> tuple[tuple[str, str], ...]:
         rel = path.relative_to(root).as_posix()
         if rel in seen or rel in PLUMBING:
             continue
-        source = path.read_text(encoding="utf-8")
-        seen[rel] = source_digest(source)
-        pending.extend(_imports(source, name, path.name == "__init__.py"))
+        seen[rel], imports = _file_facts(path, name)
+        pending.extend(imports)
     return tuple(sorted(seen.items()))
+
+
+@lru_cache(maxsize=None)
+def _file_facts(path: Path, module: str) -> tuple[str, tuple[str, ...]]:
+    """(digest, imported names) of one file: read once however many stages run it."""
+    source = path.read_text(encoding="utf-8")
+    return source_digest(source), tuple(_imports(source, module, path.name == "__init__.py"))
 
 
 def _module_file(name: str, root: Path) -> Path | None:

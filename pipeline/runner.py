@@ -26,6 +26,7 @@ from .context import StageContext, console
 from .distributed import interrupt_children
 from .errors import PipelineError, UserInputError
 from .graph import Node, build_graph, resolve_builds, select
+from .lockfile import content_digest, write_lock
 from .machine import machine_info, usable_cores
 from .recipe import Recipe, load_recipe
 from .store import Store, now_iso, safe_name, tool_versions
@@ -159,7 +160,7 @@ def run(plan: Plan, store: Store, until: str | None = None, force: list[str] = (
                 log["nodes"].append(record)
                 result.records.append(record)
                 store.write_run(log)
-                _update_latest(store, plan, node, run_id)
+                _update_latest(store, plan, node, run_id, built[node.name])
 
             for group in _batches(selected):
                 if not group[0].side_by_side:
@@ -361,7 +362,8 @@ def _build(node: Node, record: dict, built: dict, store: Store, nproc: int, run_
     console.print(f"[green]✓[/green] {node.name:<22} built    {node.id} in {_fmt_s(duration)}")
 
 
-def _update_latest(store: Store, plan: Plan, node: Node, run_id: str) -> None:
+def _update_latest(store: Store, plan: Plan, node: Node, run_id: str, artifact) -> None:
+    """The store's pointer to what the recipe's latest run used, and the recipe's lock file."""
     pointer = store.latest(plan.name, plan.path) or {"recipe": plan.name, "nodes": {}}
     by_name = {n.name: n for n in plan.nodes}
     pointer.update(recipe_path=str(plan.path), run=run_id, updated=now_iso())
@@ -369,8 +371,14 @@ def _update_latest(store: Store, plan: Plan, node: Node, run_id: str) -> None:
         "id": node.id, "fingerprint": node.fingerprint, "stage": node.stage,
         "version": stages.STAGES[node.stage].version, "code": node.code, "config": node.config,
         "inputs": {role: by_name[up].input_key for role, up in node.inputs.items()},
+        "input_ids": {role: by_name[up].id for role, up in node.inputs.items()},
+        "content": content_digest(artifact.manifest),
     }
     store.set_latest(plan.name, pointer, plan.path)
+    problem = write_lock(plan.path, [n.name for n in plan.nodes], pointer["nodes"])
+    if problem and not getattr(plan, "_lock_warned", False):
+        console.print(f"[yellow]{escape(problem)}[/yellow]")
+        plan._lock_warned = True
 
 
 def _small(metrics: dict) -> dict:

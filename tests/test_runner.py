@@ -6,6 +6,8 @@ import json
 import shutil
 import time
 
+from pipeline.lockfile import content_digest
+
 from .conftest import REPO, SMOKE, cli
 
 
@@ -163,3 +165,29 @@ def test_a_code_change_makes_what_runs_that_code_stale_and_names_the_file(tmp_pa
     quantize_py.write_text(quantize_py.read_text() + "\nQUANTIZE_CHANGED = True\n")
     moved = {n for n, r in _status(store, code).items() if r["id"] != before[n]["id"]}
     assert moved == {"quantize", "evaluate.int8_dynamic", "evaluate.int8_static", "benchmark", "report"}
+
+
+def test_the_lock_file_beside_the_recipe_names_what_each_node_was_built_from(tmp_path):
+    store, recipe = tmp_path / "store", tmp_path / "smoke.yaml"
+    shutil.copyfile(SMOKE, recipe)
+    assert cli("run", str(recipe), "--until", "tokenizer", store=store).returncode == 0
+    first = (tmp_path / "smoke.lock").read_text()
+    entries = {line.split(":", 1)[0]: json.loads(line.split(":", 1)[1]) for line in first.splitlines()
+               if not line.startswith("#")}
+    assert list(entries) == ["data", "tokenizer"]
+    ids = {n: r["id"] for n, r in _status_of(recipe, store).items()}
+    assert entries["tokenizer"]["id"] == ids["tokenizer"] and entries["tokenizer"]["inputs"] == {"data": ids["data"]}
+    manifest = json.loads((store / "objects" / ids["tokenizer"] / "manifest.json").read_text())
+    assert entries["tokenizer"]["content"] == content_digest(manifest)
+
+    # Another vocabulary: the diff of the two lock files is the tokenizer's line alone.
+    assert cli("run", str(recipe), "--until", "tokenizer", "--set", "tokenizer.vocab_size=450",
+               store=store).returncode == 0
+    second = (tmp_path / "smoke.lock").read_text().splitlines()
+    changed = [line.split(":", 1)[0] for line in second if line not in first.splitlines()]
+    assert changed == ["tokenizer"]
+
+
+def _status_of(recipe, store) -> dict[str, dict]:
+    out = cli("status", str(recipe), "--json", store=store)
+    return {r["node"]: r for r in map(json.loads, out.stdout.decode().splitlines())}

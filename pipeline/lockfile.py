@@ -1,0 +1,58 @@
+"""The recipe's lock file, `<recipe>.lock` beside it (as dvc.lock is beside dvc.yaml): per node,
+the artifact id, the digest of the code that built it, its inputs' ids and a digest of what it
+holds. One line per node, in the recipe's order, so that a diff of two lock files (two commits,
+two machines) shows which artifacts a change rebuilt, and whether the same id holds the same
+bytes elsewhere (`content`: trainings on two kinds of CPU give the same ids, not always the
+same weights)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from .code_digest import combined
+
+
+def lock_path(recipe_path: str | Path) -> Path:
+    return Path(recipe_path).with_suffix(".lock")
+
+
+# Files that record how a build went (minutes, tokens/s, timings, the notes written from them)
+# rather than what it made: left out of `content`, so two builds of the same model compare equal.
+RECORD_FILES = frozenset({"training.json", "scores.json", "package.json", "report.json"})
+RECORD_SUFFIXES = (".md", ".png")
+
+
+def content_digest(manifest: dict) -> str:
+    """One digest of what an artifact holds (its files' manifest digests), records of the build
+    left out (RECORD_FILES; the manifest itself says when and where)."""
+    files = {path: entry for path, entry in (manifest.get("files") or {}).items()
+             if Path(path).name not in RECORD_FILES and not path.endswith(RECORD_SUFFIXES)}
+    return hashlib.sha256("".join(f"{path} {entry['sha256']}\n" for path, entry in sorted(files.items()))
+                          .encode()).hexdigest()[:16]
+
+
+def render(recipe_path: str | Path, order: list[str], nodes: dict[str, dict]) -> str:
+    lines = [f"# {lock_path(recipe_path).name}: written by `pipeline run {Path(recipe_path).name}`, what each",
+             "# artifact was built from; commit it to see in a diff what a change rebuilt."]
+    for name in [n for n in order if n in nodes]:
+        entry = nodes[name]
+        row = {"id": entry["id"], "code": combined(entry.get("code") or {}), "content": entry.get("content"),
+               "inputs": entry.get("input_ids") or {}}
+        lines.append(f"{name}: {json.dumps(row, sort_keys=False, separators=(', ', ': '))}")
+    return "\n".join(lines) + "\n"
+
+
+def write_lock(recipe_path: str | Path, order: list[str], nodes: dict[str, dict]) -> str | None:
+    """Write the lock file atomically; the reason instead where the recipe's folder is read-only."""
+    path = lock_path(recipe_path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(render(recipe_path, order, nodes), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        return f"lock file {path} not written: {exc.strerror or exc}"
+    return None
