@@ -16,7 +16,7 @@ from model.files import UnsafeFile, open_regular
 
 from .code_digest import combined, stage_code
 from .errors import RecipeError, UserInputError
-from .recipe import MODEL_NODES, Recipe, dump_config
+from .recipe import MODEL_NODES, EvaluateNode, Recipe, ReportNode, dump_config
 from .stages import STAGES
 from .store import artifact_id, fingerprint
 
@@ -64,8 +64,10 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
     where = str(recipe_path)
     nodes: list[Node] = []
 
-    def add(name, stage, settings, inputs=None, extra=None):
-        config = dump_config(settings) if hasattr(settings, "model_dump") else settings
+    def add(name, stage, settings, inputs=None, extra=None, config=None):
+        """`config`: what the fingerprint hashes, where it is not all of `settings`."""
+        if config is None:
+            config = dump_config(settings) if hasattr(settings, "model_dump") else settings
         if extra:
             config = {**(config or {}), **extra}
         nodes.append(Node(name, stage, config, dict(inputs or {}), settings))
@@ -140,7 +142,7 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
         for model in [m for m in MODEL_NODES if m in recipe.export.also or m == final_model]:
             if model not in models:
                 raise RecipeError([f"{where}: export.also: '{model}' is not built by this recipe"])
-            add(f"export.{model}", "export", export_config, {"data": "data", "model": model})
+            add(f"export.{model}", "export", recipe.export, {"data": "data", "model": model}, config=export_config)
             exports.append(model)
 
     if recipe.quantize is not None:
@@ -155,12 +157,10 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
         if not models:
             raise RecipeError([f"{where}: evaluate: needs a model (a 'teacher' section at least)"])
         for variant in (v for v in variants if not v.get("skipped")):
-            extra = {"variant": variant["variant"], "package": variant["package"],
-                     "runtime": variant["runtime"], "device": variant["device"]}
-            if variant["device"] == "cuda":
-                extra["machine"] = machine
-            add(f"evaluate.{variant['name']}", "evaluate", recipe.evaluate,
-                {"data": "data", "model": variant["node"]}, extra=extra)
+            settings = EvaluateNode(**recipe.evaluate.model_dump(), variant=variant["variant"],
+                                    package=variant["package"], runtime=variant["runtime"], device=variant["device"],
+                                    machine=machine if variant["device"] == "cuda" else None)
+            add(f"evaluate.{variant['name']}", "evaluate", settings, {"data": "data", "model": variant["node"]})
 
     if recipe.benchmark is not None:
         if not models:
@@ -179,7 +179,7 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
             inputs[f"evaluate.{variant['name']}"] = f"evaluate.{variant['name']}"
         for model in models:  # how each was trained: steps, precision, whether a time cap cut it
             inputs[f"trained.{model}"] = model
-        add("report", "report", recipe.report, inputs, extra={"recipe": recipe.name})
+        add("report", "report", ReportNode(**recipe.report.model_dump(), recipe=recipe.name), inputs)
 
     _check_and_fingerprint(nodes, where)
     return nodes

@@ -388,6 +388,16 @@ class EvaluateConfig(Strict):
     greedy_too: bool = True  # also score greedy decoding (what batch-1 serving uses)
 
 
+class EvaluateNode(EvaluateConfig):
+    """What one evaluate node runs: the recipe's evaluate section and the variant it scores."""
+
+    variant: str  # the model (teacher, pruned, ...) or package variant (int8_dynamic, ...)
+    package: str | None = None  # the package folder inside the model's artifact (None: the PyTorch model)
+    runtime: Literal["torch", "onnxruntime"]
+    device: Literal["cpu", "cuda"] = "cpu"
+    machine: dict | None = None  # the GPU, for a CUDA node: another GPU gives another artifact
+
+
 class BenchmarkConfig(Strict):
     test_set: str | None = None  # null: the first test set
     sentences: PositiveInt = 100
@@ -405,8 +415,21 @@ class BenchmarkConfig(Strict):
     paired_rounds: NonNegInt = 3
 
 
+class ReportTargets(Strict):
+    """What the report holds each int8 student in onnxruntime to, against the teacher in PyTorch."""
+
+    speedup: PositiveFloat = 8.0  # batch-1 greedy sentences/s over the teacher's, at least
+    bleu_delta: float = -1.0  # BLEU minus the teacher's, at least
+    bytes_ratio: PositiveFloat = 0.1  # bytes over the teacher's, at most
+
+
 class ReportConfig(Strict):
     max_bleu_loss: PositiveFloat = 1.0  # for the recommendation line
+    targets: ReportTargets = ReportTargets()
+
+
+class ReportNode(ReportConfig):
+    recipe: str | None = None  # the recipe's name, for the report's title
 
 
 class Recipe(Strict):

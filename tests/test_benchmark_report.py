@@ -17,6 +17,7 @@ import struct
 import pytest
 import torch
 
+from pipeline.recipe import ReportTargets
 from pipeline.report import compare_runs, show_latest
 from pipeline.stages.benchmark import pick_best, thread_counts
 from pipeline.scoring import bleu_only, paired_bootstrap
@@ -148,6 +149,10 @@ def test_report_files(built):
     assert "| variant | runtime |" in md and "![BLEU against latency](bleu_vs_latency.png)" in md
     assert report["recommendation"] in md
     assert report["machine"]["gpu"] or "skipped: no CUDA device" in md
+    # sacrebleu's signatures, as evaluate recorded them, in both files.
+    signature = report["scoring"]["bleu_signature"]
+    assert signature == arts["evaluate.teacher"].metrics["bleu_signature"] and signature.startswith("nrefs:1|")
+    assert f"BLEU `{signature}`" in md and report["scoring"]["chrf_signature"] in md
 
 
 def test_pareto_front():
@@ -174,8 +179,9 @@ def test_the_peer_goal_is_judged_on_paired_rounds_when_there_are_some():
                              "met": False}
     md = markdown({"recipe": "r", "machine": {}, "rows": [], "recommendation": "-", "recommendations": {},
                    "benchmark": {"sentences": 4, "test_set": "t", "batch_size": 2, "throughput_beam": 4, "threads": [1]},
-                   "targets": targets([ours, peer])})
+                   "targets": targets([ours, peer], ReportTargets(speedup=4, bytes_ratio=0.25))})
     assert "1.08 greedy, 1.27 beam 4 in 3 paired rounds" in md and "goal <= 1.0: not met" in md
+    assert "(target >= 4)" in md and "(target >= -1)" in md and "(target <= 0.25)" in md  # the recipe's targets
 
     alone = row("int8_dynamic", "onnxruntime", "int8", 1.96, 4.06)
     vs = targets([alone, peer])["int8_dynamic"]["vs_ctranslate2_int8"]

@@ -273,11 +273,12 @@ def test_export_package_cli(export_artifact, tmp_path):
 
 def test_failing_parity_fails_the_stage():
     from pipeline.errors import StageFailed
+    from pipeline.recipe import ParityConfig
     from pipeline.stages.export import _enforce
 
     good = {"finite": True, "max_abs_diff": 2e-6, "worst_case": "batch 8", "greedy_identical": "20/20",
             "beam_identical": "20/20", "greedy_mismatches": [], "beam_mismatches": []}
-    limits = {"max_abs_diff": 1e-4}
+    limits = ParityConfig(max_abs_diff=1e-4)
     _enforce("fp32", good, limits)
     with pytest.raises(StageFailed, match=re.escape("max |log p difference| 0.003 > 0.0001")):
         _enforce("fp32", {**good, "max_abs_diff": 3e-3}, limits)

@@ -12,21 +12,22 @@ import time
 from ..context import StageContext
 from ..corpus import read_split
 from ..errors import UserInputError
+from ..recipe import EvaluateNode
 from ..scoring import score
 from ..translators import load_translator
 
 
 def run(ctx: StageContext) -> dict:
-    cfg = ctx.config
+    cfg: EvaluateNode = ctx.settings
     data = ctx.input("data")
     model = ctx.input("model")
     available = data.metrics.get("test_sets", [])
-    test_sets = cfg.get("test_sets") or available
+    test_sets = cfg.test_sets or available
     unknown = [t for t in test_sets if t not in available]
     if unknown:
         raise UserInputError(f"evaluate.test_sets: {unknown} not produced by the data stage (it has {available})")
-    translator = load_translator(model.path, cfg.get("package"), device=cfg.get("device", "cpu"))
-    beams = [cfg["beam"]] + ([1] if cfg.get("greedy_too") and cfg["beam"] != 1 else [])
+    translator = load_translator(model.path, cfg.package, device=cfg.device)
+    beams = [cfg.beam] + ([1] if cfg.greedy_too and cfg.beam != 1 else [])
     results: dict = {}
     for test in test_sets:
         src, refs = read_split(data.path, f"test.{test}")
@@ -34,8 +35,8 @@ def run(ctx: StageContext) -> dict:
         for beam in beams:
             with ctx.progress(f"{test} beam {beam}", total=len(src), unit="sentences") as bar:
                 t0 = time.perf_counter()
-                hyps = translator.translate(src, beam=beam, length_penalty=cfg["length_penalty"],
-                                            batch_tokens=cfg["batch_tokens"], on_batch=bar.advance)
+                hyps = translator.translate(src, beam=beam, length_penalty=cfg.length_penalty,
+                                            batch_tokens=cfg.batch_tokens, on_batch=bar.advance)
                 seconds = time.perf_counter() - t0
             scores = score(hyps, refs)
             scores.update(seconds=round(seconds, 2), sentences_per_s=round(len(src) / seconds, 1))
@@ -44,17 +45,17 @@ def run(ctx: StageContext) -> dict:
             ctx.log(f"{test} beam {beam}: BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f} "
                     f"({seconds:.0f} s)")
     first = results[test_sets[0]]
-    head = first[f"beam{cfg['beam']}"]
+    head = first[f"beam{cfg.beam}"]
     metrics = {
-        "variant": cfg.get("variant"), "runtime": translator.runtime, "device": cfg.get("device", "cpu"),
+        "variant": cfg.variant, "runtime": translator.runtime, "device": cfg.device,
         # model/search.py's loop, or "graph": onnxruntime's BeamSearch op (generate.onnx)
         "search": getattr(translator, "search", "python"),
         "model_artifact": model.id, "bleu": head["bleu"], "chrf": head["chrf"], "test_set": test_sets[0],
-        "beam": cfg["beam"], "bleu_signature": head["bleu_signature"], "chrf_signature": head["chrf_signature"],
+        "beam": cfg.beam, "bleu_signature": head["bleu_signature"], "chrf_signature": head["chrf_signature"],
         "results": {t: {k: {m: v[m] for m in ("bleu", "chrf", "seconds", "sentences_per_s", "bleu_detail")}
                         for k, v in r.items()} for t, r in results.items()},
     }
-    if "beam1" in first and cfg["beam"] != 1:
+    if "beam1" in first and cfg.beam != 1:
         metrics["bleu_greedy"] = first["beam1"]["bleu"]
         metrics["chrf_greedy"] = first["beam1"]["chrf"]
     (ctx.out / "scores.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

@@ -29,27 +29,28 @@ from ..context import StageContext
 from ..corpus import read_split
 from ..errors import StageFailed
 from ..packaging import package_bytes, write_package
+from ..recipe import ExportConfig, ParityConfig
 
 
 def run(ctx: StageContext) -> dict:
-    cfg = ctx.config
-    parity_cfg = cfg["parity"]
+    cfg: ExportConfig = ctx.settings
+    parity_cfg = cfg.parity
     source = ctx.input("model")
-    threads = parity_cfg["threads"]
+    threads = parity_cfg.threads
     model = load_model(source.path)
     tokenizer = SubwordTokenizer.load(source.file("tokenizer.json"))
     valid_src, _ = read_split(ctx.input("data").path, "valid")
-    sentences = valid_src[: parity_cfg["decode_sentences"]]
+    sentences = valid_src[: parity_cfg.decode_sentences]
 
-    graphs, built = float32_graphs(model, ctx.work, cfg["opset"], cfg["fused_attention"], cfg["optimize"])
-    metrics: dict = {"opset": cfg["opset"], "fused_attention": cfg["fused_attention"], "onnxruntime": ort.__version__,
+    graphs, built = float32_graphs(model, ctx.work, cfg.opset, cfg.fused_attention, cfg.optimize)
+    metrics: dict = {"opset": cfg.opset, "fused_attention": cfg.fused_attention, "onnxruntime": ort.__version__,
                      "torch": torch.__version__,
                      "source_artifact": source.id, "threads": threads, "packages": {}, "parity": {}, **built}
-    ctx.log(f"exported {source.id} (opset {cfg['opset']}); checking parity on random inputs and "
+    ctx.log(f"exported {source.id} (opset {cfg.opset}); checking parity on random inputs and "
             f"{len(sentences)} validation sentences")
 
     variants = [("fp32", graphs)]
-    if cfg["fp16"]:
+    if cfg.fp16:
         half = ctx.work / "fp16"
         half.mkdir(exist_ok=True)
         for path in graphs.values():
@@ -60,7 +61,7 @@ def run(ctx: StageContext) -> dict:
                                        for name, path in graphs.items()}
 
     generation = dataclasses.asdict(GenerationConfig(
-        beam=parity_cfg["beam"], bos_id=model.cfg.bos_id, eos_id=model.cfg.eos_id, pad_id=model.cfg.pad_id,
+        beam=parity_cfg.beam, bos_id=model.cfg.bos_id, eos_id=model.cfg.eos_id, pad_id=model.cfg.pad_id,
         max_positions=model.cfg.max_positions))
     data_metrics = ctx.input("data").metrics
     for variant, paths in variants:
@@ -134,14 +135,14 @@ def describe(model: Transformer, source, variant: str, data_metrics: dict) -> di
     }
 
 
-def _enforce(variant: str, report: dict, parity_cfg: dict) -> None:
+def _enforce(variant: str, report: dict, parity_cfg: ParityConfig) -> None:
     if not report["finite"]:
         raise StageFailed(f"{variant}: the ONNX graphs produce non-finite log-probabilities")
     if variant != "fp32":
         return
     problems = []
-    if report["max_abs_diff"] > parity_cfg["max_abs_diff"]:
-        problems.append(f"max |log p difference| {report['max_abs_diff']:.3g} > {parity_cfg['max_abs_diff']:g} "
+    if report["max_abs_diff"] > parity_cfg.max_abs_diff:
+        problems.append(f"max |log p difference| {report['max_abs_diff']:.3g} > {parity_cfg.max_abs_diff:g} "
                         f"(worst case: {report['worst_case']})")
     graph = report.get("graph_search")
     if graph and graph["greedy_mismatches"]:
@@ -158,13 +159,13 @@ def _enforce(variant: str, report: dict, parity_cfg: dict) -> None:
 
 # ----------------------------------------------------------------------------- parity
 def check_parity(model: Transformer, folder: Path, tokenizer: SubwordTokenizer, sentences: list[str],
-                 parity_cfg: dict, threads: int, ctx: StageContext, variant: str) -> dict:
+                 parity_cfg: ParityConfig, threads: int, ctx: StageContext, variant: str) -> dict:
     translator = Translator(folder, threads=threads)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        report = random_parity(model, translator, parity_cfg["batch_sizes"])
-        report.update(decode_parity(model, translator, tokenizer, sentences, parity_cfg["beam"], ctx, variant))
+        report = random_parity(model, translator, parity_cfg.batch_sizes)
+        report.update(decode_parity(model, translator, tokenizer, sentences, parity_cfg.beam, ctx, variant))
     finally:
         torch.set_num_threads(before)
     return report

@@ -28,6 +28,7 @@ from ..context import StageContext
 from ..corpus import read_split
 from ..errors import StageFailed
 from ..packaging import package_bytes, write_package
+from ..recipe import QuantizeConfig
 from ..scoring import bleu_only
 
 CALIBRATION_BATCH = 16
@@ -41,13 +42,13 @@ _PRECISION = {
 
 
 def run(ctx: StageContext) -> dict:
-    cfg = ctx.config
+    cfg: QuantizeConfig = ctx.settings
     fp32_dir = ctx.input("export").path / "fp32"
     fp32 = Translator(fp32_dir)  # verifies the package
     paths = {"encoder": fp32_dir / "encoder.onnx", "decoder": fp32_dir / "decoder.onnx"}
     groups = node_groups(paths)
     valid_src, valid_ref = read_split(ctx.input("data").path, "valid")
-    n_guard = cfg["guard_sentences"] or len(valid_src)
+    n_guard = cfg.guard_sentences or len(valid_src)
     guard_src, guard_ref = valid_src[:n_guard], valid_ref[:n_guard]
 
     generation = json.loads((fp32_dir / "generation.json").read_text(encoding="utf-8"))
@@ -72,23 +73,23 @@ def run(ctx: StageContext) -> dict:
     ctx.log(f"fp32 validation BLEU {fp32_bleu:.2f} on {n_guard} sentences (beam {fp32.generation.beam}); "
             f"{len(groups)} weight groups")
     metrics: dict = {"fp32_bleu": fp32_bleu, "guard_sentences": n_guard, "beam": fp32.generation.beam,
-                     "max_bleu_drop": cfg["max_bleu_drop"], "fp32_onnx_bytes": fp32.package["onnx_bytes"],
+                     "max_bleu_drop": cfg.max_bleu_drop, "fp32_onnx_bytes": fp32.package["onnx_bytes"],
                      "groups": list(groups), "onnxruntime": ort.__version__, "variants": {},
-                     "dynamic_kernel": cfg["dynamic_kernel"]}
+                     "dynamic_kernel": cfg.dynamic_kernel}
 
     makers: dict[str, Callable] = {}
-    if cfg["dynamic"] and cfg["dynamic_kernel"] == "matmul_nbits":
-        makers["int8_dynamic"] = lambda keep, out: quantize_blockwise(paths, out, groups, keep, cfg["block_size"],
-                                                                     cfg["per_channel"])
-    elif cfg["dynamic"]:
-        makers["int8_dynamic"] = lambda keep, out: quantize_dynamic(paths, out, groups, keep, cfg["per_channel"])
-    if cfg["static"]:
-        feeds = calibration_feeds(fp32, valid_src[: cfg["calibration_sentences"]], ctx)
-        metrics["calibration"] = {"method": cfg["calibration"], "sentences": min(cfg["calibration_sentences"],
+    if cfg.dynamic and cfg.dynamic_kernel == "matmul_nbits":
+        makers["int8_dynamic"] = lambda keep, out: quantize_blockwise(paths, out, groups, keep, cfg.block_size,
+                                                                     cfg.per_channel)
+    elif cfg.dynamic:
+        makers["int8_dynamic"] = lambda keep, out: quantize_dynamic(paths, out, groups, keep, cfg.per_channel)
+    if cfg.static:
+        feeds = calibration_feeds(fp32, valid_src[: cfg.calibration_sentences], ctx)
+        metrics["calibration"] = {"method": cfg.calibration, "sentences": min(cfg.calibration_sentences,
                                                                                  len(valid_src)),
                                   "encoder_feeds": len(feeds["encoder"]), "decoder_feeds": len(feeds["decoder"])}
         makers["int8_static"] = lambda keep, out: quantize_static(
-            paths, out, groups, feeds, cfg["calibration"], keep, cfg["per_channel"], cache=ctx.work / "calibration")
+            paths, out, groups, feeds, cfg.calibration, keep, cfg.per_channel, cache=ctx.work / "calibration")
 
     for variant, make in makers.items():
         tries = ctx.work / variant
@@ -97,7 +98,7 @@ def run(ctx: StageContext) -> dict:
             graphs = make(keep, tries / f"try{len(list(tries.glob('try*')))}")
             return bleu_of(graphs, f"{variant}, {len(keep)} groups float")
 
-        result = guarded_search(list(groups), evaluate, fp32_bleu, cfg["max_bleu_drop"], variant, ctx.log)
+        result = guarded_search(list(groups), evaluate, fp32_bleu, cfg.max_bleu_drop, variant, ctx.log)
         graphs = make(tuple(result["float_groups"]), ctx.work / f"{variant}.final")
         report = {**result}
         folder = ctx.out / variant
@@ -108,8 +109,8 @@ def run(ctx: StageContext) -> dict:
                              generation, about)
         report["onnx_bytes"] = meta["onnx_bytes"]
         report["bytes_ratio"] = round(meta["onnx_bytes"] / metrics["fp32_onnx_bytes"], 4)
-        if cfg["latency_sentences"]:
-            report.update(latency_vs_fp32(fp32_dir, folder, valid_src[: cfg["latency_sentences"]], ctx, variant))
+        if cfg.latency_sentences:
+            report.update(latency_vs_fp32(fp32_dir, folder, valid_src[: cfg.latency_sentences], ctx, variant))
         write_package(folder, folder / "encoder.onnx", folder / "decoder.onnx", folder / "tokenizer.json",
                       generation, about, _figures(report, fp32_bleu, n_guard))
         report["package_bytes"] = package_bytes(folder)
@@ -209,19 +210,19 @@ def latency_vs_fp32(fp32_package: Path, package: Path, sentences: list[str], ctx
             "latency_sentences": len(sentences), "latency_search": translators[variant].search}
 
 
-def _about(fp32_package: dict, variant: str, float_groups: list[str], calibration: dict | None, cfg: dict,
+def _about(fp32_package: dict, variant: str, float_groups: list[str], calibration: dict | None, cfg: QuantizeConfig,
            decoder: Path) -> dict:
     keep = ("title", "description", "source_artifact", "src_lang", "tgt_lang", "model", "onnxruntime")
     about = {k: fp32_package[k] for k in keep if k in fp32_package}
     precision = _PRECISION[variant]
-    if variant == "int8_dynamic" and cfg["dynamic_kernel"] == "matmul_nbits":
+    if variant == "int8_dynamic" and cfg.dynamic_kernel == "matmul_nbits":
         import onnx
 
         blocks = sorted({a.i for n in onnx.load(str(decoder)).graph.node if n.op_type == "MatMulNBits"
                          for a in n.attribute if a.name == "block_size"})  # as chosen per matrix
         precision = _PRECISION["int8_dynamic/matmul_nbits"].format(blocks=" / ".join(map(str, blocks)) or "-")
         about["kernel"] = {"op": "com.microsoft.MatMulNBits", "bits": 8, "block_sizes": blocks,
-                           "preferred_block_size": cfg["block_size"], "accuracy_level": 4}
+                           "preferred_block_size": cfg.block_size, "accuracy_level": 4}
     about.update(variant=variant, precision=precision, float_groups=float_groups)
     if variant == "int8_static" and calibration:
         about["calibration"] = calibration

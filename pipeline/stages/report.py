@@ -20,6 +20,7 @@ from ..budgets import training_cut
 from ..context import StageContext
 from ..corpus import read_split
 from ..errors import StageFailed
+from ..recipe import ReportNode, ReportTargets
 from ..scoring import paired_bootstrap
 
 TEACHER = "teacher"  # the row every ratio is taken against: the teacher in PyTorch on the CPU
@@ -43,12 +44,13 @@ def run(ctx: StageContext) -> dict:
     add_ratios(rows)
     steps = bleu_uncertainty(rows, hypotheses_reader(ctx.inputs, bench))
     mark_pareto(rows)
-    max_loss = ctx.config["max_bleu_loss"]
+    cfg: ReportNode = ctx.settings
+    max_loss = cfg.max_bleu_loss
     recommendations = {mode: recommend(rows, mode, max_loss) for mode in ("greedy", "beam4")}
     if any(r["device"] == "cuda" and not r["skipped"] for r in rows):
         recommendations.update({f"{mode}_cuda": recommend(rows, mode, max_loss, "cuda") for mode in ("greedy", "beam4")})
     report = {
-        "recipe": ctx.config.get("recipe"),
+        "recipe": cfg.recipe,
         "run": None,
         "run_note": "null in the artifact (shared by every run that reuses it); `pipeline report` fills in "
                     "the latest run whose log lists this report artifact",
@@ -59,8 +61,9 @@ def run(ctx: StageContext) -> dict:
         "rows": rows,
         "recommendation": recommendations["greedy"],
         "recommendations": recommendations,
-        "targets": targets(rows),
+        "targets": targets(rows, cfg.targets),
         "steps": steps,
+        "scoring": scoring(evaluations),
     }
     check_schema(report)
     (ctx.out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -342,8 +345,19 @@ def recommend(rows: list[dict], mode: str, max_loss: float, device: str = "cpu")
             + (f", {size:.3f} of its bytes" if size is not None else ""))
 
 
-def targets(rows: list[dict]) -> dict:
-    """The issue's targets, measured: int8 (pruned) student in onnxruntime vs the teacher in
+def scoring(evaluations: dict) -> dict:
+    """How every BLEU and chrF in the report was computed: sacrebleu's signatures, as the
+    evaluate artifacts recorded them (one of each unless something scored differently)."""
+    def one_or_all(key: str):
+        found = sorted({e[key] for e in evaluations.values() if e.get(key)})
+        return found[0] if len(found) == 1 else found or None
+
+    return {"bleu_signature": one_or_all("bleu_signature"), "chrf_signature": one_or_all("chrf_signature"),
+            "test_set": one_or_all("test_set")}
+
+
+def targets(rows: list[dict], goals: ReportTargets = ReportTargets()) -> dict:
+    """The recipe's targets, measured: int8 (pruned) student in onnxruntime vs the teacher in
     PyTorch, and vs CTranslate2 int8 at batch 1 (ours / theirs, lower is better for us)."""
     out = {}
     t = _teacher(rows)
@@ -352,9 +366,10 @@ def targets(rows: list[dict]) -> dict:
     for r in rows:
         if r["runtime"] != "onnxruntime" or r["compute_type"] != "int8" or r["skipped"]:
             continue
-        entry = {"greedy_b1_speedup": (r.get("vs_teacher") or {}).get("greedy_b1_speedup"), "speedup_target": 8.0,
-                 "bleu_delta": (r.get("vs_teacher") or {}).get("bleu_delta"), "bleu_delta_target": -1.0,
-                 "bytes_ratio": (r.get("vs_teacher") or {}).get("bytes_ratio"), "bytes_ratio_target": 0.1}
+        vs = r.get("vs_teacher") or {}
+        entry = {"greedy_b1_speedup": vs.get("greedy_b1_speedup"), "speedup_target": goals.speedup,
+                 "bleu_delta": vs.get("bleu_delta"), "bleu_delta_target": goals.bleu_delta,
+                 "bytes_ratio": vs.get("bytes_ratio"), "bytes_ratio_target": goals.bytes_ratio}
         if t is None:
             entry["note"] = "no teacher row to compare against"
         if peer is not None:
@@ -424,6 +439,13 @@ def _size(n) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.0f} kB"
 
 
+def _scoring_lines(scoring: dict | None) -> list[str]:
+    if not scoring or not scoring.get("bleu_signature"):
+        return []
+    return [f"**Scores**: sacrebleu on all of {scoring['test_set']}, each row at its own beam (BLEU greedy: "
+            f"beam 1); BLEU `{scoring['bleu_signature']}`, chrF `{scoring['chrf_signature']}`.", ""]
+
+
 def markdown(report: dict) -> str:
     m, b = report.get("machine") or {}, report["benchmark"]
     versions = ", ".join(f"{k} {v}" for k, v in (m.get("versions") or {}).items())
@@ -443,6 +465,7 @@ def markdown(report: dict) -> str:
         f"beam {b['throughput_beam']}. Each runtime measured at {' and '.join(map(str, b['threads'] or []))} "
         f"thread(s) in a fresh process; a row shows the faster (batch-1 greedy p50). "
         "Speedups are the teacher's (PyTorch, CPU) mean latency over the row's.", "",
+        *_scoring_lines(report.get("scoring")),
         f"**Recommendation**: {report['recommendation']}.", "",
         *[f"- {line}." for mode, line in report["recommendations"].items() if mode != "greedy"], "",
         "![BLEU against latency](bleu_vs_latency.png)", "",
@@ -474,8 +497,9 @@ def markdown(report: dict) -> str:
         lines += ["", "**Targets** (int8 student in onnxruntime):", ""]
         for name, t in report["targets"].items():
             lines.append(f"- {name}: {_f(t['greedy_b1_speedup'], '{:.2f}')}x the teacher's batch-1 greedy "
-                         f"sentences/s (target >= 8), BLEU {_f(t['bleu_delta'], '{:+.2f}')} (target >= -1.0), "
-                         f"{_f(t['bytes_ratio'], '{:.3f}')} of its bytes (target <= 0.1)")
+                         f"sentences/s (target >= {t['speedup_target']:g}), BLEU {_f(t['bleu_delta'], '{:+.2f}')} "
+                         f"(target >= {t['bleu_delta_target']:g}), {_f(t['bytes_ratio'], '{:.3f}')} of its bytes "
+                         f"(target <= {t['bytes_ratio_target']:g})")
             peer = t.get("vs_ctranslate2_int8")
             if peer:
                 bd = peer.get("ours_breakdown") or {}
