@@ -16,7 +16,7 @@ from model.files import UnsafeFile, open_regular
 
 from .code_digest import combined, stage_code
 from .errors import RecipeError, UserInputError
-from .recipe import MODEL_NODES, EvaluateNode, Recipe, ReportNode, dump_config
+from .recipe import MODEL_NODES, EvaluateNode, Recipe, ReportNode, TrainNode, dump_config
 from .stages import STAGES
 from .store import artifact_id, fingerprint
 
@@ -84,8 +84,8 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
     models: list[str] = []
     if recipe.teacher is not None:
         need("tokenizer", "teacher")
-        add("teacher", "train", recipe.teacher, {"data": "data", "tokenizer": "tokenizer"},
-            extra={"role": "teacher"})
+        add("teacher", "train", TrainNode(role="teacher", model=recipe.teacher.model, train=recipe.teacher.train),
+            {"data": "data", "tokenizer": "tokenizer"})
         models.append("teacher")
 
     if recipe.distill is not None:
@@ -102,19 +102,19 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
             raise RecipeError([f"{where}: {' and '.join(asked)}: the student's d_model "
                                f"({d.student.model.d_model}) is wider than the teacher's "
                                f"({recipe.teacher.model.d_model}); there is nothing to project"])
-        add("student", "train", d.student, inputs, extra={"role": "student"})
+        add("student", "train", TrainNode(role="student", **{k: getattr(d.student, k) for k in type(d.student).model_fields}),
+            inputs)
         models.append("student")
         if d.ablation:
             shape = d.student.model
             if d.ablation_dropout is not None:
                 shape = shape.model_copy(update={"dropout": d.ablation_dropout})
-            reference_only = {"model": dump_config(shape), "train": dump_config(d.student.train), "role": "student_ref",
-                              "budget": d.ablation_budget}
+            reference_only = TrainNode(role="student_ref", model=shape, train=d.student.train, budget=d.ablation_budget,
+                                       embeddings_from_teacher=d.ablation_embeddings_from_teacher)
             ref_inputs = {"data": "data", "tokenizer": "tokenizer"}
             if d.ablation_budget == "student_steps":
                 ref_inputs["steps_of"] = "student"
             if d.ablation_embeddings_from_teacher:
-                reference_only["embeddings_from_teacher"] = True
                 ref_inputs["teacher"] = "teacher"
             add("student_ref", "train", reference_only, ref_inputs)
             models.append("student_ref")
@@ -210,7 +210,8 @@ def _variants(recipe, models, exports, final_model, has_cuda) -> list[dict]:
 def _side_by_side(group: list[Node]) -> None:
     names = [n.name for n in group]
     for node in group:
-        node.config = {**node.config, "side_by_side": names}
+        node.settings = node.settings.model_copy(update={"side_by_side": names})
+        node.config = dump_config(node.settings)
 
 
 def _names(nodes: list[Node]) -> set[str]:

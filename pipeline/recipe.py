@@ -287,6 +287,21 @@ class DistillConfig(Strict):
         return self
 
 
+class TrainNode(Strict):
+    """What one train node runs: the teacher, the distilled student or its reference-only ablation."""
+
+    role: Literal["teacher", "student", "student_ref"]
+    model: ModelSpec
+    train: TrainConfig
+    reference_mix: Fraction = 0.0
+    word_level: WordLevelKD | None = None
+    embeddings_from_teacher: bool = False
+    budget: Literal["student_steps", "own", "side_by_side"] | None = None  # the ablation's
+    # The nodes built at the same time, each on its share of the cores (a model trained on a
+    # share is not taken for one trained on all of them).
+    side_by_side: list[str] = []
+
+
 # ------------------------------------------------------------------------------- prune
 class PruneFinetune(Strict):
     """The short fine-tune after each pruning step (on the KD corpus if there is one)."""

@@ -22,22 +22,23 @@ from ..distill_corpus import training_pairs
 from ..distributed import launch, launch_alone, worker_main, world_size
 from ..errors import UserInputError
 from ..machine import usable_cores
-from ..recipe import TrainConfig
+from ..recipe import TrainConfig, TrainNode, dump_config
 from ..training import Trainer, ValidationSet, encode_corpus
 
 
 def run(ctx: StageContext) -> dict:
-    cfg = ctx.config
-    train, matched = cfg["train"], None
+    cfg: TrainNode = ctx.settings
+    train, matched = cfg.train, None
     if "steps_of" in ctx.inputs:  # the ablation: the same number of steps as the model it is compared with
         other = ctx.inputs["steps_of"]
         matched = {"model": other.id, "steps": int(other.metrics["steps"])}
-        train = {**train, "max_steps": matched["steps"], "max_minutes": None, "max_epochs": None}
+        train = train.model_copy(update={"max_steps": matched["steps"], "max_minutes": None, "max_epochs": None})
         ctx.log(f"budget: {matched['steps']} steps, as many as {other.id} took")
+    if ctx.cores is not None:  # built side by side with another training
+        train = train.model_copy(update={"num_threads": min(train.num_threads or ctx.cores, ctx.cores)})
+    # The worker's job: the typed settings as plain data, plus paths.
     job = {
-        "role": cfg["role"], "model": cfg["model"], "train": train, "steps_matched_to": matched,
-        "word_level": cfg.get("word_level"), "reference_mix": cfg.get("reference_mix", 0.0),
-        "embeddings_from_teacher": cfg.get("embeddings_from_teacher", False),
+        **dump_config(cfg.model_copy(update={"train": train})), "steps_matched_to": matched,
         "data": str(ctx.input("data").path),
         "tokenizer": str(ctx.input("tokenizer").file("tokenizer.json")),
         "kd_corpus": str(ctx.inputs["kd_corpus"].path) if "kd_corpus" in ctx.inputs else None,
@@ -46,10 +47,8 @@ def run(ctx: StageContext) -> dict:
     }
     if ctx.nproc > 1:
         return launch(ctx, "pipeline.stages.train", job)
-    if ctx.cores is not None:  # built side by side with another training
-        threads = min(train.get("num_threads") or ctx.cores, ctx.cores)
-        job["train"] = {**train, "num_threads": threads}
-        return launch_alone(ctx, "pipeline.stages.train", job, threads)
+    if ctx.cores is not None:
+        return launch_alone(ctx, "pipeline.stages.train", job, train.num_threads)
     return train_job(job, ctx.log, ctx.progress)
 
 
