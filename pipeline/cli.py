@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .context import console
+from .corpus import DEFAULT_MAX_LINE_BYTES
 from .errors import PipelineError, RecipeError, UserInputError
 from .store import Store
 
@@ -265,7 +266,7 @@ def translate(model: Annotated[str, typer.Option(help="Model artifact id, artifa
               threads: Annotated[Optional[int], typer.Option(min=1, help="Intra-op threads.")] = None,
               max_line_bytes: Annotated[int, typer.Option(
                   min=1, help="Longest input line read, in bytes; a longer one is cut to this many "
-                              "(with a warning) and still gives one output line.")] = 16384,
+                              "(with a warning) and still gives one output line.")] = DEFAULT_MAX_LINE_BYTES,
               store: StoreOpt = None) -> None:
     """Translate lines from stdin to stdout: one output line per input line."""
     from .translate import translate_stream

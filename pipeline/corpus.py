@@ -8,6 +8,8 @@ import re
 import unicodedata
 from pathlib import Path
 
+# The longest input line `pipeline translate` reads by default (bytes); a longer one is cut.
+DEFAULT_MAX_LINE_BYTES = 16384
 _SPACES = re.compile(r"\s+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 

@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import BinaryIO, Iterator, TextIO
 
 from .context import console
+from .corpus import DEFAULT_MAX_LINE_BYTES, normalize
 from .errors import IntegrityError, UserInputError
-from .corpus import normalize
 from .store import MANIFEST, Store
 from .translators import is_onnx_package, is_torch_model, load_translator
 
 DEFAULT_PACKAGES = ("int8_dynamic", "fp32", "int8_static", "fp16")
-DEFAULT_MAX_LINE_BYTES = 16384
 # Every character str.splitlines() ends a line at: none may reach an output line.
 _LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 _SKIP_CHUNK = 1 << 16
