@@ -16,7 +16,7 @@ from model.files import UnsafeFile, open_regular
 
 from .code_digest import combined, stage_code
 from .errors import RecipeError, UserInputError
-from .recipe import MODEL_NODES, EvaluateNode, Recipe, ReportNode, TrainNode, dump_config
+from .recipe import MODEL_NODES, BenchmarkNode, EvaluateNode, Recipe, ReportNode, TrainNode, dump_config
 from .stages import STAGES
 from .store import artifact_id, fingerprint
 
@@ -168,8 +168,8 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
         inputs = {"data": "data"}
         for variant in variants:
             inputs[variant["name"]] = variant["node"]
-        add("benchmark", "benchmark", recipe.benchmark, inputs,
-            extra={"variants": variants, "final_model": final_model, "machine": machine})
+        add("benchmark", "benchmark", BenchmarkNode(**recipe.benchmark.model_dump(), variants=variants,
+                                                    final_model=final_model, machine=machine), inputs)
 
     if recipe.report is not None:
         need("evaluate", "report")

@@ -430,6 +430,16 @@ class BenchmarkConfig(Strict):
     paired_rounds: NonNegInt = 3
 
 
+class BenchmarkNode(BenchmarkConfig):
+    """What the benchmark node runs: the recipe's section, the variants to measure (the graph's
+    rows: name, runtime, device, compute type, the node and package that hold each), the final
+    model (the peer runtimes' source) and, on a GPU machine, which GPU."""
+
+    variants: list[dict] = []
+    final_model: str | None = None
+    machine: dict | None = None
+
+
 class ReportTargets(Strict):
     """What the report holds each int8 student in onnxruntime to, against the teacher in PyTorch."""
 

@@ -17,7 +17,7 @@ import struct
 import pytest
 import torch
 
-from pipeline.recipe import ReportTargets
+from pipeline.recipe import BenchmarkNode, ReportTargets
 from pipeline.report import compare_runs, show_latest
 from pipeline.stages.benchmark import pick_best, thread_counts
 from pipeline.scoring import bleu_only, paired_bootstrap
@@ -404,7 +404,7 @@ def test_paired_rounds_time_both_at_the_peers_thread_count(monkeypatch):
             "compute_type": "int8", "threads": 2}
     peer = {"name": "peer", "runtime": "ctranslate2", "device": "cpu", "skipped": None, "source": "pruned",
             "compute_type": "int8", "threads": 1}
-    bench.paired_rounds(Ctx(), [ours, peer], ["a b"], {"final_model": "pruned", "paired_rounds": 3})
+    bench.paired_rounds(Ctx(), [ours, peer], ["a b"], BenchmarkNode(final_model="pruned", paired_rounds=3))
     assert {threads for _, threads, _ in calls} == {1} and len(calls) == 6 and all(only for *_, only in calls)
     assert [name for name, *_ in calls][:4] == ["ours", "peer", "peer", "ours"]  # alternating order
     assert ours["paired"]["threads"] == [1, 1] and ours["paired"]["greedy_b1_p50_ratio"] == 1.25

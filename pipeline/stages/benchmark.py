@@ -33,7 +33,7 @@ from ..context import StageContext
 from ..corpus import read_split
 from ..errors import UserInputError
 from ..machine import usable_cores
-from ..recipe import MODEL_NODES
+from ..recipe import MODEL_NODES, BenchmarkNode
 from ..store import Artifact, tool_versions
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,23 +43,23 @@ CT2_TYPES = {"cpu": ("int8", "float32"), "cuda": ("int8_float16", "float16")}
 
 
 def run(ctx: StageContext) -> dict:
-    cfg = ctx.config
+    cfg: BenchmarkNode = ctx.settings
     data = ctx.input("data")
     test_sets = data.metrics.get("test_sets", [])
-    test_set = cfg.get("test_set") or (test_sets[0] if test_sets else None)
+    test_set = cfg.test_set or (test_sets[0] if test_sets else None)
     if test_set not in test_sets:
         raise UserInputError(f"benchmark.test_set: {test_set!r} not produced by the data stage (it has {test_sets})")
     src, _ = read_split(data.path, f"test.{test_set}")
     # A fixed sample: the first N non-empty sentences, so `head -n N` reproduces it.
-    sample = [s for s in src if s.strip()][: cfg["sentences"]]
+    sample = [s for s in src if s.strip()][: cfg.sentences]
     (ctx.out / "sample.src").write_text("".join(s + "\n" for s in sample), encoding="utf-8")
 
-    machine = describe_machine(cfg.get("machine") or {})
+    machine = describe_machine(cfg.machine or {})
     has_cuda = bool(machine.get("gpu"))
-    threads = thread_counts(cfg["threads"], machine["usable_cores"])
+    threads = thread_counts(cfg.threads, machine["usable_cores"])
     rows = variant_rows(ctx, cfg, has_cuda) + peer_rows(ctx, cfg, has_cuda, sample)
     ctx.log(f"{len(rows)} rows ({sum(1 for r in rows if not r['skipped'])} to measure) on {test_set}: "
-            f"{len(sample)} sentences, threads {threads}, batch {cfg['batch_size']}")
+            f"{len(sample)} sentences, threads {threads}, batch {cfg.batch_size}")
 
     jobs = [(row, n) for row in rows if not row["skipped"] for n in threads]
     score_spec = {"src": str(data.file(f"test.{test_set}.src")), "refs": str(data.file(f"test.{test_set}.tgt")),
@@ -84,8 +84,8 @@ def run(ctx: StageContext) -> dict:
             if versions:
                 machine["runtimes"][row["runtime"]] = versions
 
-    report = {"test_set": test_set, "sentences": len(sample), "threads": threads, "batch_size": cfg["batch_size"],
-              "throughput_beam": cfg["throughput_beam"], "machine": machine, "rows": rows}
+    report = {"test_set": test_set, "sentences": len(sample), "threads": threads, "batch_size": cfg.batch_size,
+              "throughput_beam": cfg.throughput_beam, "machine": machine, "rows": rows}
     (ctx.out / "benchmark.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return {"rows": len(rows), "measured": sum(1 for r in rows if not r["skipped"]),
             "skipped_rows": sum(1 for r in rows if r["skipped"]), **{k: v for k, v in report.items() if k != "rows"},
@@ -102,17 +102,17 @@ def new_row(name: str, variant: str, runtime: str, device: str, compute_type: st
             "note": None, "by_threads": {}}
 
 
-def variant_rows(ctx: StageContext, cfg: dict, has_cuda: bool) -> list[dict]:
+def variant_rows(ctx: StageContext, cfg: BenchmarkNode, has_cuda: bool) -> list[dict]:
     rows = []
     onnx_ready = importlib.util.find_spec("model.runtime") is not None
-    for v in cfg["variants"]:
+    for v in cfg.variants:
         row = new_row(v["name"], v["variant"], v["runtime"], v["device"], v["compute_type"], v["node"],
                       v["package"], v.get("skipped"))
         rows.append(row)
         # On a GPU machine the float32 models also run on CUDA (int8 ONNX kernels are CPU-only).
-        if "cuda" in cfg["devices"] and v["device"] == "cpu" and v["compute_type"] == "float32":
+        if "cuda" in cfg.devices and v["device"] == "cpu" and v["compute_type"] == "float32":
             rows.append({**copy.deepcopy(row), "name": f"{v['name']}_cuda", "device": "cuda"})
-    source_of = {v["name"]: source_model(v, cfg["final_model"]) for v in cfg["variants"]}
+    source_of = {v["name"]: source_model(v, cfg.final_model) for v in cfg.variants}
     for row in rows:
         base = row["name"].removesuffix("_cuda")
         row["skipped"] = row["skipped"] or skip_reason(row, cfg, has_cuda, onnx_ready)
@@ -135,10 +135,10 @@ def source_model(variant: dict, final_model: str | None) -> str:
     return variant["variant"] if variant["variant"] in MODEL_NODES else final_model
 
 
-def skip_reason(row: dict, cfg: dict, has_cuda: bool, onnx_ready: bool) -> str | None:
-    if row["runtime"] not in cfg["runtimes"]:
+def skip_reason(row: dict, cfg: BenchmarkNode, has_cuda: bool, onnx_ready: bool) -> str | None:
+    if row["runtime"] not in cfg.runtimes:
         return f"runtime {row['runtime']} not in benchmark.runtimes"
-    if row["device"] not in cfg["devices"]:
+    if row["device"] not in cfg.devices:
         return f"device {row['device']} not in benchmark.devices"
     if row["device"] == "cuda" and not has_cuda:
         return "no CUDA device on this machine"
@@ -147,11 +147,11 @@ def skip_reason(row: dict, cfg: dict, has_cuda: bool, onnx_ready: bool) -> str |
     return None
 
 
-def peer_rows(ctx: StageContext, cfg: dict, has_cuda: bool, sample: list[str]) -> list[dict]:
+def peer_rows(ctx: StageContext, cfg: BenchmarkNode, has_cuda: bool, sample: list[str]) -> list[dict]:
     """CTranslate2 rows on the final model: convert it, check its greedy outputs against ours, and
     leave the timing to measure(). A final model with uneven heads per layer (CTranslate2 has one
     count per stack) is converted with zero heads added: the same function, more heads computed."""
-    model = cfg.get("final_model")
+    model = cfg.final_model
     if model is None:
         return []
     rows = [new_row(f"ctranslate2_{model}_{ct}" + ("_cuda" if device == "cuda" else ""), model, "ctranslate2",
@@ -183,7 +183,7 @@ def peer_rows(ctx: StageContext, cfg: dict, has_cuda: bool, sample: list[str]) -
 
 
 # ------------------------------------------------------------------------------ measuring
-def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: dict, score: dict | None,
+def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: BenchmarkNode, score: dict | None,
             latency_only: bool = False, tag: str = "") -> dict:
     """One measurement in a fresh process; a process that fails gives a skipped result, not a crash."""
     tag = f"{row['name']}-t{threads}{'-' + tag if tag else ''}"
@@ -192,9 +192,9 @@ def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: 
     result_path, log_path = jobs / f"{tag}.result.json", jobs / f"{tag}.log"
     result_path.unlink(missing_ok=True)
     job = {"runtime": row["runtime"], "device": row["device"], "compute_type": row["compute_type"],
-           "folder": row["folder"], "threads": threads, "sentences": sample, "batch_size": cfg["batch_size"],
-           "throughput_beam": cfg["throughput_beam"], "min_repeats": cfg["min_repeats"],
-           "max_repeats": cfg["max_repeats"], "stable_within": cfg["stable_within"], "score": score,
+           "folder": row["folder"], "threads": threads, "sentences": sample, "batch_size": cfg.batch_size,
+           "throughput_beam": cfg.throughput_beam, "min_repeats": cfg.min_repeats,
+           "max_repeats": cfg.max_repeats, "stable_within": cfg.stable_within, "score": score,
            "latency_only": latency_only, "result": str(result_path)}
     (jobs / f"{tag}.json").write_text(json.dumps(job), encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
@@ -214,7 +214,7 @@ def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: 
                                            f"{lines[-1][:300] if lines else 'no output'}"}
 
 
-def paired_rounds(ctx: StageContext, rows: list[dict], sample: list[str], cfg: dict) -> None:
+def paired_rounds(ctx: StageContext, rows: list[dict], sample: list[str], cfg: BenchmarkNode) -> None:
     """Ours against CTranslate2, same weights, same compute type, on the CPU: `paired_rounds`
     rounds of one batch-1 latency measurement each, ours and theirs process after process (the
     order alternating), both at the same thread count: the one CTranslate2's row chose (its best
@@ -224,19 +224,19 @@ def paired_rounds(ctx: StageContext, rows: list[dict], sample: list[str], cfg: d
     (Each at its own row's thread count, one run put ours at 2 threads against theirs at 1 and
     read 1.41 / 2.12 where the rows read 1.09 / 1.30: two threads on two busy vCPUs wait on
     each other.)"""
-    final = cfg.get("final_model")
+    final = cfg.final_model
     peers = {r["compute_type"]: r for r in rows
              if r["runtime"] == "ctranslate2" and r["device"] == "cpu" and not r["skipped"]}
     pairs = [(r, peers[r["compute_type"]]) for r in rows
              if r["runtime"] != "ctranslate2" and r["device"] == "cpu" and not r["skipped"]
              and r["source"] == final and r["compute_type"] in peers]
-    if not cfg["paired_rounds"] or not pairs:
+    if not cfg.paired_rounds or not pairs:
         return
-    once = {**cfg, "min_repeats": 1, "max_repeats": 1}
-    with ctx.progress("paired rounds vs CTranslate2", total=len(pairs) * cfg["paired_rounds"], unit="rounds") as bar:
+    once = cfg.model_copy(update={"min_repeats": 1, "max_repeats": 1})
+    with ctx.progress("paired rounds vs CTranslate2", total=len(pairs) * cfg.paired_rounds, unit="rounds") as bar:
         for ours, theirs in pairs:
             rounds = []
-            for k in range(cfg["paired_rounds"]):
+            for k in range(cfg.paired_rounds):
                 order = (ours, theirs) if k % 2 == 0 else (theirs, ours)
                 got = {id(r): measure(ctx, r, theirs["threads"], sample, once, None, latency_only=True,
                                       tag=f"paired{k}") for r in order}
