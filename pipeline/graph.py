@@ -54,7 +54,6 @@ class Node:
         return self.build or self.fingerprint
 
 
-
 def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = None) -> list[Node]:
     """All nodes the recipe asks for, in topological order, with fingerprints set.
 
@@ -102,8 +101,7 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
             raise RecipeError([f"{where}: {' and '.join(asked)}: the student's d_model "
                                f"({d.student.model.d_model}) is wider than the teacher's "
                                f"({recipe.teacher.model.d_model}); there is nothing to project"])
-        add("student", "train", TrainNode(role="student", **{k: getattr(d.student, k) for k in type(d.student).model_fields}),
-            inputs)
+        add("student", "train", TrainNode(role="student", **dict(d.student)), inputs)
         models.append("student")
         if d.ablation:
             shape = d.student.model

@@ -40,6 +40,7 @@ class Plan:
     overrides: list[str]
     nodes: list[Node]  # every node of the recipe
     machine: dict
+    lock_warned: bool = False  # the lock file could not be written, and the user was told once
 
     @property
     def name(self) -> str:
@@ -376,9 +377,9 @@ def _update_latest(store: Store, plan: Plan, node: Node, run_id: str, artifact) 
     }
     store.set_latest(plan.name, pointer, plan.path)
     problem = write_lock(plan.path, [n.name for n in plan.nodes], pointer["nodes"])
-    if problem and not getattr(plan, "_lock_warned", False):
+    if problem and not plan.lock_warned:
         console.print(f"[yellow]{escape(problem)}[/yellow]")
-        plan._lock_warned = True
+        plan.lock_warned = True
 
 
 def _small(metrics: dict) -> dict:

@@ -19,7 +19,7 @@ from ..context import StageContext
 from ..corpus import read_split
 from ..distill_corpus import TOP_K_FILE, load_top_k, write_top_k
 from ..distributed import launch, worker_main, world_size
-from ..recipe import KDCorpusConfig
+from ..recipe import KDCorpusConfig, dump_config
 
 # Sentences per saved chunk: what a resumed run keeps, and the unit processes share under
 # torchrun. Results do not depend on it beyond float noise (it bounds the batches), so it is
@@ -29,11 +29,8 @@ CHUNK = 1024
 
 def run(ctx: StageContext) -> dict:
     cfg: KDCorpusConfig = ctx.settings
-    job = {"role": "kd_corpus", "data": str(ctx.input("data").path), "teacher": str(ctx.input("teacher").path),
-           "out": str(ctx.out), "work": str(ctx.work), "beam": cfg.beam,
-           "length_penalty": cfg.length_penalty, "batch_tokens": cfg.batch_tokens,
-           "max_sentences": cfg.max_sentences, "selection": cfg.selection,
-           "top_k": cfg.top_k}
+    job = {**dump_config(cfg), "role": "kd_corpus", "data": str(ctx.input("data").path),
+           "teacher": str(ctx.input("teacher").path), "out": str(ctx.out), "work": str(ctx.work)}
     if ctx.nproc > 1:
         return launch(ctx, "pipeline.stages.kd_corpus", job)
     return translate_job(job, ctx.log, ctx.progress)
