@@ -32,7 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from .search import GenerationConfig
-from .tokenizer import SubwordTokenizer
+from .subword import SubwordTokenizer
 
 # Weight types the benchmark stores: float32 and int8 on CPUs, float16 and int8_float16 on GPUs.
 COMPUTE_TYPES = ("float32", "int8", "float16", "int8_float16")

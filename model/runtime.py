@@ -1,7 +1,7 @@
 """Translate with an exported ONNX package: onnxruntime, tokenizers and NumPy only, never torch.
 
 This file is shipped inside every package (as mt_runtime/runtime.py, next to search.py and
-tokenizer.py), so it imports its siblings relatively and nothing else from this repository.
+subword.py), so it imports its siblings relatively and nothing else from this repository.
 
 A package folder holds encoder.onnx, decoder.onnx (graph I/O: see model/onnx_export.py and the
 package's MODEL_CARD.md), tokenizer.json, generation.json and package.json, which lists every
@@ -28,7 +28,7 @@ import onnxruntime as ort
 
 from .files import PACKAGE_JSON, PackageError, sha256_file, verify_package  # noqa: F401 (re-exported)
 from .search import GenerationConfig, translate_sentences
-from .tokenizer import SubwordTokenizer
+from .subword import SubwordTokenizer
 
 _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .search import GenerationConfig, translate_greedy_top_k, translate_nbest, translate_sentences
-from .tokenizer import SubwordTokenizer
+from .subword import SubwordTokenizer
 from .transformer import Cache, Transformer, load_model
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -136,19 +135,7 @@ def artifacts_list(store: StoreOpt = None,
                    ) -> None:
     """Every artifact in the store."""
     st = _store(store)
-    rows = []
-    for path in st.list_dirs():
-        complete = (path / "manifest.json").is_file()
-        manifest = {}
-        if complete:
-            try:
-                manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError):
-                complete = False
-        rows.append({"id": path.name, "stage": manifest.get("stage", path.name.rsplit("-", 1)[0]),
-                     "path": str(path), "created": manifest.get("created"), "complete": complete,
-                     "bytes": manifest.get("bytes"), "duration_s": manifest.get("duration_s"),
-                     "rebuild_of": manifest.get("rebuild_of")})
+    rows = st.listing()
     if json_out:
         for row in rows:
             print(json.dumps(row))
@@ -216,43 +203,18 @@ def artifacts_gc(store: StoreOpt = None, dry_run: Annotated[bool, typer.Option(
                                        "were interrupted; kept otherwise, so the same run resumes.")] = False
         ) -> None:
     """Remove artifacts that no recipe's latest run uses (and leftovers of crashed runs)."""
-    from .store import work_dir_holder
-
-    st = _store(store)
-    with st.lock(), st.no_readers():
-        keep = {node["id"] for pointer in st.all_latest() for node in pointer.get("nodes", {}).values()}
-        doomed = [p for p in st.list_dirs() if p.name not in keep]
-        work = [p for p in st.work.iterdir()] if st.work.is_dir() else []
-        # A work folder holds the checkpoints an interrupted stage resumes from: kept unless asked,
-        # and never removed while a live process holds it.
-        busy = [p for p in work if p.is_dir() and work_dir_holder(p) is not None]
-        kept_work = [p for p in work if p not in busy and not drop_checkpoints]
-        extra = ([p for p in st.quarantine.iterdir()] if st.quarantine.is_dir() else []) + \
-            [p for p in work if p not in busy and drop_checkpoints]
-        freed = 0
-        for path in doomed + extra:
-            size = _tree_bytes(path)
-            freed += size
-            console.print(f"{'would remove' if dry_run else 'removed'} {path} ({_bytes(size)})", markup=False)
-            if not dry_run:
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() \
-                    else path.unlink(missing_ok=True)
-        if not dry_run:
-            st.clean_tmp()
-    console.print(f"{len(doomed)} artifact(s), {_bytes(freed)} {'reclaimable' if dry_run else 'freed'}; "
-                  f"kept {len(keep)}")
-    if kept_work:
-        console.print(f"kept {len(kept_work)} resume checkpoint folder(s) of interrupted stages "
-                      f"({_bytes(sum(_tree_bytes(p) for p in kept_work))}): run the recipe again to resume, "
+    verb = "would remove" if dry_run else "removed"
+    result = _store(store).collect_garbage(
+        dry_run, drop_checkpoints,
+        on_remove=lambda path, size: console.print(f"{verb} {path} ({_bytes(size)})", markup=False))
+    console.print(f"{result.removed} artifact(s), {_bytes(result.freed_bytes)} "
+                  f"{'reclaimable' if dry_run else 'freed'}; kept {result.kept}")
+    if result.kept_checkpoints:
+        console.print(f"kept {len(result.kept_checkpoints)} resume checkpoint folder(s) of interrupted stages "
+                      f"({_bytes(result.kept_checkpoint_bytes)}): run the recipe again to resume, "
                       "or pass --drop-checkpoints to remove them")
-    for path in busy:
+    for path in result.busy:
         console.print(f"kept {path}: in use by a live process", markup=False)
-
-
-def _tree_bytes(path: Path) -> int:
-    if path.is_symlink() or not path.is_dir():
-        return 0
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
 # ------------------------------------------------------------------------- use a model
@@ -269,7 +231,7 @@ def translate(model: Annotated[str, typer.Option(help="Model artifact id, artifa
                               "(with a warning) and still gives one output line.")] = DEFAULT_MAX_LINE_BYTES,
               store: StoreOpt = None) -> None:
     """Translate lines from stdin to stdout: one output line per input line."""
-    from .translate import translate_stream
+    from .stream_translation import translate_stream
 
     translate_stream(_store(store), model, beam=beam, batch_size=batch_size, package=package, device=device,
                      threads=threads, max_line_bytes=max_line_bytes)
@@ -300,7 +262,7 @@ def report(recipe: Annotated[Optional[Path], typer.Argument(help="Recipe whose l
                "--markdown", help="Print the latest report as a section of docs/results.md.")] = False,
            store: StoreOpt = None) -> None:
     """Show the BLEU / latency table of a recipe's latest run, or compare two runs."""
-    from .report import compare_runs, results_markdown, show_latest
+    from .report_viewer import compare_runs, results_markdown, show_latest
 
     st = _store(store)
     if compare:

@@ -102,7 +102,7 @@ def _training(node: Node, plan, pairs: int | None, spec: dict | None = None, tra
 
     from . import speed_probe
     from .recipe import TrainConfig
-    from .training import label_smoothed_loss
+    from .train_loop import label_smoothed_loss
 
     cfg = TrainConfig.model_validate(train or node.config["train"])
     vocab = plan.recipe.tokenizer.vocab_size

@@ -28,7 +28,7 @@ from .errors import IntegrityError, UserInputError
 from .store import Artifact, now_iso, sha256_file
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
-RUNTIME_FILES = ("runtime.py", "search.py", "tokenizer.py", "files.py")
+RUNTIME_FILES = ("runtime.py", "search.py", "subword.py", "files.py")
 PACKAGE_JSON = "package.json"
 GRAPHS = ("encoder.onnx", "decoder.onnx", GENERATE, GENERATE_MANY_ROWS)
 FORMAT = "mt-onnx-package/1"
@@ -42,7 +42,8 @@ __all__ = ["Translator", "PackageError", "verify_package"]
 def write_package(dest: Path, encoder: Path, decoder: Path, tokenizer: Path, generation: dict,
                   about: dict, figures: dict | None = None) -> dict:
     """Assemble a package folder from two graphs. `about` says what it is (variant, source model,
-    precision, ...); `figures` are the measured numbers the card shows. Returns package.json."""
+    precision, ...); `figures` are the measured numbers the card shows (or `set_figures` later,
+    once the package has been measured). Returns package.json."""
     dest.mkdir(parents=True, exist_ok=True)
     for src, name in ((encoder, "encoder.onnx"), (decoder, "decoder.onnx"), (tokenizer, "tokenizer.json")):
         if src.resolve() != (dest / name).resolve():
@@ -56,11 +57,26 @@ def write_package(dest: Path, encoder: Path, decoder: Path, tokenizer: Path, gen
     for name in RUNTIME_FILES:
         shutil.copyfile(MODEL_DIR / name, runtime / name)
     (runtime / "__init__.py").write_text(_INIT, encoding="utf-8")
+    return _write_card_and_manifest(dest, about, figures or {}, generation)
+
+
+def set_figures(dest: Path, figures: dict) -> dict:
+    """Put measured figures into a written package: its card and package.json change, nothing else."""
+    meta = json.loads((dest / PACKAGE_JSON).read_text(encoding="utf-8"))
+    about = {k: v for k, v in meta.items() if k not in _MANIFEST_OWN}
+    generation = json.loads((dest / "generation.json").read_text(encoding="utf-8"))
+    return _write_card_and_manifest(dest, about, figures, generation)
+
+
+_MANIFEST_OWN = ("format", "created", "figures", "opset", "files", "onnx_bytes")  # the rest is `about`
+
+
+def _write_card_and_manifest(dest: Path, about: dict, figures: dict, generation: dict) -> dict:
     io = {"encoder": graph_io(dest / "encoder.onnx"), "decoder": graph_io(dest / "decoder.onnx")}
     for name, key in ((GENERATE, "generate"), (GENERATE_MANY_ROWS, "generate_batch")):
         if (dest / name).is_file():
             io[key] = graph_io(dest / name)
-    (dest / "MODEL_CARD.md").write_text(model_card(about, figures or {}, io, generation), encoding="utf-8")
+    (dest / "MODEL_CARD.md").write_text(model_card(about, figures, io, generation), encoding="utf-8")
     written, problems = walk(dest, skip_dirs=("__pycache__",))
     if problems:
         raise UnsafeFile(problems[0])
@@ -68,7 +84,7 @@ def write_package(dest: Path, encoder: Path, decoder: Path, tokenizer: Path, gen
     for rel in written:
         if rel != PACKAGE_JSON:
             files[rel] = {"sha256": sha256_file(dest / rel), "bytes": (dest / rel).stat().st_size}
-    meta = {"format": FORMAT, "created": now_iso(), **about, "figures": figures or {},
+    meta = {"format": FORMAT, "created": now_iso(), **about, "figures": figures,
             "opset": io["decoder"]["opset"], "files": files,
             "onnx_bytes": sum(files[g]["bytes"] for g in GRAPHS if g in files)}
     (dest / PACKAGE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")

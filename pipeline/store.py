@@ -416,6 +416,54 @@ class Store:
             return []
         return [p for p in (self._read_pointer(f) for f in sorted(self.latest_dir.glob("*.json"))) if p is not None]
 
+    # ------------------------------------------------------------------ listing and clean-up
+    def listing(self) -> list[dict]:
+        """One row per artifact folder: id, stage, path, created (None: incomplete), bytes,
+        build time, and which artifact a forced rebuild replaced."""
+        rows = []
+        for path in self.list_dirs():
+            manifest: dict = {}
+            complete = (path / MANIFEST).is_file()
+            if complete:
+                try:
+                    manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+                except (OSError, json.JSONDecodeError):
+                    complete = False
+            rows.append({"id": path.name, "stage": manifest.get("stage", path.name.rsplit("-", 1)[0]),
+                         "path": str(path), "created": manifest.get("created"), "complete": complete,
+                         "bytes": manifest.get("bytes"), "duration_s": manifest.get("duration_s"),
+                         "rebuild_of": manifest.get("rebuild_of")})
+        return rows
+
+    def collect_garbage(self, dry_run: bool = False, drop_checkpoints: bool = False,
+                        on_remove=None) -> "Garbage":
+        """Remove the artifacts no recipe's latest run uses, quarantined folders and stale tmp/
+        entries. Work folders hold an interrupted stage's resume checkpoints: removed only with
+        `drop_checkpoints`, and never while a live process holds one. `on_remove(path, bytes)` is
+        called per folder as it goes (or would go, with `dry_run`)."""
+        with self.lock(), self.no_readers():
+            keep = {node["id"] for pointer in self.all_latest() for node in pointer.get("nodes", {}).values()}
+            doomed = [p for p in self.list_dirs() if p.name not in keep]
+            work = list(self.work.iterdir()) if self.work.is_dir() else []
+            busy = [p for p in work if p.is_dir() and work_dir_holder(p) is not None]
+            kept_work = [p for p in work if p not in busy and not drop_checkpoints]
+            extra = (list(self.quarantine.iterdir()) if self.quarantine.is_dir() else []) + \
+                [p for p in work if p not in busy and drop_checkpoints]
+            freed = 0
+            for path in doomed + extra:
+                size = tree_bytes(path)
+                freed += size
+                if on_remove:
+                    on_remove(path, size)
+                if not dry_run:
+                    shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() \
+                        else path.unlink(missing_ok=True)
+            if not dry_run:
+                self.clean_tmp()
+        return Garbage(removed=len(doomed), freed_bytes=freed, kept=len(keep), busy=busy,
+                       kept_checkpoints=kept_work,
+                       kept_checkpoint_bytes=sum(tree_bytes(p) for p in kept_work))
+
     # ------------------------------------------------------------------ readers
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
@@ -496,6 +544,24 @@ class Store:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+
+@dataclass
+class Garbage:
+    """What `Store.collect_garbage` removed (or would remove) and what it kept."""
+
+    removed: int
+    freed_bytes: int
+    kept: int
+    busy: list[Path]
+    kept_checkpoints: list[Path]
+    kept_checkpoint_bytes: int
+
+
+def tree_bytes(path: Path) -> int:
+    if path.is_symlink() or not path.is_dir():
+        return 0
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
 def verify_folder(path: Path, manifest: dict, trusted: dict | None = None) -> list[str]:

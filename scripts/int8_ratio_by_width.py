@@ -14,9 +14,7 @@ the two packages interleaved sentence by sentence, so that machine load hits bot
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,13 +23,10 @@ import onnxruntime as ort
 import torch
 from onnx import numpy_helper
 
-from model.onnx_export import positions_as_formula
-from model.onnx_quantize import node_groups, quantize_blockwise
-from model.search import GenerationConfig
-from model.tokenizer import SubwordTokenizer
+from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig, load_model
-from pipeline.packaging import write_package
-from pipeline.stages.export import float32_graphs
+from pipeline.package_builder import build_package
+from pipeline.timing import interleaved
 
 
 def student_shaped(d_model: int, vocab_size: int) -> Transformer:
@@ -43,18 +38,11 @@ def student_shaped(d_model: int, vocab_size: int) -> Transformer:
 
 
 def fp32_and_int8(model: Transformer, tokenizer: Path, work: Path) -> tuple[Path, Path]:
-    """The export stage's graph pipeline, then the quantize stage's int8_dynamic (no guard:
+    """The export stage's fp32 package and the quantize stage's int8_dynamic one (no guard:
     the latency does not depend on the BLEU)."""
-    graphs, _ = float32_graphs(model, work, opset=17, fused=True, optimize=True)
-    for path in graphs.values():
-        positions_as_formula(path, model.cfg.d_model)
-    cfg = model.cfg
-    generation = dataclasses.asdict(GenerationConfig(bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
-                                                     max_positions=cfg.max_positions))
-    write_package(work / "fp32", graphs["encoder"], graphs["decoder"], tokenizer, generation, {"variant": "fp32"})
-    int8 = quantize_blockwise(graphs, work / "int8_graphs", node_groups(graphs))
-    write_package(work / "int8", int8["encoder"], int8["decoder"], tokenizer, generation, {"variant": "int8_dynamic"})
-    return work / "fp32", work / "int8"
+    for precision in ("fp32", "int8_dynamic"):
+        build_package(model, precision, work / precision, tokenizer=tokenizer, work=work / "graphs")
+    return work / "fp32", work / "int8_dynamic"
 
 
 def forced_length_session(package: Path, steps: int) -> ort.InferenceSession:
@@ -73,20 +61,18 @@ def time_packages(packages: dict[str, Path], ids: list[list[int]], eos: int, pad
     sessions = {name: forced_length_session(path, steps) for name, path in packages.items()}
     feeds = [{"input_ids": np.array([row + [eos]], np.int32), "max_length": np.array([steps + 1], np.int32),
               "num_beams": np.array([1], np.int32), "length_penalty": np.array([1.0], np.float32)} for row in ids]
-    for session in sessions.values():  # warm-up
-        for feed in feeds[:3]:
-            session.run(None, feed)
-    seconds = dict.fromkeys(sessions, 0.0)
-    for _ in range(rounds):
-        for feed in feeds:
-            for name, session in sessions.items():
-                start = time.perf_counter()
-                tokens = session.run(None, feed)[0]
-                seconds[name] += time.perf_counter() - start
-                decoded = int((tokens[0, 0] != pad).sum()) - 1  # less the start token
-                if decoded != steps:
-                    raise RuntimeError(f"{name}: decoded {decoded} tokens, not {steps}")
-    return {name: 1000 * s / (rounds * len(feeds)) for name, s in seconds.items()}
+
+    def decode(session: ort.InferenceSession, name: str):
+        def run(feed):
+            tokens = session.run(None, feed)[0]
+            decoded = int((tokens[0, 0] != pad).sum()) - 1  # less the start token
+            if decoded != steps:
+                raise RuntimeError(f"{name}: decoded {decoded} tokens, not {steps}")
+        return run
+
+    timed = interleaved({name: decode(session, name) for name, session in sessions.items()}, feeds,
+                        repeats=rounds, warmup=3)
+    return {name: 1000 * timed.median_s(name) for name in sessions}
 
 
 def main() -> None:

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.tokenizer import SubwordTokenizer
+from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
-from pipeline.training import collate, encode_corpus, make_batches
+from pipeline.train_loop import collate, encode_corpus, make_batches
 
 
 class TorchReference(nn.Module):

@@ -13,7 +13,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 
 from model.ctranslate2_export import (CTranslate2Translator, NotConvertible, compare_greedy,  # noqa: E402
                                       export_ctranslate2)
-from model.tokenizer import SubwordTokenizer  # noqa: E402
+from model.subword import SubwordTokenizer  # noqa: E402
 from model.transformer import Transformer, TransformerConfig, save_model  # noqa: E402
 
 

@@ -21,8 +21,8 @@ from pipeline.context import progress_bar
 from pipeline.errors import PipelineError
 from pipeline.recipe import TrainConfig
 from pipeline.store import Store, hold_work_dir, work_dir_holder
-from pipeline.training import Checkpoints, Trainer
-from pipeline.translate import bounded_lines, one_line
+from pipeline.train_loop import Checkpoints, Trainer
+from pipeline.stream_translation import bounded_lines, one_line
 
 from .conftest import REPO, SMOKE, cli
 from .test_training import _setup

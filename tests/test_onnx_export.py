@@ -26,7 +26,7 @@ from model.transformer import Transformer, TransformerConfig
 from pipeline.errors import IntegrityError
 from pipeline.packaging import copy_packages
 from pipeline.corpus import read_split
-from pipeline.translators import load_translator
+from pipeline.model_loading import load_translator
 
 NO_PRUNE = "prune=null"  # the smoke student is then the final model: node export.student
 

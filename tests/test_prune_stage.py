@@ -13,7 +13,7 @@ from model.transformer import load_model
 from pipeline.context import StageContext
 from pipeline.recipe import PruneConfig, PruneFinetune, dump_config
 from pipeline.stages import prune
-from pipeline.training import Trainer
+from pipeline.train_loop import Trainer
 
 
 

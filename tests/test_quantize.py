@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from model import onnx_quantize
-from model.onnx_export import export_onnx, optimize_onnx, positions_as_formula, tie_decoder_embedding
 from model.onnx_quantize import (RecordingDecoder, block_for, node_groups, onnx_bytes, quantize_blockwise,
                                  quantize_dynamic, quantize_static, weight_nodes)
 from model.onnx_generate import EXTERNAL_MIN_BYTES, write_generate_graph
@@ -21,9 +20,10 @@ from model.runtime import GraphSearch, OnnxDecoder, Translator
 from model.search import GenerationConfig, greedy_search
 from model.transformer import Transformer, TransformerConfig
 from pipeline.errors import StageFailed
+from pipeline.package_builder import float32_graphs, variant_graphs
 from pipeline.corpus import read_split
 from pipeline.stages.quantize import guarded_search
-from pipeline.translators import load_translator
+from pipeline.model_loading import load_translator
 
 NO_PRUNE = "prune=null"
 
@@ -46,13 +46,10 @@ def export_tiny(folder, d_model: int = 32, biases: float = 0.0):
             for name, tensor in model.named_parameters():
                 if name.endswith(".bias"):
                     tensor.normal_(0.0, biases)
-    raw = export_onnx(model, folder / "raw")
-    paths = {}
-    for name, path in raw.items():
-        paths[name] = folder / f"{name}.onnx"
-        optimize_onnx(path, paths[name])
-    assert tie_decoder_embedding(paths["decoder"])
-    assert all(positions_as_formula(p, d_model) for p in paths.values())
+    graphs, done = float32_graphs(model, folder)
+    assert done["tied_embedding"]
+    paths, done = variant_graphs(graphs, "fp32", folder, d_model)
+    assert all(done["positions_as_formula"].values())
     return model, paths, folder
 
 

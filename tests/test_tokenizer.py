@@ -12,7 +12,7 @@ from .conftest import REPO, _data_dir
 
 TRAIN = """
 import gzip, sys
-from model.tokenizer import SubwordTokenizer
+from model.subword import SubwordTokenizer
 lines = []
 for lang in ("en", "fr"):
     with gzip.open(sys.argv[1] + f"/train.{lang}.gz", "rt", encoding="utf-8") as f:

@@ -9,13 +9,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from model.tokenizer import SubwordTokenizer
+from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
 from pipeline.context import progress_bar
 from pipeline.recipe import TrainConfig
 from pipeline.corpus import read_split
 from pipeline.speed_probe import SpeedChoice
-from pipeline.training import (Corpus, Trainer, ValidationSet, cooldown_factor, encode_corpus, inverse_sqrt_lr,
+from pipeline.train_loop import (Corpus, Trainer, ValidationSet, cooldown_factor, encode_corpus, inverse_sqrt_lr,
                                label_smoothed_loss, make_batches)
 
 from .conftest import SMOKE, cli

@@ -9,7 +9,7 @@ Rows, in report order:
 A row that cannot be measured here is kept, with `skipped` saying why; it never fails the stage.
 
 Each row is measured once per thread count in `threads` (1 and all cores by default), each time
-in a fresh process (pipeline/benchmarking.py). The row shows the thread count with the lower
+in a fresh process (pipeline/measurement.py). The row shows the thread count with the lower
 batch-1 greedy p50; every measurement stays in the manifest under `by_threads`.
 The CTranslate2 rows also translate and score the whole test set (no evaluate stage covers
 them), and their greedy outputs are compared with our PyTorch model's.
@@ -201,7 +201,7 @@ def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: 
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     with open(log_path, "w", encoding="utf-8") as log:
         try:
-            rc = subprocess.run([sys.executable, "-m", "pipeline.benchmarking", str(jobs / f"{tag}.json")],
+            rc = subprocess.run([sys.executable, "-m", "pipeline.measurement", str(jobs / f"{tag}.json")],
                                 env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                                 timeout=MEASURE_TIMEOUT_S).returncode
         except subprocess.TimeoutExpired:

@@ -14,7 +14,7 @@ from ..corpus import read_split
 from ..errors import UserInputError
 from ..recipe import EvaluateNode
 from ..scoring import score
-from ..translators import load_translator
+from ..model_loading import load_translator
 
 
 def run(ctx: StageContext) -> dict:

@@ -10,26 +10,26 @@ expected to match to 1e-4, so only non-finite outputs fail it.
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import torch
 
-from model.onnx_export import (DecoderGraph, EncoderGraph, decoder_input_names, example_inputs, export_onnx,
-                               optimize_onnx, positions_as_formula, tie_decoder_embedding, to_fp16)
+from model.onnx_export import DecoderGraph, EncoderGraph, decoder_input_names, example_inputs
 from model.runtime import Translator
-from model.search import GenerationConfig, prepare_sources, search
-from model.tokenizer import SubwordTokenizer
+from model.search import prepare_sources, search
+from model.subword import SubwordTokenizer
 from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, load_model
 
 from ..context import StageContext
 from ..corpus import read_split
 from ..errors import StageFailed
-from ..packaging import package_bytes, write_package
+from ..package_builder import GraphOptions, float32_graphs, generation_of, variant_graphs
+from ..packaging import package_bytes, set_figures, write_package
 from ..recipe import ExportConfig, ParityConfig
+from ..timing import interleaved
 
 
 def run(ctx: StageContext) -> dict:
@@ -42,29 +42,19 @@ def run(ctx: StageContext) -> dict:
     valid_src, _ = read_split(ctx.input("data").path, "valid")
     sentences = valid_src[: parity_cfg.decode_sentences]
 
-    graphs, built = float32_graphs(model, ctx.work, cfg.opset, cfg.fused_attention, cfg.optimize)
+    options = GraphOptions(opset=cfg.opset, fused_attention=cfg.fused_attention, optimize=cfg.optimize)
+    graphs, built = float32_graphs(model, ctx.work, options)
     metrics: dict = {"opset": cfg.opset, "fused_attention": cfg.fused_attention, "onnxruntime": ort.__version__,
                      "torch": torch.__version__,
                      "source_artifact": source.id, "threads": threads, "packages": {}, "parity": {}, **built}
     ctx.log(f"exported {source.id} (opset {cfg.opset}); checking parity on random inputs and "
             f"{len(sentences)} validation sentences")
 
-    variants = [("fp32", graphs)]
-    if cfg.fp16:
-        half = ctx.work / "fp16"
-        half.mkdir(exist_ok=True)
-        for path in graphs.values():
-            to_fp16(path, half / path.name)
-        variants.append(("fp16", {name: half / path.name for name, path in graphs.items()}))
-    # After the fp16 copy is made: in float16 the formula's angles would lose their precision.
-    metrics["positions_as_formula"] = {name: positions_as_formula(path, model.cfg.d_model)
-                                       for name, path in graphs.items()}
-
-    generation = dataclasses.asdict(GenerationConfig(
-        beam=parity_cfg.beam, bos_id=model.cfg.bos_id, eos_id=model.cfg.eos_id, pad_id=model.cfg.pad_id,
-        max_positions=model.cfg.max_positions))
+    generation = generation_of(model.cfg, parity_cfg.beam)
     data_metrics = ctx.input("data").metrics
-    for variant, paths in variants:
+    for variant in ["fp32"] + (["fp16"] if cfg.fp16 else []):
+        paths, done = variant_graphs(graphs, variant, ctx.work, model.cfg.d_model, options)
+        metrics.update(done)
         folder = ctx.out / variant
         about = describe(model, source, variant, data_metrics)
         write_package(folder, paths["encoder"], paths["decoder"], source.file("tokenizer.json"), generation, about)
@@ -84,9 +74,7 @@ def run(ctx: StageContext) -> dict:
                     f"greedy identical {graph['greedy_identical']}, beam identical {graph['beam_identical']}")
         if "valid_bleu" in source.metrics:
             figures["validation BLEU of the PyTorch model (greedy, during training)"] = source.metrics["valid_bleu"]
-        # Rewrite the package with its figures now known (the graphs do not change).
-        meta = write_package(folder, folder / "encoder.onnx", folder / "decoder.onnx", folder / "tokenizer.json",
-                             generation, about, figures)
+        meta = set_figures(folder, figures)
         metrics["packages"][variant] = {"bytes": package_bytes(folder), "onnx_bytes": meta["onnx_bytes"]}
         _enforce(variant, report, parity_cfg)
 
@@ -101,21 +89,6 @@ def run(ctx: StageContext) -> dict:
         ctx.log(f"generate.onnx: greedy {graph['greedy_identical']}, beam {graph['beam_identical']} identical to the "
                 f"Python search; batch-1 greedy {graph['greedy_speedup_vs_python_search']}x faster")
     return metrics
-
-
-def float32_graphs(model: Transformer, work: Path, opset: int, fused: bool, optimize: bool) -> tuple[dict, dict]:
-    """The model's encoder and decoder step graphs as the fp32 package ships them, up to the
-    positional table (made a formula after any float16 copy): exported, optimized, the decoder's
-    token lookup reading the output projection. Returns ({graph: path}, what was done)."""
-    graphs = export_onnx(model, work / "raw", opset=opset, fused=fused)
-    done: dict = {}
-    if optimize:
-        opt = work / "optimized"
-        opt.mkdir(exist_ok=True)
-        done["optimizer"] = {name: optimize_onnx(path, opt / path.name) for name, path in graphs.items()}
-        graphs = {name: opt / path.name for name, path in graphs.items()}
-    done["tied_embedding"] = tie_decoder_embedding(graphs["decoder"])
-    return graphs, done
 
 
 def describe(model: Transformer, source, variant: str, data_metrics: dict) -> dict:
@@ -221,16 +194,10 @@ def decode_parity(model: Transformer, translator: Translator, tokenizer: Subword
                 "onnx": lambda batch, g: search(onnx_decoder, batch, g)}
     if translator.graph_search:
         searches["graph"] = translator.graph_search
-    seconds = dict.fromkeys(searches, 0.0)
-    greedy: dict = {name: [] for name in searches}
+    contestants = {name: (lambda s, run=run: run([s], greedy_gen)[0]) for name, run in searches.items()}
     with ctx.progress(f"{variant} greedy parity", total=len(src), unit="sentences") as bar:
-        for s in src:
-            # Alternate the runtimes sentence by sentence so that machine load hits both alike.
-            for name, run in searches.items():
-                t0 = time.perf_counter()
-                greedy[name].append(run([s], greedy_gen)[0])
-                seconds[name] += time.perf_counter() - t0
-            bar.advance(1)
+        timed = interleaved(contestants, src, on_item=bar.advance)
+    greedy = timed.outputs
     beams: dict = {name: [] for name in searches}
     chunk = 16
     with ctx.progress(f"{variant} beam {beam} parity", total=len(src), unit="sentences") as bar:
@@ -242,13 +209,12 @@ def decode_parity(model: Transformer, translator: Translator, tokenizer: Subword
     greedy_bad = [i for i, (a, b) in enumerate(zip(greedy["torch"], greedy["onnx"])) if a != b]
     beam_bad = [i for i, (a, b) in enumerate(zip(beams["torch"], beams["onnx"])) if a != b]
     n = len(src)
-    torch_rate = n / seconds["torch"] if seconds["torch"] else 0.0
-    onnx_rate = n / seconds["onnx"] if seconds["onnx"] else 0.0
+    torch_rate, onnx_rate = timed.per_second("torch", 6), timed.per_second("onnx", 6)
     graph = {}
     if "graph" in searches:
         graph_greedy_bad = [i for i, (a, b) in enumerate(zip(greedy["onnx"], greedy["graph"])) if a != b]
         graph_beam_same = sum(a == b for a, b in zip(beams["onnx"], beams["graph"]))
-        graph_rate = n / seconds["graph"] if seconds["graph"] else 0.0
+        graph_rate = timed.per_second("graph", 6)
         graph = {"graph_search": {
             "greedy_identical": f"{n - len(graph_greedy_bad)}/{n}", "greedy_mismatches": graph_greedy_bad[:20],
             "beam_identical": f"{graph_beam_same}/{n}",

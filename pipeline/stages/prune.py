@@ -13,7 +13,7 @@ the per-layer head counts, tokenizer.json) plus importance.json, so export, eval
 rest load it like any trained model.
 
 Resumable: ctx.work/step<i>/pruned/ holds the model right after step i's pruning,
-step<i>/train/ the fine-tune's checkpoints (pipeline.training.Trainer resumes from them) and
+step<i>/train/ the fine-tune's checkpoints (pipeline.train_loop.Trainer resumes from them) and
 step<i>/done/ the step's outcome; a rerun after a kill skips whatever is already there.
 """
 
@@ -23,8 +23,6 @@ import copy
 import json
 import os
 import shutil
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +30,7 @@ import torch
 
 from model import pruning
 from model.search import GenerationConfig, greedy_search
-from model.tokenizer import SubwordTokenizer
+from model.subword import SubwordTokenizer
 from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, load_model, save_model
 
@@ -41,7 +39,8 @@ from ..corpus import read_split
 from ..distill_corpus import stored_word_level, training_pairs
 from ..recipe import PruneConfig, TrainConfig
 from ..scoring import bleu_only
-from ..training import Corpus, Trainer, ValidationSet, collate, encode_corpus, make_batches
+from ..timing import interleaved
+from ..train_loop import Corpus, Trainer, ValidationSet, collate, encode_corpus, make_batches
 
 DECODER_STEPS = 20  # forced decoder steps per sentence when timing one step
 
@@ -113,7 +112,8 @@ def run(ctx: StageContext) -> dict:
         "neurons": {str(r["step"]): r["neuron_importance"] for r in records if r.get("neuron_importance")},
     }, indent=1) + "\n", encoding="utf-8")
 
-    latency = measure_latency(ctx, {"unpruned": original, "pruned": model}, valid_corpus.src, cfg)
+    latency = measure_latency(ctx, {"unpruned": original, "pruned": model}, valid_corpus.src, cfg,
+                              source.file("tokenizer.json"))
     heads_after, ffn_after = pruning.head_counts(model), pruning.ffn_widths(model)
     bytes_before = source.file("model.safetensors").stat().st_size
     bytes_after = (ctx.out / "model.safetensors").stat().st_size
@@ -273,18 +273,17 @@ def greedy_bleu(ctx: StageContext, model: Transformer, valid: ValidationSet, tok
 
 
 def measure_latency(ctx: StageContext, models: dict[str, Transformer], sources: list[list[int]],
-                    cfg: PruneConfig) -> dict:
+                    cfg: PruneConfig, tokenizer: Path) -> dict:
     """Batch-1 greedy latency on the CPU, one thread, of each model on the same sentences, in
     PyTorch eager (keys sentence_ms_<name>, decoder_step_ms_<name>) and in onnxruntime with each
-    model exported the way the export stage exports it (the same keys under "onnxruntime"): the
-    runtime the pruned model ships in, where a step is not dominated by PyTorch's per-operator
-    overhead.
+    model built into an fp32 package as the export stage builds it (the same keys under
+    "onnxruntime"): the runtime the pruned model ships in, where a step is not dominated by
+    PyTorch's per-operator overhead.
 
     Sentence: encode + greedy decode of one sentence (each model's own output length; the mean
     length is reported). Decoder step: DECODER_STEPS forced steps with the cache, so every model
-    does the same work. The models take turns sentence by sentence (alternating who goes first),
-    so a noisy neighbour slows both alike; each figure is the median over `latency_repeats`
-    passes of the mean per sentence (or step)."""
+    does the same work. Timed by `timing.interleaved`: each figure is the median over
+    `latency_repeats` passes of the mean per sentence (or step)."""
     sources = sources[: cfg.latency_sentences]
     any_cfg = next(iter(models.values())).cfg
     gen = GenerationConfig(beam=1, bos_id=any_cfg.bos_id, eos_id=any_cfg.eos_id, pad_id=any_cfg.pad_id,
@@ -294,76 +293,47 @@ def measure_latency(ctx: StageContext, models: dict[str, Transformer], sources: 
     try:
         eager = {name: TorchDecoder(m.cpu().eval(), "cpu") for name, m in models.items()}
         out = _timed(ctx, eager, sources, gen, cfg.latency_repeats, "PyTorch")
-        out["onnxruntime"] = _timed(ctx, onnx_decoders(models, ctx.work / "latency"), sources, gen,
+        out["onnxruntime"] = _timed(ctx, onnx_decoders(models, ctx.work / "latency", tokenizer), sources, gen,
                                     cfg.latency_repeats, "onnxruntime")
     finally:
         torch.set_num_threads(threads)
     return {"latency_sentences": len(sources), "latency_repeats": cfg.latency_repeats, "latency_threads": 1, **out}
 
 
-def onnx_decoders(models: dict[str, Transformer], folder: Path) -> dict:
-    """Each model as fp32 ONNX (exported, optimised and tied as the export stage does), in
-    one-thread onnxruntime sessions."""
-    import onnxruntime as ort
+def onnx_decoders(models: dict[str, Transformer], folder: Path, tokenizer: Path) -> dict:
+    """Each model as an fp32 package's step graphs, in one-thread onnxruntime sessions."""
+    from model.runtime import Translator
 
-    from model.onnx_export import export_onnx, optimize_onnx, positions_as_formula, tie_decoder_embedding
-    from model.runtime import OnnxDecoder
+    from ..package_builder import build_package
 
     decoders = {}
     for name, model in models.items():
-        raw = export_onnx(model, folder / name / "raw")
-        graphs = {g: folder / name / f"{g}.onnx" for g in raw}
-        for g, path in raw.items():
-            optimize_onnx(path, graphs[g])
-        tie_decoder_embedding(graphs["decoder"])
-        for path in graphs.values():
-            positions_as_formula(path, model.cfg.d_model)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
-        options.log_severity_level = 3
-        sessions = [ort.InferenceSession(str(graphs[g]), options, providers=["CPUExecutionProvider"])
-                    for g in ("encoder", "decoder")]
-        decoders[name] = OnnxDecoder(*sessions, pad_id=model.cfg.pad_id)
+        build_package(model, "fp32", folder / name / "package", tokenizer=tokenizer, work=folder / name)
+        decoders[name] = Translator(folder / name / "package", threads=1).decoder
     return decoders
 
 
 def _timed(ctx: StageContext, decoders: dict, sources: list[list[int]], gen: GenerationConfig, repeats: int,
            runtime: str) -> dict:
-    names = list(decoders)
-    sentence: dict[str, list[float]] = {n: [] for n in names}
-    step: dict[str, list[float]] = {n: [] for n in names}
-    lengths: dict[str, int] = dict.fromkeys(names, 0)
-    for dec in decoders.values():  # warm-up: first calls allocate
-        for src in sources[:2]:
-            greedy_search(dec, [src], gen)
-    with ctx.progress(f"latency unpruned vs pruned, {runtime}", total=repeats * len(sources),
+    token = np.array([gen.bos_id], dtype=np.int64)
+
+    def forced_steps(dec):
+        for _ in range(DECODER_STEPS):
+            dec.step(token, None)
+
+    with ctx.progress(f"latency unpruned vs pruned, {runtime}", total=2 * repeats * len(sources),
                       unit="sentences") as bar:
-        for r in range(repeats):
-            s_total = dict.fromkeys(names, 0.0)
-            d_total = dict.fromkeys(names, 0.0)
-            for j, src in enumerate(sources):
-                for name in (names if (r + j) % 2 == 0 else names[::-1]):
-                    dec = decoders[name]
-                    t0 = time.perf_counter()
-                    hyp = greedy_search(dec, [src], gen)[0]
-                    s_total[name] += time.perf_counter() - t0
-                    if r == 0:
-                        lengths[name] += len(hyp) + 1  # + </s>: one decoder step each
-                    dec.encode([src], 1)
-                    token = np.array([gen.bos_id], dtype=np.int64)
-                    t0 = time.perf_counter()
-                    for _ in range(DECODER_STEPS):
-                        dec.step(token, None)
-                    d_total[name] += time.perf_counter() - t0
-                bar.advance(1)
-            for name in names:
-                sentence[name].append(1000 * s_total[name] / len(sources))
-                step[name].append(1000 * d_total[name] / (len(sources) * DECODER_STEPS))
+        sentence = interleaved({name: (lambda src, d=d: greedy_search(d, [src], gen)[0])
+                                for name, d in decoders.items()}, sources, repeats=repeats, on_item=bar.advance)
+        step = interleaved({name: (lambda src, d=d: forced_steps(d)) for name, d in decoders.items()}, sources,
+                           repeats=repeats, on_item=bar.advance,
+                           prepare={name: (lambda src, d=d: d.encode([src], 1)) for name, d in decoders.items()})
     out: dict = {}
-    for name in names:
-        out[f"sentence_ms_{name}"] = round(statistics.median(sentence[name]), 3)
-        out[f"decoder_step_ms_{name}"] = round(statistics.median(step[name]), 4)
-        out[f"decoder_steps_per_sentence_{name}"] = round(lengths[name] / max(len(sources), 1), 2)
+    for name in decoders:
+        out[f"sentence_ms_{name}"] = sentence.median_ms(name)
+        out[f"decoder_step_ms_{name}"] = round(1000 * step.median_s(name) / DECODER_STEPS, 4)
+        lengths = sum(len(hyp) + 1 for hyp in sentence.outputs[name])  # + </s>: one decoder step each
+        out[f"decoder_steps_per_sentence_{name}"] = round(lengths / max(len(sources), 1), 2)
     if "unpruned" in decoders and "pruned" in decoders:
         out["sentence_speedup"] = round(out["sentence_ms_unpruned"] / out["sentence_ms_pruned"], 3)
         out["decoder_step_speedup"] = round(out["decoder_step_ms_unpruned"] / out["decoder_step_ms_pruned"], 3)

@@ -12,7 +12,6 @@ meets the tolerance the stage fails with that table instead of shipping a bad mo
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -27,9 +26,10 @@ from model.search import greedy_search, prepare_sources, translate_sentences
 from ..context import StageContext
 from ..corpus import read_split
 from ..errors import StageFailed
-from ..packaging import package_bytes, write_package
+from ..packaging import package_bytes, set_figures, write_package
 from ..recipe import QuantizeConfig
 from ..scoring import bleu_only
+from ..timing import interleaved
 
 CALIBRATION_BATCH = 16
 _PRECISION = {
@@ -104,15 +104,13 @@ def run(ctx: StageContext) -> dict:
         folder = ctx.out / variant
         about = _about(fp32.package, variant, result["float_groups"], metrics.get("calibration"), cfg,
                        graphs["decoder"])
-        # Written twice: the figures (bytes with generate.onnx, latency of the package) need the package.
         meta = write_package(folder, graphs["encoder"], graphs["decoder"], fp32_dir / "tokenizer.json",
                              generation, about)
         report["onnx_bytes"] = meta["onnx_bytes"]
         report["bytes_ratio"] = round(meta["onnx_bytes"] / metrics["fp32_onnx_bytes"], 4)
         if cfg.latency_sentences:
             report.update(latency_vs_fp32(fp32_dir, folder, valid_src[: cfg.latency_sentences], ctx, variant))
-        write_package(folder, folder / "encoder.onnx", folder / "decoder.onnx", folder / "tokenizer.json",
-                      generation, about, _figures(report, fp32_bleu, n_guard))
+        set_figures(folder, _figures(report, fp32_bleu, n_guard))  # bytes and latency need the package first
         report["package_bytes"] = package_bytes(folder)
         metrics["variants"][variant] = report
         ctx.log(f"{variant}: BLEU {report['bleu']:.2f} (fp32 {fp32_bleu:.2f}), float groups: "
@@ -193,20 +191,12 @@ def latency_vs_fp32(fp32_package: Path, package: Path, sentences: list[str], ctx
     user runs it (Translator), interleaved sentence by sentence so that machine load hits both."""
     translators = {"fp32": Translator(fp32_package, threads=1), variant: Translator(package, threads=1)}
     sentences = [s for s in sentences if s.strip()]
-    for translator in translators.values():  # warm-up
-        translator.translate(sentences[:2], beam=1, max_batch=1)
-    seconds = dict.fromkeys(translators, 0.0)
+    contestants = {name: (lambda sentence, t=t: t.translate([sentence], beam=1, max_batch=1))
+                   for name, t in translators.items()}
     with ctx.progress(f"{variant} batch-1 latency", total=len(sentences), unit="sentences") as bar:
-        for sentence in sentences:
-            for name, translator in translators.items():
-                t0 = time.perf_counter()
-                translator.translate([sentence], beam=1, max_batch=1)
-                seconds[name] += time.perf_counter() - t0
-            bar.advance(1)
-    n = max(len(sentences), 1)
-    return {"latency_ms_fp32": round(1000 * seconds["fp32"] / n, 2),
-            "latency_ms": round(1000 * seconds[variant] / n, 2),
-            "latency_ratio": round(seconds[variant] / seconds["fp32"], 3) if seconds["fp32"] else None,
+        timed = interleaved(contestants, sentences, on_item=bar.advance)
+    return {"latency_ms_fp32": timed.median_ms("fp32", 2), "latency_ms": timed.median_ms(variant, 2),
+            "latency_ratio": timed.ratio(variant, "fp32"), "latency_threads": 1,
             "latency_sentences": len(sentences), "latency_search": translators[variant].search}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from model.tokenizer import SubwordTokenizer
+from model.subword import SubwordTokenizer
 
 from ..context import StageContext
 from ..corpus import read_split

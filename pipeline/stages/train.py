@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from model.tokenizer import SubwordTokenizer
+from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig, load_model, save_model
 
 from ..context import StageContext
@@ -23,7 +23,7 @@ from ..distributed import launch, launch_alone, worker_main, world_size
 from ..errors import UserInputError
 from ..machine import usable_cores
 from ..recipe import TrainConfig, TrainNode, dump_config
-from ..training import Trainer, ValidationSet, encode_corpus
+from ..train_loop import Trainer, ValidationSet, encode_corpus
 
 
 def run(ctx: StageContext) -> dict:

@@ -13,7 +13,6 @@ to stderr; so memory stays bounded whatever one line holds.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import warnings
@@ -24,7 +23,7 @@ from .context import console
 from .corpus import DEFAULT_MAX_LINE_BYTES, normalize
 from .errors import IntegrityError, UserInputError
 from .store import MANIFEST, Store
-from .translators import is_onnx_package, is_torch_model, load_translator
+from .model_loading import is_onnx_package, is_torch_model, load_translator
 
 DEFAULT_PACKAGES = ("int8_dynamic", "fp32", "int8_static", "fp16")
 # Every character str.splitlines() ends a line at: none may reach an output line.

@@ -1,6 +1,6 @@
 """One benchmark measurement: one model, one runtime, one device, one thread count, in its own process.
 
-The benchmark stage runs `python -m pipeline.benchmarking JOB.json` once per measurement, so
+The benchmark stage runs `python -m pipeline.measurement JOB.json` once per measurement, so
 that every measurement starts from a fresh process: the thread count is set before any runtime
 starts its thread pool (torch's cannot always be re-sized after first use), and the peak RSS is
 that of this model alone. The process writes RESULT.json (the job's "result" path) and exits.
@@ -22,34 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+from .timing import percentiles, until_stable
 
 WARMUP_SENTENCES = 3
 BEAM = 4  # the "beam4_b1" latency of the report
-
-
-def percentiles(values: list[float]) -> dict:
-    """p50 / p90 / p99 in milliseconds (linear interpolation, as numpy does), and the mean:
-    1000 / mean is the sentences per second of one client translating one sentence at a time."""
-    ms = np.asarray(values) * 1000.0
-    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
-    return {"p50": round(float(p50), 3), "p90": round(float(p90), 3), "p99": round(float(p99), 3),
-            "mean": round(float(ms.mean()), 3)}
-
-
-def until_stable(one_pass, min_repeats: int, max_repeats: int, within: float) -> tuple[list[float], list[float]]:
-    """Run `one_pass()` (a list of numbers) until two consecutive passes' medians differ by less
-    than `within` (relative), at least `min_repeats` and at most `max_repeats` times.
-    Returns (all values pooled, each pass's median)."""
-    pooled, medians = [], []
-    for repeat in range(max(max_repeats, min_repeats)):
-        values = one_pass()
-        pooled += values
-        medians.append(statistics.median(values))
-        if repeat + 1 >= min_repeats and len(medians) >= 2 and \
-                abs(medians[-1] - medians[-2]) <= within * abs(medians[-2]):
-            break
-    return pooled, medians
 
 
 def peak_rss_mb() -> float:
@@ -101,7 +77,7 @@ def open_translator(job: dict):
 
         if device == "cuda" and not torch.cuda.is_available():
             raise Skip(f"torch {torch.__version__} has no CUDA here")
-    from pipeline.translators import load_translator
+    from pipeline.model_loading import load_translator
 
     translator = load_translator(folder, job.get("package"), device=device, threads=threads)
     if runtime == "onnxruntime" and getattr(translator, "device", device) != device:

@@ -1,0 +1,135 @@
+"""The one path from a PyTorch model to a package (pipeline/package_builder.py), figures written
+into a finished package, and the interleaved timer every in-process comparison uses."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import json
+import shutil
+import time
+
+import onnx
+import pytest
+import torch
+
+from model.runtime import Translator
+from model.search import greedy_search
+from model.subword import SubwordTokenizer
+from model.torch_decoder import TorchDecoder
+from model.transformer import Transformer, TransformerConfig
+from pipeline.package_builder import build_package, float32_graphs, variant_graphs
+from pipeline.packaging import set_figures
+from pipeline.timing import interleaved
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, data_dir):
+    folder = tmp_path_factory.mktemp("build")
+    def lines(lang):
+        with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            return [next(f).strip() for _ in range(300)]
+    en, fr = lines("en"), lines("fr")
+    tokenizer = SubwordTokenizer.train(en[:300] + fr[:300], vocab_size=200)
+    tokenizer.save(folder / "tokenizer.json")
+    torch.manual_seed(3)
+    cfg = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, head_dim=8, enc_heads=[4, 2],
+                            dec_self_heads=[2, 1], dec_cross_heads=[4, 4], enc_ffn=[64, 48], dec_ffn=[48, 64],
+                            max_positions=64, dropout=0.0)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():  # sharper outputs than the init gives: fewer near-ties between runtimes
+        for p in model.parameters():
+            p.mul_(1.5)
+    packages = {p: folder / p for p in ("fp32", "fp16", "int8_dynamic")}
+    for precision, dest in packages.items():
+        build_package(model, precision, dest, tokenizer=folder / "tokenizer.json", work=folder / "work" / precision)
+    return model, tokenizer, packages, en[:12]
+
+
+def test_fp32_package_decodes_as_pytorch_does(built):
+    model, tokenizer, packages, sentences = built
+    translator = Translator(packages["fp32"], threads=1)  # verifies every file's digest
+    sources = [ids + [model.cfg.eos_id] for ids in tokenizer.encode(sentences)]
+    gen = dataclasses.replace(translator.generation, beam=1)
+    assert translator.search == "graph"
+    assert greedy_search(translator.decoder, sources, gen) == greedy_search(TorchDecoder(model), sources, gen)
+    assert translator.graph_search(sources, gen) == greedy_search(TorchDecoder(model), sources, gen)
+
+
+def test_each_precision_is_what_its_name_says(built):
+    _, _, packages, sentences = built
+    meta = {p: json.loads((folder / "package.json").read_text()) for p, folder in packages.items()}
+    assert {p: m["variant"] for p, m in meta.items()} == {p: p for p in packages}
+    assert meta["int8_dynamic"]["onnx_bytes"] < 0.6 * meta["fp32"]["onnx_bytes"]
+
+    def op_types(folder, graph):
+        return {n.op_type for n in onnx.load(str(folder / graph), load_external_data=False).graph.node}
+
+    assert "MatMulNBits" in op_types(packages["int8_dynamic"], "decoder.onnx")
+    assert "MatMulNBits" not in op_types(packages["fp32"], "decoder.onnx")
+    fp16 = onnx.load(str(packages["fp16"] / "decoder.onnx"))
+    assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in fp16.graph.initializer)
+    # The fp32 graphs compute the position table; the fp16 ones keep it as a table (in float16 the
+    # formula's angles would lose their precision), whichever precision was built first.
+    assert "Sin" in op_types(packages["fp32"], "decoder.onnx")
+    assert "Sin" not in op_types(packages["fp16"], "decoder.onnx")
+    for precision in packages:
+        assert len(Translator(packages[precision], threads=1).translate(sentences[:2], beam=2)) == 2
+
+
+def test_variant_graphs_leave_the_float32_graphs_as_they_were(tmp_path):
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(vocab_size=50, d_model=16, head_dim=8, enc_heads=[2], dec_self_heads=[2],
+                                          dec_cross_heads=[2], enc_ffn=[32], dec_ffn=[32], max_positions=32)).eval()
+    graphs, done = float32_graphs(model, tmp_path)
+    assert done["tied_embedding"]
+
+    def digests():
+        return {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in graphs.items()}
+
+    before = digests()
+    fp32, fp32_done = variant_graphs(graphs, "fp32", tmp_path, model.cfg.d_model)
+    assert fp32_done["positions_as_formula"] == {"encoder": True, "decoder": True}
+    variant_graphs(graphs, "int8_dynamic", tmp_path, model.cfg.d_model)
+    assert digests() == before
+    assert all(path.parent == tmp_path / "fp32" for path in fp32.values())
+    with pytest.raises(ValueError, match="unknown precision 'int4'"):
+        variant_graphs(graphs, "int4", tmp_path, model.cfg.d_model)
+
+
+def test_set_figures_changes_the_card_and_manifest_only(built, tmp_path):
+    _, _, packages, sentences = built
+    folder = tmp_path / "pkg"
+    shutil.copytree(packages["fp32"], folder)
+    before = json.loads((folder / "package.json").read_text())
+    after = set_figures(folder, {"validation BLEU": "12.34"})
+    assert after["figures"] == {"validation BLEU": "12.34"}
+    assert "- validation BLEU: 12.34" in (folder / "MODEL_CARD.md").read_text()
+    changed = {f for f in before["files"] if before["files"][f] != after["files"][f]}
+    assert changed == {"MODEL_CARD.md"}
+    assert {k: v for k, v in after.items() if k not in ("files", "figures", "created")} == \
+        {k: v for k, v in before.items() if k not in ("files", "figures", "created")}
+    assert len(Translator(folder, threads=1).translate(sentences[:1])) == 1  # digests still verify
+
+
+def test_interleaved_alternates_warms_up_and_times_only_the_call():
+    calls: list[str] = []
+
+    def contestant(name, cost):
+        def run(item):
+            calls.append(f"{name}{item}")
+            time.sleep(cost)
+            return item * 10
+        return run
+
+    slept = []
+    timed = interleaved({"a": contestant("a", 0.0), "b": contestant("b", 0.02)}, [1, 2, 3], repeats=2, warmup=1,
+                        prepare={"a": lambda item: (slept.append(item), time.sleep(0.03))})
+    # Warm-up on the first item each, then turn about with the order alternating per item and per repeat.
+    assert calls == ["a1", "b1", "a1", "b1", "b2", "a2", "a3", "b3", "b1", "a1", "a2", "b2", "b3", "a3"]
+    assert slept == [1, 1, 2, 3, 1, 2, 3]
+    assert timed.outputs == {"a": [10, 20, 30], "b": [10, 20, 30]}  # the first repeat's
+    assert len(timed.seconds["a"]) == 2
+    assert timed.median_s("a") < 0.01 <= 0.019 <= timed.median_s("b")  # prepare's 30 ms are not timed
+    assert timed.ratio("a", "b") < 0.5
