@@ -15,6 +15,7 @@ from rich.table import Table
 
 from .errors import UserInputError
 from .recipe import load_recipe
+from .report_rows import ReportRow, figures
 from .store import Store
 
 
@@ -87,13 +88,14 @@ def _num(value, fmt: str) -> str:
 
 
 def report_table(report: dict) -> Table:
+    rows: list[ReportRow] = report["rows"]
     b = report.get("benchmark") or {}
     table = Table(title=f"BLEU against latency ({b.get('sentences')} sentences of {b.get('test_set')}, "
                         f"throughput at batch {b.get('batch_size')})", title_justify="left")
     for col in ("variant", "runtime", "device", "type", "thr", "BLEU", "chrF", "greedy p50 ms", "p90", "p99",
                 "beam4 p50 ms", "sent/s", "size MB", "params", "heads", "speedup", "Pareto"):
         table.add_column(col, justify="left" if col in ("variant", "runtime", "device", "type") else "right")
-    for r in report["rows"]:
+    for r in rows:
         if r["skipped"]:
             continue  # listed under the table, where the reason has room
         head = [r["variant"], r["runtime"], r["device"], r["compute_type"]]
@@ -150,19 +152,10 @@ def compare_runs(store: Store, run_a: str, run_b: str) -> dict:
 
 def compare_rows(a: dict, b: dict) -> list[dict]:
     """Per row name (variant x runtime x device): the figures of A and B side by side."""
-    def figures(row: dict | None) -> dict | None:
-        if row is None:
-            return None
-        if row["skipped"]:
-            return {"skipped": row["skipped"]}
-        return {"bleu": row["bleu"], "greedy_p50_ms": row["latency_ms"]["greedy_b1"]["p50"],
-                "beam4_p50_ms": row["latency_ms"]["beam4_b1"]["p50"], "sent_per_s": row["throughput"]["sent_per_s"],
-                "bytes": row["bytes"], "threads": row["threads"]}
-
     by_a, by_b = ({r["name"]: r for r in rep["rows"]} for rep in (a, b))
     out = []
     for name in dict.fromkeys([*by_a, *by_b]):
-        fa, fb = figures(by_a.get(name)), figures(by_b.get(name))
+        fa, fb = (figures(row) if row else None for row in (by_a.get(name), by_b.get(name)))
         entry = {"name": name, "a": fa, "b": fb}
         if fa and fb and "skipped" not in fa and "skipped" not in fb:
             entry["bleu_delta"] = None if fa["bleu"] is None or fb["bleu"] is None else round(fb["bleu"] - fa["bleu"], 2)

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from pipeline.recipe import BenchmarkNode, ReportTargets
-from pipeline.report import compare_runs, show_latest
+from pipeline.report_rows import ReportRow, missing_keys
+from pipeline.report_viewer import compare_runs, show_latest
 from pipeline.stages.benchmark import pick_best, thread_counts
 from pipeline.scoring import bleu_only, paired_bootstrap
 from pipeline.stages.report import bleu_uncertainty, markdown, pareto_front, step_lines, targets
@@ -135,6 +136,11 @@ def test_report_files(built):
         assert {"p50", "p90", "p99"} <= set(row["latency_ms"]["greedy_b1"])
         assert {"sent_per_s", "tok_per_s", "batch"} <= set(row["throughput"])
         assert isinstance(row["pareto"], bool)
+    # Every key a row carries is declared (and so documented) in ReportRow; a dropped one is named.
+    assert set().union(*report["rows"]) <= set(ReportRow.__annotations__)
+    assert missing_keys(report) == []
+    broken = {**report, "rows": [{k: v for k, v in report["rows"][0].items() if k != "bleu"}]}
+    assert missing_keys(broken) == [f"rows[{report['rows'][0]['name']}].bleu"]
     teacher = next(r for r in report["rows"] if r["name"] == "teacher")
     assert teacher["vs_teacher"]["greedy_b1_speedup"] == 1.0 and teacher["vs_teacher"]["bytes_ratio"] == 1.0
     assert any(r["pareto"] for r in report["rows"])

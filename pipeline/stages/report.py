@@ -4,10 +4,10 @@ One row per benchmark row (variant x runtime x device), joined with the BLEU / c
 evaluate artifact (the CTranslate2 rows bring their own: the benchmark scored them), with ratios
 against the teacher in PyTorch on the CPU, the Pareto front marked, and recommendation lines.
 
-report.json is an interface others script against; its keys are documented in REPORT_KEYS and
-only ever added to. Its "run" is null here: an artifact is shared by every run that reuses it, so
-the stage cannot know a run id; `pipeline report` fills it in when showing the file (the latest
-run whose log lists this report artifact).
+report.json is an interface others script against; its keys are documented in
+pipeline/report_rows.py and only ever added to. Its "run" is null here: an artifact is shared by
+every run that reuses it, so the stage cannot know a run id; `pipeline report` fills it in when
+showing the file (the latest run whose log lists this report artifact).
 """
 
 from __future__ import annotations
@@ -21,14 +21,10 @@ from ..context import StageContext
 from ..corpus import read_split
 from ..errors import StageFailed
 from ..recipe import ReportNode, ReportTargets
+from ..report_rows import ReportRow, missing_keys
 from ..scoring import paired_bootstrap
 
 TEACHER = "teacher"  # the row every ratio is taken against: the teacher in PyTorch on the CPU
-# What report.json promises (others script against it): keys may be added, never renamed.
-REPORT_KEYS = ("recipe", "run", "machine", "rows")
-MACHINE_KEYS = ("cpu", "cores", "gpu", "versions")
-ROW_KEYS = ("variant", "runtime", "device", "compute_type", "params", "heads", "bytes", "bleu", "chrf",
-            "latency_ms", "throughput", "skipped")
 
 
 def run(ctx: StageContext) -> dict:
@@ -77,10 +73,7 @@ def run(ctx: StageContext) -> dict:
 
 
 def check_schema(report: dict) -> None:
-    missing = [k for k in REPORT_KEYS if k not in report] + [f"machine.{k}" for k in MACHINE_KEYS
-                                                             if k not in (report["machine"] or {})]
-    for row in report["rows"]:
-        missing += [f"rows[{row['name']}].{k}" for k in ROW_KEYS if k not in row]
+    missing = missing_keys(report)
     if missing:
         raise StageFailed(f"report.json would lack promised keys: {', '.join(missing[:5])}")
 
@@ -224,7 +217,7 @@ def mark_cut_rows(rows: list[dict], training: dict) -> None:
         row["training_cut"] = "; ".join(cuts) or None
 
 
-def report_row(row: dict, evaluations: dict) -> dict:
+def report_row(row: dict, evaluations: dict) -> ReportRow:
     """A benchmark row with its quality figures and the keys report.json promises."""
     out = {k: row.get(k) for k in ("name", "variant", "runtime", "device", "compute_type", "threads", "params",
                                    "heads", "bytes", "latency_ms", "throughput", "peak_rss_mb", "gpu_mem_mb",

@@ -1,0 +1,83 @@
+"""A report row: one model on one runtime, device and thread count, with its quality and speed.
+
+The benchmark stage measures the speed part, the report stage (pipeline/stages/report.py) joins
+the quality part and the ratios, and `pipeline report` (pipeline/report_viewer.py) shows and
+compares rows. report.json is an interface others script against: keys may be added, never
+renamed; the required ones below are checked before a report is written.
+"""
+
+from __future__ import annotations
+
+from typing import NotRequired, TypedDict
+
+
+class Latency(TypedDict):
+    """Milliseconds per sentence at batch 1 (pipeline.timing.percentiles)."""
+
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+
+
+class Throughput(TypedDict):
+    sent_per_s: float
+    tok_per_s: float
+    batch: int
+    beam: int
+
+
+class ReportRow(TypedDict):
+    name: str  # variant, or variant_<runtime> / variant_cuda: unique within a report
+    variant: str  # teacher, student, pruned, int8_dynamic, ...
+    runtime: str  # torch, onnxruntime, ctranslate2
+    device: str  # cpu, cuda
+    compute_type: str
+    threads: int | None
+    params: int | None
+    heads: int | None
+    bytes: int | None
+    bleu: float | None  # beam (bleu_beam), on the benchmark's test set
+    chrf: float | None
+    latency_ms: dict[str, Latency] | None  # greedy_b1, beam4_b1
+    throughput: Throughput | None
+    skipped: str | None  # why the row was not measured here; None when it was
+    bleu_greedy: NotRequired[float | None]
+    chrf_greedy: NotRequired[float | None]
+    bleu_beam: NotRequired[int | None]
+    bleu_source: NotRequired[str | None]  # which artifact (or runtime) scored it, on what
+    note: NotRequired[str | None]
+    source: NotRequired[str | None]
+    artifact: NotRequired[str | None]
+    paired: NotRequired[dict | None]
+    breakdown: NotRequired[dict | None]
+    peak_rss_mb: NotRequired[float | None]
+    gpu_mem_mb: NotRequired[float | None]
+    parity: NotRequired[str]
+    vs_teacher: NotRequired[dict | None]  # ratios against the teacher in PyTorch on the CPU
+    pareto: NotRequired[bool]  # on the greedy BLEU / latency front
+    pareto_beam4: NotRequired[bool]
+    training_cut: NotRequired[str | None]  # "teacher cut by time at step N of M" where a cap cut a training
+
+
+REPORT_KEYS = ("recipe", "run", "machine", "rows")
+MACHINE_KEYS = ("cpu", "cores", "gpu", "versions")
+ROW_KEYS = tuple(k for k in ReportRow.__annotations__ if k in ReportRow.__required_keys__)
+
+
+def missing_keys(report: dict) -> list[str]:
+    """The promised keys a report lacks, as report.json paths."""
+    missing = [k for k in REPORT_KEYS if k not in report]
+    missing += [f"machine.{k}" for k in MACHINE_KEYS if k not in (report.get("machine") or {})]
+    for row in report.get("rows", []):
+        missing += [f"rows[{row.get('name')}].{k}" for k in ROW_KEYS if k not in row]
+    return missing
+
+
+def figures(row: ReportRow) -> dict:
+    """What two runs' rows are compared on: BLEU, batch-1 latency, throughput, size, threads."""
+    if row["skipped"]:
+        return {"skipped": row["skipped"]}
+    return {"bleu": row["bleu"], "greedy_p50_ms": row["latency_ms"]["greedy_b1"]["p50"],
+            "beam4_p50_ms": row["latency_ms"]["beam4_b1"]["p50"], "sent_per_s": row["throughput"]["sent_per_s"],
+            "bytes": row["bytes"], "threads": row["threads"]}
