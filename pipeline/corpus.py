@@ -4,9 +4,11 @@ a line, the two files of a split line-aligned."""
 
 from __future__ import annotations
 
+import random
 import re
 import unicodedata
 from pathlib import Path
+from typing import Callable, Iterable, Iterator
 
 # The longest input line `pipeline translate` reads by default (bytes); a longer one is cut.
 DEFAULT_MAX_LINE_BYTES = 16384
@@ -22,10 +24,43 @@ def normalize(line: str, nfc: bool = True) -> str:
     return _SPACES.sub(" ", line).strip()
 
 
-def write_lines(path: Path, lines: list[str]) -> None:
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        for line in lines:
-            f.write(line + "\n")
+def write_pairs(src_path: Path, tgt_path: Path, pairs: Iterable[tuple[str, str]],
+                on_pair: Callable[[int], None] | None = None, every: int = 10_000) -> int:
+    """Write a split's two files as the pairs come; returns how many. `on_pair(n)` reports
+    progress every `every` pairs and at the end."""
+    written = 0
+    with open(src_path, "w", encoding="utf-8", newline="\n") as src, \
+            open(tgt_path, "w", encoding="utf-8", newline="\n") as tgt:
+        for s, t in pairs:
+            src.write(s + "\n")
+            tgt.write(t + "\n")
+            written += 1
+            if on_pair and written % every == 0:
+                on_pair(every)
+    if on_pair and written % every:
+        on_pair(written % every)
+    return written
+
+
+def split_lines(folder: Path, name: str, side: str) -> Iterator[str]:
+    """One side ('src' or 'tgt') of a split, line by line, without holding the file."""
+    with open(folder / f"{name}.{side}", encoding="utf-8", newline="\n") as f:
+        for line in f:
+            yield line[:-1] if line.endswith("\n") else line
+
+
+def reservoir_sample(items: Iterable[str], size: int, rng: random.Random) -> list[str]:
+    """A uniform sample of `size` items from a stream of unknown length, holding only the
+    sample (Vitter's algorithm R), in stream order of arrival into the reservoir."""
+    sample: list[str] = []
+    for seen, item in enumerate(items):
+        if seen < size:
+            sample.append(item)
+        else:
+            slot = rng.randint(0, seen)
+            if slot < size:
+                sample[slot] = item
+    return sample
 
 
 def read_split(folder: Path, name: str) -> tuple[list[str], list[str]]:

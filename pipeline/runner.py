@@ -336,7 +336,9 @@ def _build(node: Node, record: dict, built: dict, store: Store, nproc: int, run_
             metrics = run_stage(ctx) or {}
         except PipelineError as exc:
             record.update(action="failed", error=str(exc), duration_s=round(time.monotonic() - t0, 3))
-            raise PipelineError(f"stage {node.name} failed: {exc}") from exc
+            failed = PipelineError(f"stage {node.name} failed: {exc}")
+            failed.exit_code = exc.exit_code  # bad input (a data file, say) stays exit 2
+            raise failed from exc
         except (KeyboardInterrupt, MemoryError):
             raise
         except Exception as exc:

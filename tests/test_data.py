@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import http.server
+import lzma
+import re
 import shutil
 import threading
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from pipeline.corpus import reservoir_sample
+from pipeline.corpus_files import MAX_LINE_BYTES, text_lines
 from pipeline.errors import DataError
-from pipeline.recipe import CleanConfig, DataConfig
+from pipeline.recipe import CleanConfig, DataConfig, FileSplit
 from pipeline.stages import data as data_stage
 
 
@@ -95,46 +101,130 @@ def test_offline_without_files_says_where_to_put_them(monkeypatch):
         data_stage.locate_multi30k(multi30k_config(url="http://127.0.0.1:9/none"), WANTED)
 
 
-def test_user_files_plain_tsv_and_gz(tmp_path):
+def _pairs(split):
+    pairs, _ = data_stage.pairs_of(split)
+    return [list(side) for side in zip(*pairs)]
+
+
+def test_user_files_plain_tsv_and_compressed(tmp_path):
     (tmp_path / "a.en").write_text("Hello world\nA cat .\n", encoding="utf-8")
     with gzip.open(tmp_path / "a.fr.gz", "wt", encoding="utf-8") as f:
         f.write("Bonjour le monde\nUn chat .\n")
     (tmp_path / "v.tsv").write_text("One\tUn\nTwo\tDeux\n", encoding="utf-8")
-    from pipeline.recipe import FileSplit
-
-    src, tgt, _ = data_stage.read_pair(FileSplit(src=str(tmp_path / "a.en"), tgt=str(tmp_path / "a.fr.gz")))
+    src, tgt = _pairs(FileSplit(src=str(tmp_path / "a.en"), tgt=str(tmp_path / "a.fr.gz")))
     assert src == ["Hello world", "A cat ."] and tgt[0] == "Bonjour le monde"
-    src, tgt, _ = data_stage.read_pair(FileSplit(tsv=str(tmp_path / "v.tsv")))
-    assert (src, tgt) == (["One", "Two"], ["Un", "Deux"])
+    assert _pairs(FileSplit(tsv=str(tmp_path / "v.tsv"))) == [["One", "Two"], ["Un", "Deux"]]
+    # .xz and .bz2 as they come; a BOM and CRLF line ends are not part of the text.
+    text = "\ufeffOne\tUn\r\nTwo\tDeux\r\n".encode("utf-8")
+    (tmp_path / "v.tsv.xz").write_bytes(lzma.compress(text))
+    (tmp_path / "v.tsv.bz2").write_bytes(bz2.compress(text))
+    for name in ("v.tsv.xz", "v.tsv.bz2"):
+        assert _pairs(FileSplit(tsv=str(tmp_path / name))) == [["One", "Two"], ["Un", "Deux"]]
 
 
 @pytest.mark.parametrize("content,message", [
-    (b"ok\n\xff\xfebad\n", r"line 2: not valid UTF-8"),
+    (b"ok\n\xff\xfebad\n", r"line 2: not valid UTF-8 \(byte 0xff at column 1\)"),
     (b"", "file is empty"),
-    (b"\x00\x01\x02binary", "binary data"),
+    (b"fine\n\x00\x01\x02binary", r"line 2: NUL bytes: binary data"),
+    (b"a" * (MAX_LINE_BYTES + 10), r"line 1: longer than 1 MiB"),
 ])
-def test_bad_files_are_named(tmp_path, content, message):
+def test_bad_files_are_named_with_the_line(tmp_path, content, message):
     path = tmp_path / "bad.txt"
     path.write_bytes(content)
-    with pytest.raises(DataError, match=f"{path}: .*{message}" if message != "file is empty" else message):
-        data_stage.read_text_lines(path)
+    with pytest.raises(DataError, match=f"{re.escape(str(path))}: .*{message}"):
+        list(text_lines(path))
+
+
+def test_a_damaged_compressed_file_is_named(tmp_path):
+    path = tmp_path / "cut.gz"
+    whole = gzip.compress("".join(f"line {i * 7919 % 10007}\n" for i in range(20000)).encode())
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(DataError, match=r"cut\.gz: after line \d+: cannot read the gzip data"):
+        list(text_lines(path))
 
 
 def test_mismatched_line_counts_name_both_files(tmp_path):
-    from pipeline.recipe import FileSplit
-
     (tmp_path / "s").write_text("a\nb\nc\n")
     (tmp_path / "t").write_text("a\nb\n")
     with pytest.raises(DataError, match=r"s has 3 lines but .*t has 2"):
-        data_stage.read_pair(FileSplit(src=str(tmp_path / "s"), tgt=str(tmp_path / "t")))
-    (tmp_path / "x.tsv").write_text("a\tb\nno tab here\n")
-    with pytest.raises(DataError, match=r"x\.tsv: line 2: expected 2 tab-separated fields"):
-        data_stage.read_pair(FileSplit(tsv=str(tmp_path / "x.tsv")))
+        _pairs(FileSplit(src=str(tmp_path / "s"), tgt=str(tmp_path / "t")))
+    with pytest.raises(DataError, match=r"t has 2 lines but .*s has 3"):
+        _pairs(FileSplit(src=str(tmp_path / "t"), tgt=str(tmp_path / "s")))
+    for bad in ("no tab here", "a\tb\tc"):
+        (tmp_path / "x.tsv").write_text(f"a\tb\n{bad}\n")
+        with pytest.raises(DataError, match=r"x\.tsv: line 2: expected 2 tab-separated fields"):
+            _pairs(FileSplit(tsv=str(tmp_path / "x.tsv")))
+    with pytest.raises(DataError, match=r"nowhere\.tsv: file not found"):
+        data_stage.pairs_of(FileSplit(tsv=str(tmp_path / "nowhere.tsv")))  # before any reading
 
 
 def test_cleaning_counts_what_it_drops():
     src = ["A cat.", "A cat.", "", "one two three four five six seven eight nine ten", "Cafe\u0301\tbar", "x " * 120]
     tgt = ["Un chat.", "Un chat.", "vide", "un", "Café bar", "y " * 120]
-    s, t, dropped = data_stage.clean_pairs(src, tgt, CleanConfig(max_words=100, max_ratio=3.0))
-    assert s == ["A cat.", "Café bar"] and t == ["Un chat.", "Café bar"]
+    dropped = Counter()
+    kept = list(data_stage.clean_pairs(zip(src, tgt), CleanConfig(max_words=100, max_ratio=3.0), dropped))
+    assert kept == [("A cat.", "Un chat."), ("Café bar", "Café bar")]
     assert dropped == {"duplicate": 1, "empty": 1, "length_ratio": 1, "too_long": 1}
+
+
+def test_reservoir_sample_is_uniform_bounded_and_seeded():
+    import random
+
+    sample = reservoir_sample(map(str, range(1000)), 100, random.Random(0))
+    assert len(sample) == 100 == len(set(sample))
+    assert sample == reservoir_sample(map(str, range(1000)), 100, random.Random(0))
+    assert sum(int(x) >= 500 for x in sample) in range(35, 66)  # both halves of the stream drawn from
+    assert reservoir_sample(["a", "b"], 5, random.Random(0)) == ["a", "b"]
+
+
+# ------------------------------------------------------------------ a user's corpus, end to end
+def _files_recipe(tmp_path, train: Path, name: str = "own") -> Path:
+    valid = tmp_path / "valid.tsv"
+    valid.write_text("".join(f"valid sentence {i} .\tphrase de validation {i} .\n" for i in range(20)))
+    recipe = tmp_path / f"{name}.yaml"
+    recipe.write_text(f"name: {name}\ndata:\n  source: files\n  files: {{train: {{tsv: {train}}}, "
+                      f"valid: {{tsv: {valid}}}}}\n")
+    return recipe
+
+
+def _peak_rss_mb(args: list[str], store: Path) -> tuple[int, float, str]:
+    """Run the CLI in a fresh process; its peak RSS as the kernel accounted it (wait4)."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args, "--store", str(store)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 1024, proc.stderr.read().decode()
+
+
+def test_a_bad_line_in_a_users_corpus_fails_the_run_with_one_line_and_leaves_nothing(tmp_path):
+    train = tmp_path / "train.tsv"
+    train.write_text("".join(f"a cat {i} .\tun chat {i} .\n" for i in range(500)) + "three\tcolumns\there\n")
+    code, _, err = _peak_rss_mb(["run", str(_files_recipe(tmp_path, train)), "--until", "data"], tmp_path / "s")
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(lines) == 1, err
+    assert f"{train}: line 501: expected 2 tab-separated fields" in lines[0]
+    assert not list((tmp_path / "s" / "objects").glob("data-*"))  # nothing half-written in the store
+
+
+def test_the_data_stage_streams_memory_does_not_grow_with_the_corpus(tmp_path, data_dir):
+    """Ten times the pairs, about the same peak memory: only the 8-byte digests of kept pairs
+    are held (holding the text, as the stage once did, costs ~100 MB more at 300k pairs)."""
+    with gzip.open(data_dir / "multi30k" / "train.en.gz", "rt") as en, gzip.open(data_dir / "multi30k" / "train.fr.gz",
+                                                                               "rt") as fr:
+        pairs = [(s.strip(), t.strip()) for s, t in zip(en, fr)]
+    peaks = {}
+    for n in (30_000, 300_000):
+        train = tmp_path / f"train{n}.tsv"
+        with open(train, "w", encoding="utf-8") as f:
+            for i in range(n):
+                s, t = pairs[i % len(pairs)]
+                f.write(f"{s} #{i}\t{t} #{i}\n")
+        code, peaks[n], err = _peak_rss_mb(["run", str(_files_recipe(tmp_path, train, f"own{n}")), "--until", "data"],
+                                           tmp_path / f"s{n}")
+        assert code == 0, err
+    kept = (tmp_path / "s300000" / "objects").glob("data-*/train.src")
+    assert sum(1 for _ in open(next(kept), encoding="utf-8")) == 300_000
+    assert peaks[300_000] - peaks[30_000] < 40, peaks

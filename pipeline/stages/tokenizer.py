@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from model.subword import SubwordTokenizer
 
 from ..context import StageContext
-from ..corpus import read_split
+from ..corpus import read_split, reservoir_sample, split_lines
 from ..recipe import TokenizerConfig
 
 
 def run(ctx: StageContext) -> dict:
     cfg: TokenizerConfig = ctx.settings
     data = ctx.input("data").path
-    src, tgt = read_split(data, "train")
-    sentences = src + tgt
-    if cfg.max_sentences is not None and len(sentences) > cfg.max_sentences:
-        sentences = random.Random(0).sample(sentences, cfg.max_sentences)
-    ctx.log(f"training a {cfg.kind} tokenizer ({cfg.vocab_size} pieces) on {len(sentences)} sentences")
-    tok = SubwordTokenizer.train(sentences, cfg.vocab_size, cfg.kind, count=len(sentences))
+    # Both sides, streamed from the files (the corpus is never held whole); a sample of
+    # `max_sentences` where the recipe asks for one, drawn in one pass.
+    total = 2 * ctx.input("data").metrics["train_pairs"]
+    sentences = itertools.chain(split_lines(data, "train", "src"), split_lines(data, "train", "tgt"))
+    if cfg.max_sentences is not None and total > cfg.max_sentences:
+        sentences, total = reservoir_sample(sentences, cfg.max_sentences, random.Random(0)), cfg.max_sentences
+    ctx.log(f"training a {cfg.kind} tokenizer ({cfg.vocab_size} pieces) on {total} sentences")
+    tok = SubwordTokenizer.train(sentences, cfg.vocab_size, cfg.kind, count=total)
     tok.save(ctx.out / "tokenizer.json")
 
     valid_src, valid_tgt = read_split(data, "valid")
