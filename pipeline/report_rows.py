@@ -6,8 +6,7 @@ compares rows. report.json is an interface others script against: keys may be ad
 renamed; the required ones below are checked before a report is written.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: TypedDict must see NotRequired itself, not a string.
 from typing import NotRequired, TypedDict
 
 
@@ -54,6 +53,7 @@ class ReportRow(TypedDict):
     peak_rss_mb: NotRequired[float | None]
     gpu_mem_mb: NotRequired[float | None]
     parity: NotRequired[str]
+    greedy_vs_beam: NotRequired[dict | None]  # its greedy BLEU minus its beam BLEU, with a paired interval
     vs_teacher: NotRequired[dict | None]  # ratios against the teacher in PyTorch on the CPU
     pareto: NotRequired[bool]  # on the greedy BLEU / latency front
     pareto_beam4: NotRequired[bool]

@@ -1,4 +1,4 @@
-"""The one path from a PyTorch model to a package (pipeline/package_builder.py), figures written
+"""The one path from a PyTorch model to a package (pipeline/onnx_graphs.py, package_builder.py), figures written
 into a finished package, and the interleaved timer every in-process comparison uses."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from model.search import greedy_search
 from model.subword import SubwordTokenizer
 from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, TransformerConfig
-from pipeline.package_builder import build_package, float32_graphs, variant_graphs
+from pipeline.onnx_graphs import float32_graphs, variant_graphs
+from pipeline.package_builder import build_package
 from pipeline.packaging import set_figures
 from pipeline.timing import interleaved
 
@@ -91,11 +92,13 @@ def test_variant_graphs_leave_the_float32_graphs_as_they_were(tmp_path):
     before = digests()
     fp32, fp32_done = variant_graphs(graphs, "fp32", tmp_path, model.cfg.d_model)
     assert fp32_done["positions_as_formula"] == {"encoder": True, "decoder": True}
-    variant_graphs(graphs, "int8_dynamic", tmp_path, model.cfg.d_model)
+    variant_graphs(graphs, "fp16", tmp_path, model.cfg.d_model)
     assert digests() == before
     assert all(path.parent == tmp_path / "fp32" for path in fp32.values())
+    with pytest.raises(ValueError, match="unknown float precision 'int8_dynamic'"):
+        variant_graphs(graphs, "int8_dynamic", tmp_path, model.cfg.d_model)
     with pytest.raises(ValueError, match="unknown precision 'int4'"):
-        variant_graphs(graphs, "int4", tmp_path, model.cfg.d_model)
+        build_package(model, "int4", tmp_path / "p", tokenizer=tmp_path / "t.json", work=tmp_path)
 
 
 def test_set_figures_changes_the_card_and_manifest_only(built, tmp_path):

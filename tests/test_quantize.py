@@ -20,7 +20,7 @@ from model.runtime import GraphSearch, OnnxDecoder, Translator
 from model.search import GenerationConfig, greedy_search
 from model.transformer import Transformer, TransformerConfig
 from pipeline.errors import StageFailed
-from pipeline.package_builder import float32_graphs, variant_graphs
+from pipeline.onnx_graphs import float32_graphs, variant_graphs
 from pipeline.corpus import read_split
 from pipeline.stages.quantize import guarded_search
 from pipeline.model_loading import load_translator

@@ -26,7 +26,7 @@ from model.transformer import Transformer, load_model
 from ..context import StageContext
 from ..corpus import read_split
 from ..errors import StageFailed
-from ..package_builder import GraphOptions, float32_graphs, generation_of, variant_graphs
+from ..onnx_graphs import GraphOptions, float32_graphs, generation_of, variant_graphs
 from ..packaging import package_bytes, set_figures, write_package
 from ..recipe import ExportConfig, ParityConfig
 from ..timing import interleaved
@@ -53,7 +53,7 @@ def run(ctx: StageContext) -> dict:
     generation = generation_of(model.cfg, parity_cfg.beam)
     data_metrics = ctx.input("data").metrics
     for variant in ["fp32"] + (["fp16"] if cfg.fp16 else []):
-        paths, done = variant_graphs(graphs, variant, ctx.work, model.cfg.d_model, options)
+        paths, done = variant_graphs(graphs, variant, ctx.work, model.cfg.d_model)
         metrics.update(done)
         folder = ctx.out / variant
         about = describe(model, source, variant, data_metrics)

@@ -301,14 +301,19 @@ def measure_latency(ctx: StageContext, models: dict[str, Transformer], sources: 
 
 
 def onnx_decoders(models: dict[str, Transformer], folder: Path, tokenizer: Path) -> dict:
-    """Each model as an fp32 package's step graphs, in one-thread onnxruntime sessions."""
+    """Each model as an fp32 package's step graphs (made as the export stage makes them), in
+    one-thread onnxruntime sessions."""
     from model.runtime import Translator
 
-    from ..package_builder import build_package
+    from ..onnx_graphs import float32_graphs, generation_of, variant_graphs
+    from ..packaging import write_package
 
     decoders = {}
     for name, model in models.items():
-        build_package(model, "fp32", folder / name / "package", tokenizer=tokenizer, work=folder / name)
+        graphs, _ = float32_graphs(model, folder / name)
+        graphs, _ = variant_graphs(graphs, "fp32", folder / name, model.cfg.d_model)
+        write_package(folder / name / "package", graphs["encoder"], graphs["decoder"], tokenizer,
+                      generation_of(model.cfg, beam=1), {"variant": "fp32"})
         decoders[name] = Translator(folder / name / "package", threads=1).decoder
     return decoders
 
