@@ -18,6 +18,7 @@ import argparse
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -98,6 +99,7 @@ def main() -> None:
         recipe = work / f"scaling_{n}.yaml"
         recipe.write_text(RECIPE.format(n=n, train=corpus, valid=valid, sample=args.sample, steps=args.steps))
         row = {"pairs": n, "tsv_mb": round(corpus.stat().st_size / 2 ** 20, 1)}
+        shutil.rmtree(work / f"store_{n}", ignore_errors=True)  # every stage built, none reused
         for stage in stages:
             wall, rss, code = measured([sys.executable, "-m", "pipeline.cli", "run", str(recipe), "--until", stage,
                                         "--store", str(work / f"store_{n}")], env)
