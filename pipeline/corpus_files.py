@@ -48,8 +48,40 @@ def _open_binary(path: Path) -> BinaryIO:
             raw.close()
             raise DataError(f"{path}: reading .zst needs the zstandard package (pip install zstandard), "
                             "or decompress the file first") from None
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+        return io.BufferedReader(_ZstdReader(raw, zstandard.ZstdDecompressor()))
     return raw
+
+
+class _ZstdReader(io.RawIOBase):
+    """zstd frames decoded as they are read. A stream that ends inside a frame is an error:
+    zstandard's own stream_reader returns the decoded part silently, which would cut a corpus."""
+
+    def __init__(self, raw: BinaryIO, decompressor):
+        self._raw, self._zstd, self._pending = raw, decompressor, b""
+        self._d = decompressor.decompressobj()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._pending:
+            chunk = self._raw.read(1 << 16)
+            if not chunk:
+                if not self._d.eof:
+                    raise OSError("the zstd stream ends inside a frame (file cut short?)")
+                return 0
+            while chunk:
+                if self._d.eof:  # concatenated frames, as `zstd` writes for appended files
+                    self._d = self._zstd.decompressobj()
+                self._pending += self._d.decompress(chunk)
+                chunk = self._d.unused_data if self._d.eof else b""
+        n = min(len(buffer), len(self._pending))
+        buffer[:n], self._pending = self._pending[:n], self._pending[n:]
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 def text_lines(path: Path) -> Iterator[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.corpus import reservoir_sample
-from pipeline.corpus_files import MAX_LINE_BYTES, text_lines
+from pipeline.corpus_files import MAX_LINE_BYTES, text_lines, tsv_pairs
 from pipeline.errors import DataError
 from pipeline.recipe import CleanConfig, DataConfig, FileSplit
 from pipeline.stages import data as data_stage
@@ -133,6 +133,19 @@ def test_bad_files_are_named_with_the_line(tmp_path, content, message):
     path.write_bytes(content)
     with pytest.raises(DataError, match=f"{re.escape(str(path))}: .*{message}"):
         list(text_lines(path))
+
+
+def test_zstd_frames_are_read_and_a_cut_one_is_named(tmp_path):
+    zstandard = pytest.importorskip("zstandard")  # the optional reader of .zst corpora
+    compress = zstandard.ZstdCompressor().compress
+    text = "".join(f"line {i * 7919 % 10007}\tligne {i}\n" for i in range(30000)).encode()
+    (tmp_path / "a.tsv.zst").write_bytes(compress(text) + compress(b"last\tdernier\n"))  # two frames
+    pairs = list(tsv_pairs(tmp_path / "a.tsv.zst"))
+    assert len(pairs) == 30001 and pairs[-1] == ("last", "dernier")
+    whole = (tmp_path / "a.tsv.zst").read_bytes()
+    (tmp_path / "cut.zst").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(DataError, match=r"cut\.zst: after line \d+: .*ends inside a frame"):
+        list(text_lines(tmp_path / "cut.zst"))
 
 
 def test_a_damaged_compressed_file_is_named(tmp_path):
