@@ -65,6 +65,4 @@ def reservoir_sample(items: Iterable[str], size: int, rng: random.Random) -> lis
 
 def read_split(folder: Path, name: str) -> tuple[list[str], list[str]]:
     """Read a split of a data artifact (e.g. 'train', 'valid', 'test.test_2016_flickr')."""
-    src = (folder / f"{name}.src").read_text(encoding="utf-8").split("\n")[:-1]
-    tgt = (folder / f"{name}.tgt").read_text(encoding="utf-8").split("\n")[:-1]
-    return src, tgt
+    return list(split_lines(folder, name, "src")), list(split_lines(folder, name, "tgt"))

@@ -65,13 +65,16 @@ def set_figures(dest: Path, figures: dict) -> dict:
     meta = json.loads((dest / PACKAGE_JSON).read_text(encoding="utf-8"))
     about = {k: v for k, v in meta.items() if k not in _MANIFEST_OWN}
     generation = json.loads((dest / "generation.json").read_text(encoding="utf-8"))
-    return _write_card_and_manifest(dest, about, figures, generation)
+    return _write_card_and_manifest(dest, about, figures, generation, known=meta["files"])
 
 
 _MANIFEST_OWN = ("format", "created", "figures", "opset", "files", "onnx_bytes")  # the rest is `about`
 
 
-def _write_card_and_manifest(dest: Path, about: dict, figures: dict, generation: dict) -> dict:
+def _write_card_and_manifest(dest: Path, about: dict, figures: dict, generation: dict,
+                             known: dict | None = None) -> dict:
+    """The card, then package.json listing every file; `known`: digests of files unchanged since
+    they were listed (all but the card), so that adding figures does not hash the graphs again."""
     io = {"encoder": graph_io(dest / "encoder.onnx"), "decoder": graph_io(dest / "decoder.onnx")}
     for name, key in ((GENERATE, "generate"), (GENERATE_MANY_ROWS, "generate_batch")):
         if (dest / name).is_file():
@@ -82,7 +85,11 @@ def _write_card_and_manifest(dest: Path, about: dict, figures: dict, generation:
         raise UnsafeFile(problems[0])
     files = {}
     for rel in written:
-        if rel != PACKAGE_JSON:
+        if rel == PACKAGE_JSON:
+            continue
+        if known and rel in known and rel != "MODEL_CARD.md":
+            files[rel] = known[rel]
+        else:
             files[rel] = {"sha256": sha256_file(dest / rel), "bytes": (dest / rel).stat().st_size}
     meta = {"format": FORMAT, "created": now_iso(), **about, "figures": figures,
             "opset": io["decoder"]["opset"], "files": files,

@@ -134,5 +134,5 @@ def test_interleaved_alternates_warms_up_and_times_only_the_call():
     assert slept == [1, 1, 2, 3, 1, 2, 3]
     assert timed.outputs == {"a": [10, 20, 30], "b": [10, 20, 30]}  # the first repeat's
     assert len(timed.seconds["a"]) == 2
-    assert timed.median_s("a") < 0.01 <= 0.019 <= timed.median_s("b")  # prepare's 30 ms are not timed
+    assert timed.median_s("a") < 0.02 <= timed.median_s("b")  # prepare's 30 ms are not timed
     assert timed.ratio("a", "b") < 0.5

@@ -112,8 +112,7 @@ def run(ctx: StageContext) -> dict:
         "neurons": {str(r["step"]): r["neuron_importance"] for r in records if r.get("neuron_importance")},
     }, indent=1) + "\n", encoding="utf-8")
 
-    latency = measure_latency(ctx, {"unpruned": original, "pruned": model}, valid_corpus.src, cfg,
-                              source.file("tokenizer.json"))
+    latency = measure_latency(ctx, {"unpruned": original, "pruned": model}, valid_corpus.src, cfg)
     heads_after, ffn_after = pruning.head_counts(model), pruning.ffn_widths(model)
     bytes_before = source.file("model.safetensors").stat().st_size
     bytes_after = (ctx.out / "model.safetensors").stat().st_size
@@ -273,10 +272,10 @@ def greedy_bleu(ctx: StageContext, model: Transformer, valid: ValidationSet, tok
 
 
 def measure_latency(ctx: StageContext, models: dict[str, Transformer], sources: list[list[int]],
-                    cfg: PruneConfig, tokenizer: Path) -> dict:
+                    cfg: PruneConfig) -> dict:
     """Batch-1 greedy latency on the CPU, one thread, of each model on the same sentences, in
     PyTorch eager (keys sentence_ms_<name>, decoder_step_ms_<name>) and in onnxruntime with each
-    model built into an fp32 package as the export stage builds it (the same keys under
+    model's fp32 step graphs as the export stage makes them (the same keys under
     "onnxruntime"): the runtime the pruned model ships in, where a step is not dominated by
     PyTorch's per-operator overhead.
 
@@ -293,28 +292,32 @@ def measure_latency(ctx: StageContext, models: dict[str, Transformer], sources: 
     try:
         eager = {name: TorchDecoder(m.cpu().eval(), "cpu") for name, m in models.items()}
         out = _timed(ctx, eager, sources, gen, cfg.latency_repeats, "PyTorch")
-        out["onnxruntime"] = _timed(ctx, onnx_decoders(models, ctx.work / "latency", tokenizer), sources, gen,
+        out["onnxruntime"] = _timed(ctx, onnx_decoders(models, ctx.work / "latency"), sources, gen,
                                     cfg.latency_repeats, "onnxruntime")
     finally:
         torch.set_num_threads(threads)
     return {"latency_sentences": len(sources), "latency_repeats": cfg.latency_repeats, "latency_threads": 1, **out}
 
 
-def onnx_decoders(models: dict[str, Transformer], folder: Path, tokenizer: Path) -> dict:
-    """Each model as an fp32 package's step graphs (made as the export stage makes them), in
-    one-thread onnxruntime sessions."""
-    from model.runtime import Translator
+def onnx_decoders(models: dict[str, Transformer], folder: Path) -> dict:
+    """Each model's fp32 step graphs (made as the export stage makes them), in one-thread
+    onnxruntime sessions: the graphs alone, no package around them (nothing here ships)."""
+    import onnxruntime as ort
 
-    from ..onnx_graphs import float32_graphs, generation_of, variant_graphs
-    from ..packaging import write_package
+    from model.runtime import OnnxDecoder
 
+    from ..onnx_graphs import float32_graphs, variant_graphs
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = 1, 1
+    options.log_severity_level = 3
     decoders = {}
     for name, model in models.items():
         graphs, _ = float32_graphs(model, folder / name)
         graphs, _ = variant_graphs(graphs, "fp32", folder / name, model.cfg.d_model)
-        write_package(folder / name / "package", graphs["encoder"], graphs["decoder"], tokenizer,
-                      generation_of(model.cfg, beam=1), {"variant": "fp32"})
-        decoders[name] = Translator(folder / name / "package", threads=1).decoder
+        sessions = [ort.InferenceSession(str(graphs[g]), options, providers=["CPUExecutionProvider"])
+                    for g in ("encoder", "decoder")]
+        decoders[name] = OnnxDecoder(*sessions, pad_id=model.cfg.pad_id)
     return decoders
 
 
