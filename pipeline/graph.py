@@ -288,7 +288,11 @@ def _data_content(recipe: Recipe) -> dict:
 
 
 def _file_specs(files):
-    yield "train", files.train
+    if isinstance(files.train, list):  # several weighted corpora: each one's files, by its name
+        for corpus in files.train:
+            yield f"train.{corpus.label}", corpus
+    else:
+        yield "train", files.train
     yield "valid", files.valid
     for name, spec in files.test.items():
         yield f"test.{name}", spec

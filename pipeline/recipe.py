@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_serializer, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError,
+                      field_validator, model_serializer, model_validator)
 
 from model.files import UnsafeFile, read_bounded
 from model.sizes import MAX_DIM, MAX_LAYERS, MAX_VOCAB, size_problem
@@ -66,10 +67,83 @@ class FileSplit(Strict):
         return self
 
 
+# Suffixes a default corpus name leaves out: compression (pipeline/corpus_files.py reads these).
+_COMPRESSED_SUFFIXES = (".gz", ".xz", ".bz2", ".zst")
+MAX_CORPUS_WEIGHT = 1000.0
+
+
+class TrainCorpus(FileSplit):
+    """One of several training corpora: a split, a name (default: the file's stem, without a
+    compression suffix: `europarl.tsv.gz` -> `europarl`, `news.en` -> `news`) and a weight. The data
+    stage writes each kept pair of a corpus floor(weight) times, and once more for a hashed
+    fraction (weight - floor) of its pairs: 0.5 keeps about half, 2.5 writes 2 or 3 copies."""
+
+    name: Annotated[str, Field(min_length=1, max_length=100)] | None = None
+    weight: Annotated[float, Field(gt=0, le=MAX_CORPUS_WEIGHT)] = 1.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, value):
+        # Strict would refuse an unknown key too, but its hint would name FileSplit's keys (_model_at
+        # finds FileSplit at `train`): this one names a corpus's.
+        known = list(cls.model_fields)
+        for key in value if isinstance(value, dict) else ():
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+                raise ValueError(f"unknown key '{key}' "
+                                 f"({f'did you mean {close[0]!r}?' if close else 'known keys: ' + ', '.join(known)})")
+        return value
+
+    @property
+    def label(self) -> str:
+        """The corpus's name in metrics and messages."""
+        if self.name is not None:
+            return self.name
+        path = Path(self.tsv if self.tsv is not None else self.src)
+        if path.suffix in _COMPRESSED_SUFFIXES:
+            path = path.with_suffix("")
+        return path.stem or path.name
+
+
+# `train` is one split, as before, or a list of weighted corpora. The discriminator picks the form
+# from the value, so an error names that form's problem only (pydantic would report both); the
+# tags hold '[', so that error lines leave them out of the key path (_explain).
+TrainFiles = Annotated[
+    Annotated[list[TrainCorpus], Tag("[corpora]")] | Annotated[FileSplit, Tag("[split]")],
+    Discriminator(lambda v: "[corpora]" if isinstance(v, (list, tuple)) else "[split]")]
+
+
 class FilesSource(Strict):
-    train: FileSplit
+    train: TrainFiles
     valid: FileSplit
     test: dict[str, FileSplit] = {}
+
+    @field_validator("train", mode="before")
+    @classmethod
+    def _train_form(cls, value):
+        if isinstance(value, dict) and ("weight" in value or "name" in value):
+            raise ValueError("'name' and 'weight' are keys of a list of corpora "
+                             "(train: [{tsv: a.tsv, weight: 2}, {tsv: b.tsv}]), not of one split")
+        if isinstance(value, (list, tuple)) and not value:
+            raise ValueError("must be one split or a list of at least one corpus (this list is empty)")
+        return value
+
+    @field_validator("train")
+    @classmethod
+    def _unique_names(cls, value):
+        if isinstance(value, list):
+            names = [corpus.label for corpus in value]
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise ValueError(f"corpus names must be unique ({', '.join(repr(n) for n in twice)} more than once; "
+                                 "a name defaults to the file's stem: give each corpus a 'name')")
+        return value
+
+    @property
+    def train_corpora(self) -> list[TrainCorpus]:
+        """The training corpora in order: one split is one corpus of weight 1."""
+        train = self.train
+        return list(train) if isinstance(train, list) else [TrainCorpus(**train.model_dump())]
 
 
 class CleanConfig(Strict):

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.context import StageContext
 from pipeline.corpus import reservoir_sample
 from pipeline.corpus_files import MAX_LINE_BYTES, text_lines, tsv_pairs
-from pipeline.errors import DataError
-from pipeline.recipe import CleanConfig, DataConfig, FileSplit
+from pipeline.errors import DataError, RecipeError
+from pipeline.recipe import CleanConfig, DataConfig, FileSplit, dump_config, load_recipe
 from pipeline.stages import data as data_stage
 
 
@@ -191,12 +192,14 @@ def test_reservoir_sample_is_uniform_bounded_and_seeded():
 
 
 # ------------------------------------------------------------------ a user's corpus, end to end
-def _files_recipe(tmp_path, train: Path, name: str = "own") -> Path:
+def _files_recipe(tmp_path, train: Path | str, name: str = "own", extra: str = "") -> Path:
+    """A recipe whose data is the user's files: `train` a TSV file, or the YAML of `data.files.train`."""
     valid = tmp_path / "valid.tsv"
     valid.write_text("".join(f"valid sentence {i} .\tphrase de validation {i} .\n" for i in range(20)))
     recipe = tmp_path / f"{name}.yaml"
-    recipe.write_text(f"name: {name}\ndata:\n  source: files\n  files: {{train: {{tsv: {train}}}, "
-                      f"valid: {{tsv: {valid}}}}}\n")
+    train = f"{{tsv: {train}}}" if isinstance(train, Path) else train
+    recipe.write_text(f"name: {name}\ndata:\n  source: files\n  files: {{train: {train}, "
+                      f"valid: {{tsv: {valid}}}}}\n{extra}")
     return recipe
 
 
@@ -241,3 +244,124 @@ def test_the_data_stage_streams_memory_does_not_grow_with_the_corpus(tmp_path, d
     kept = (tmp_path / "s300000" / "objects").glob("data-*/train.src")
     assert sum(1 for _ in open(next(kept), encoding="utf-8")) == 300_000
     assert peaks[300_000] - peaks[30_000] < 40, peaks
+
+
+# ---------------------------------------------------------------- several weighted training corpora
+def _tsv(path: Path, pairs) -> Path:
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    return path
+
+
+def _numbered(tag: str, n: int) -> list[tuple[str, str]]:
+    return [(f"{tag} sentence {i} .", f"{tag} phrase {i} .") for i in range(n)]
+
+
+def _run_data(tmp_path, train: Path | str, out: str = "out", extra: str = "") -> tuple[dict, list[str], list[str]]:
+    """The data stage on a recipe's `data` section, in this process: (metrics, train.src lines, log lines)."""
+    recipe, _ = load_recipe(_files_recipe(tmp_path, train, extra=extra))
+    folder = tmp_path / out
+    folder.mkdir()
+    ctx = StageContext(name="data", settings=recipe.data, config=dump_config(recipe.data), inputs={}, out=folder,
+                       work=tmp_path / "work")
+    metrics = data_stage.run(ctx)
+    src = (folder / "train.src").read_text(encoding="utf-8").splitlines()
+    tgt = (folder / "train.tgt").read_text(encoding="utf-8").splitlines()
+    assert len(src) == len(tgt) == metrics["train_pairs"]
+    assert [t.replace("phrase", "sentence") for t in tgt] == src  # the sides stay aligned
+    return metrics, src, [event["message"] for event in ctx.events]
+
+
+def test_weights_one_and_two_write_each_kept_pair_once_and_twice(tmp_path):
+    a = _tsv(tmp_path / "a.tsv", _numbered("a", 30))
+    b = _tsv(tmp_path / "b.tsv", _numbered("b", 20))
+    metrics, src, log = _run_data(tmp_path, f"[{{tsv: {a}}}, {{tsv: {b}, weight: 2, name: books}}]")
+    assert src[:30] == [s for s, _ in _numbered("a", 30)]
+    assert src[30:] == [s for s, _ in _numbered("b", 20) for _ in range(2)]  # the copies adjacent
+    assert metrics["train_pairs"] == 70 and metrics["train_raw_pairs"] == 50 and metrics["dropped"] == {}
+    assert metrics["train_corpora"] == [
+        {"name": "a", "weight": 1.0, "raw_pairs": 30, "kept_pairs": 30, "written_pairs": 30, "dropped": {}},
+        {"name": "books", "weight": 2.0, "raw_pairs": 20, "kept_pairs": 20, "written_pairs": 40, "dropped": {}}]
+    assert any(line.startswith("a (weight 1): 30 pairs read, 30 kept, 30 written") for line in log)
+    assert any(line.startswith("books (weight 2): 20 pairs read, 20 kept, 40 written") for line in log)
+
+
+def test_a_fractional_weight_keeps_the_same_hashed_share_every_run(tmp_path):
+    pairs = _numbered("c", 2000)
+    c = _tsv(tmp_path / "c.tsv", pairs)
+    first = _run_data(tmp_path, f"[{{tsv: {c}, weight: 0.5}}]", out="one")
+    again = _run_data(tmp_path, f"[{{tsv: {c}, weight: 0.5}}]", out="two")
+    assert first[1] == again[1] and first[0] == again[0]  # the same recipe, the same file
+    kept = first[1]
+    assert 900 <= len(kept) <= 1100, len(kept)  # about half
+    assert len(set(kept)) == len(kept) and kept == [s for s, _ in pairs if s in set(kept)]  # a subset, in order
+    assert first[0]["train_corpora"][0]["kept_pairs"] == 2000
+    # 2.5: every pair twice, and a third time for about half of them; 0.5's half among those.
+    metrics, src, _ = _run_data(tmp_path, f"[{{tsv: {c}, weight: 2.5}}]", out="three")
+    counts = Counter(src)
+    assert set(counts.values()) == {2, 3} and 4900 <= len(src) <= 5100, len(src)
+    assert {s for s, n in counts.items() if n == 3} == set(kept)
+    assert metrics["train_corpora"][0]["written_pairs"] == metrics["train_pairs"] == len(src)
+
+
+def test_duplicates_are_found_across_corpora_and_max_train_counts_over_all(tmp_path):
+    a_pairs = _numbered("a", 10) + [("Café sentence .", "Café phrase .")]
+    a = _tsv(tmp_path / "a.tsv", a_pairs)
+    # b repeats five of a's pairs (one of them only the same after NFC) and one of its own.
+    b_pairs = (_numbered("a", 4) + [("Cafe\u0301 sentence .", "Cafe\u0301 phrase .")] + _numbered("b", 6)
+               + [("b sentence 0 .", "b phrase 0 .")])
+    b = _tsv(tmp_path / "b.tsv", b_pairs)
+    metrics, src, _ = _run_data(tmp_path, f"[{{tsv: {a}}}, {{tsv: {b}, weight: 3}}]")
+    assert src == [s for s, _ in a_pairs] + [s for s, _ in _numbered("b", 6) for _ in range(3)]
+    assert [c["dropped"] for c in metrics["train_corpora"]] == [{}, {"duplicate": 6}]
+    assert [c["kept_pairs"] for c in metrics["train_corpora"]] == [11, 6]
+    assert metrics["dropped"] == {"duplicate": 6} and metrics["train_raw_pairs"] == 23
+    # The first 14 raw pairs: all of a's and three of b's (all duplicates): b adds none, and says so.
+    metrics, src, log = _run_data(tmp_path, f"[{{tsv: {a}}}, {{tsv: {b}, weight: 3}}]", out="cut",
+                                  extra="  max_train: 14\n")
+    assert [c["raw_pairs"] for c in metrics["train_corpora"]] == [11, 3] and len(src) == 11
+    assert metrics["train_raw_pairs"] == 14
+    assert any(line.startswith("warning: training corpus b") for line in log)
+    # A later corpus that max_train never reaches is not read, and is named too.
+    _, src, log = _run_data(tmp_path, f"[{{tsv: {a}}}, {{tsv: {b}}}]", out="short", extra="  max_train: 5\n")
+    assert len(src) == 5 and any("warning: training corpus b" in line and "max_train (5)" in line for line in log)
+
+
+def test_errors_name_the_corpus_file_and_an_empty_split(tmp_path):
+    a = _tsv(tmp_path / "a.tsv", _numbered("a", 3))
+    with pytest.raises(DataError, match=r"nowhere\.tsv: file not found"):
+        _run_data(tmp_path, f"[{{tsv: {a}}}, {{tsv: {tmp_path / 'nowhere.tsv'}}}]")
+    empty = _tsv(tmp_path / "e.tsv", [("", "x")])
+    with pytest.raises(DataError, match=r"e\.tsv: no sentence pairs left in split 'train'"):
+        _run_data(tmp_path, f"[{{tsv: {empty}, weight: 2}}]", out="empty")
+
+
+@pytest.mark.parametrize("train,message", [
+    ("[{tsv: a.tsv, weight: 0}]", r"data\.files\.train\.0\.weight: must be > 0, got 0"),
+    ("[{tsv: a.tsv}, {tsv: b.tsv, weight: -1.5}]", r"data\.files\.train\.1\.weight: must be > 0, got -1\.5"),
+    ("[]", r"data\.files\.train: must be one split or a list of at least one corpus"),
+    ("[{tsv: a.tsv, name: x}, {tsv: b.tsv, name: x}]", r"data\.files\.train: corpus names must be unique \('x'"),
+    ("[{tsv: one/a.tsv}, {src: two/a.en.gz, tgt: two/a.fr.gz}]",  # two default names: the stems
+     r"data\.files\.train: corpus names must be unique \('a'"),
+    ("[{tsv: a.tsv, wieght: 2}]", r"data\.files\.train\.0: unknown key 'wieght' \(did you mean 'weight'\?\)"),
+    ("{tsv: a.tsv, weight: 2}", r"data\.files\.train: 'name' and 'weight' are keys of a list of corpora"),
+    ("[{src: a.en}]", r"data\.files\.train\.0: give either 'tsv' or both 'src' and 'tgt'"),
+])
+def test_the_recipe_refuses_bad_corpus_lists(tmp_path, train, message):
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(_files_recipe(tmp_path, train))
+    assert len(exc.value.lines) == 1 and re.search(message, exc.value.lines[0]), exc.value.lines
+
+
+def test_one_split_writes_what_it_always_did(tmp_path):
+    """A single split: the cleaned pairs in order, once each, and the metrics as before this
+    change (no per-corpus list); a list of that one corpus at weight 1 writes the same lines."""
+    pairs = _numbered("a", 8) + [("a sentence 1 .", "a phrase 1 ."), ("", "vide")] + _numbered("b", 4)
+    train = _tsv(tmp_path / "t.tsv", pairs)
+    metrics, src, log = _run_data(tmp_path, train)
+    assert src == [s for s, _ in _numbered("a", 8) + _numbered("b", 4)]
+    assert metrics == {"src_lang": "en", "tgt_lang": "fr", "source": "files", "test_sets": [],
+                       "dropped": {"duplicate": 1, "empty": 1}, "train_raw_pairs": 14, "train_pairs": 12,
+                       "valid_pairs": 20}
+    assert log == ["12 training pairs kept of 14 (dropped: {'duplicate': 1, 'empty': 1}); valid 20; test none"]
+    listed, listed_src, _ = _run_data(tmp_path, f"[{{tsv: {train}}}]", out="listed")
+    assert listed_src == src and listed["train_pairs"] == 12 and listed["dropped"] == metrics["dropped"]

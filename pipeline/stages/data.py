@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import os
 import urllib.error
 import urllib.request
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -44,28 +46,37 @@ MULTI30K_LANGS = ("en", "de", "fr")
 def run(ctx: StageContext) -> dict:
     cfg: DataConfig = ctx.settings
     splits = _multi30k_splits(cfg, ctx) if cfg.source == "multi30k" else _user_splits(cfg)
+    weighted = cfg.source == "files" and isinstance(cfg.files.train, list)
     metrics: dict = {"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang, "source": cfg.source,
                      "test_sets": [], "dropped": {}}
     for split, (pairs, origin) in splits.items():
         limit = {"train": cfg.max_train, "valid": cfg.max_valid}.get(split, cfg.max_test)
-        raw = _Counted(itertools.islice(pairs, limit) if limit is not None else pairs)
         if split == "train":
-            dropped: Counter = Counter()
-            kept = clean_pairs(raw, cfg.clean, dropped)
+            corpora = pairs  # the training corpora, in order (one, for a single split)
+            kept = train_pairs(corpora, cfg.clean, limit)
         else:
+            raw = itertools.islice(pairs, limit) if limit is not None else pairs
             kept = ((normalize(s, cfg.clean.normalize_nfc), normalize(t, cfg.clean.normalize_nfc)) for s, t in raw)
         name = split if split in ("train", "valid") else f"test.{split}"
         with ctx.progress(f"data: {split}", total=None, unit="pairs") as bar:
             written = write_pairs(ctx.out / f"{name}.src", ctx.out / f"{name}.tgt", kept, on_pair=bar.advance)
+        if split == "train" and weighted:
+            _log_corpora(ctx, corpora, limit)
         if not written:
             raise DataError(f"{origin}: no sentence pairs left in split '{split}' after cleaning")
         if split == "train":
+            dropped: Counter = Counter()
+            for corpus in corpora:
+                dropped.update(corpus.dropped)
             metrics["dropped"] = dict(dropped)
-            metrics["train_raw_pairs"] = raw.count
+            metrics["train_raw_pairs"] = sum(corpus.raw for corpus in corpora)
+            if weighted:
+                metrics["train_corpora"] = [corpus.metrics() for corpus in corpora]
         if name.startswith("test."):
             metrics["test_sets"].append(split)
         metrics[f"{split}_pairs"] = written
-    ctx.log(f"{metrics['train_pairs']} training pairs kept of {metrics['train_raw_pairs']} "
+    ctx.log(f"{metrics['train_pairs']} training pairs {'written' if weighted else 'kept'} of "
+            f"{metrics['train_raw_pairs']} "
             f"(dropped: {metrics['dropped'] or 'none'}); valid {metrics['valid_pairs']}; "
             f"test {', '.join(metrics['test_sets']) or 'none'}")
     return metrics
@@ -83,12 +94,77 @@ class _Counted:
             yield item
 
 
+# ------------------------------------------------------------------- training corpora, weights
+@dataclass
+class TrainingCorpus:
+    """One training corpus as the stage reads it, and what became of its pairs."""
+
+    name: str
+    weight: float
+    pairs: Iterator[tuple[str, str]]
+    origin: str  # what to call it in messages
+    raw: int = 0  # pairs read (within max_train)
+    kept: int = 0  # clean, and not seen before in this corpus or an earlier one
+    written: int = 0  # lines written to train.src/.tgt: kept pairs times their copies
+    dropped: Counter = field(default_factory=Counter)
+
+    def metrics(self) -> dict:
+        return {"name": self.name, "weight": self.weight, "raw_pairs": self.raw, "kept_pairs": self.kept,
+                "written_pairs": self.written, "dropped": dict(self.dropped)}
+
+
+def train_pairs(corpora: list[TrainingCorpus], cfg: CleanConfig, limit: int | None = None) -> Iterator[tuple[str, str]]:
+    """The training split's lines: each corpus in order, cleaned and de-duplicated against every
+    pair kept so far (one digest set for all), each kept pair written as many times as
+    `copies` says for its corpus's weight, the copies adjacent. `limit`: the first N raw pairs
+    over all the corpora. Fills in each corpus's counts as it goes."""
+    seen: set[int] = set()
+    for corpus in corpora:
+        budget = None if limit is None else limit - sum(c.raw for c in corpora)
+        raw = _Counted(itertools.islice(corpus.pairs, budget) if budget is not None else corpus.pairs)
+        for s, t in clean_pairs(raw, cfg, corpus.dropped, seen):
+            corpus.kept += 1
+            n = copies(s, t, corpus.weight)
+            corpus.written += n
+            for _ in range(n):
+                yield s, t
+        corpus.raw = raw.count
+
+
+# blake2b's salt (at most 16 bytes): a pair's fraction is independent of its de-duplication digest.
+_WEIGHT_SALT = b"corpus-weight"
+
+
+def copies(src: str, tgt: str, weight: float) -> int:
+    """How many times a kept pair of a corpus of this weight is written: floor(weight), and once
+    more if the pair's fraction, a blake2b digest of its text mapped to [0, 1), is below the
+    rest. The same pair always gets the same count: a weight of 0.5 keeps the same half each run."""
+    whole = math.floor(weight)
+    rest = weight - whole
+    if not rest:
+        return whole
+    digest = hashlib.blake2b(f"{src}\t{tgt}".encode("utf-8"), digest_size=8, salt=_WEIGHT_SALT).digest()
+    return whole + (int.from_bytes(digest, "little") / 2**64 < rest)
+
+
+def _log_corpora(ctx: StageContext, corpora: list[TrainingCorpus], limit: int | None) -> None:
+    for corpus in corpora:
+        ctx.log(f"{corpus.name} (weight {corpus.weight:g}): {corpus.raw} pairs read, {corpus.kept} kept, "
+                f"{corpus.written} written (dropped: {dict(corpus.dropped) or 'none'})", markup=False)
+        if not corpus.kept:
+            why = (f"max_train ({limit}) was reached before it" if limit is not None and not corpus.raw
+                   else "no pair survived cleaning and de-duplication")
+            ctx.log(f"warning: training corpus {corpus.name} ({corpus.origin}) adds no pairs: {why}", markup=False)
+
+
 # ---------------------------------------------------------------------------- cleaning
-def clean_pairs(pairs: Iterable[tuple[str, str]], cfg: CleanConfig, dropped: Counter) -> Iterator[tuple[str, str]]:
+def clean_pairs(pairs: Iterable[tuple[str, str]], cfg: CleanConfig, dropped: Counter,
+                seen: set[int] | None = None) -> Iterator[tuple[str, str]]:
     """The pairs worth training on, normalized, in their order; `dropped` counts the others by
     reason. Duplicates are found by a 64-bit digest of the pair (8 bytes a pair, not the text:
-    at 10 million pairs a collision is a few-in-a-million event, and costs one pair)."""
-    seen: set[int] = set()
+    at 10 million pairs a collision is a few-in-a-million event, and costs one pair); `seen`,
+    where given, holds the digests of pairs kept before (an earlier corpus), and gets these."""
+    seen = set() if seen is None else seen
     for s, t in pairs:
         s, t = normalize(s, cfg.normalize_nfc), normalize(t, cfg.normalize_nfc)
         if not s or not t:
@@ -125,7 +201,8 @@ def pairs_of(split: FileSplit) -> tuple[Iterator[tuple[str, str]], str]:
 
 def _user_splits(cfg: DataConfig) -> dict:
     files = cfg.files
-    return {"train": pairs_of(files.train), "valid": pairs_of(files.valid),
+    corpora = [TrainingCorpus(spec.label, spec.weight, *pairs_of(spec)) for spec in files.train_corpora]
+    return {"train": (corpora, ", ".join(c.origin for c in corpora)), "valid": pairs_of(files.valid),
             **{name: pairs_of(spec) for name, spec in files.test.items()}}
 
 
@@ -141,9 +218,12 @@ def _multi30k_splits(cfg: DataConfig, ctx: StageContext) -> dict:
             raise DataError(f"multi30k has no test set '{test}' (known: {', '.join(known)})")
     wanted = [f"{names[s]}.{lang}.gz" for s in names for lang in (cfg.src_lang, cfg.tgt_lang)]
     folder = locate_multi30k(cfg, wanted, ctx)
-    return {split: (aligned_pairs(folder / f"{stem}.{cfg.src_lang}.gz", folder / f"{stem}.{cfg.tgt_lang}.gz"),
-                    str(folder / f"{stem}.{cfg.src_lang}.gz"))
-            for split, stem in names.items()}
+    splits = {split: (aligned_pairs(folder / f"{stem}.{cfg.src_lang}.gz", folder / f"{stem}.{cfg.tgt_lang}.gz"),
+                      str(folder / f"{stem}.{cfg.src_lang}.gz"))
+              for split, stem in names.items()}
+    pairs, origin = splits["train"]
+    splits["train"] = ([TrainingCorpus("train", 1.0, pairs, origin)], origin)
+    return splits
 
 
 def candidate_dirs(cfg: DataConfig) -> list[Path]:
