@@ -4,11 +4,15 @@ a line, the two files of a split line-aligned."""
 
 from __future__ import annotations
 
+import array
+import os
 import random
 import re
 import unicodedata
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
+
+import numpy as np
 
 # The longest input line `pipeline translate` reads by default (bytes); a longer one is cut.
 DEFAULT_MAX_LINE_BYTES = 16384
@@ -47,6 +51,50 @@ def split_lines(folder: Path, name: str, side: str) -> Iterator[str]:
     with open(folder / f"{name}.{side}", encoding="utf-8", newline="\n") as f:
         for line in f:
             yield line[:-1] if line.endswith("\n") else line
+
+
+def count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(block.count(b"\n") for block in iter(lambda: f.read(1 << 20), b""))
+
+
+class LineIndex:
+    """Random access to the lines of a text file, holding only where each starts (8 bytes a
+    line): the KD corpus reads its sources in length order, and a reference mix its picks."""
+
+    def __init__(self, path: Path, limit: int | None = None):
+        starts = array.array("q", [0])
+        with open(path, "rb") as f:
+            for n, line in enumerate(f):
+                if limit is not None and n >= limit:
+                    break
+                starts.append(starts[-1] + len(line))
+        self.starts = np.frombuffer(starts, dtype=np.int64)
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def __getitem__(self, i: int) -> str:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        start, end = int(self.starts[i]), int(self.starts[i + 1])
+        line = os.pread(self._fd, end - start, start).decode("utf-8")
+        return line[:-1] if line.endswith("\n") else line
+
+    def close(self) -> None:
+        if getattr(self, "_fd", -1) >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> "LineIndex":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        self.close()
 
 
 def reservoir_sample(items: Iterable[str], size: int, rng: random.Random) -> list[str]:

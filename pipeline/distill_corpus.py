@@ -1,23 +1,29 @@
 """What a model learns from: the training split's references, or the teacher's translations
 (the kd_corpus artifact: kd.src/kd.tgt, and with word-level distillation the teacher's top-k
 distributions in TOP_K_FILE), mixed with a share of the references. The kd_corpus stage writes
-these files; training and pruning's fine-tune read them."""
+these files; training and pruning's fine-tune read them, as streams: the text is encoded on
+the way (pipeline/encoded_corpus.py) and the distributions are memory-mapped."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterable, Iterator
 
-from .corpus import read_split
+from .corpus import LineIndex, count_lines, split_lines
 
-TOP_K_FILE = "kd.topk.npz"
+# The kd_corpus artifact's stored distributions: TOP_K_FILE + ".lengths.npy" / ".ids.npy" / ".probs.npy".
+TOP_K_FILE = "kd.topk"
 
 
 def write_top_k(path: Path, pairs: list) -> None:
-    """Per sentence, the teacher's k most likely words at each target position (EOS included) and
-    their probabilities renormalised over the k, or None (hard labels only): one file of three
-    arrays, lengths [sentences], ids [positions, k] (int16 when the vocabulary allows), probs (float16)."""
+    """One chunk of the teacher's distributions, per sentence its k most likely words at each
+    target position (EOS included) and their probabilities renormalised over the k, or None
+    (hard labels only): one file of three arrays, lengths [sentences], ids [positions, k]
+    (int16 when the vocabulary allows), probs (float16)."""
     import numpy as np
 
     present = [p for p in pairs if p is not None]
@@ -40,25 +46,139 @@ def load_top_k(path: Path) -> list:
     return [(ids[a:b], probs[a:b]) if b > a else None for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def training_pairs(job: dict, log) -> tuple[list[str], list[str], list | None, dict]:
+class TopKStore:
+    """The kd_corpus artifact's distributions for all its pairs, memory-mapped: row r is pair r's
+    (ids [positions, k], probs [positions, k]), or None where it has none (length 0)."""
+
+    def __init__(self, folder: Path):
+        import numpy as np
+
+        self.lengths, self.ids, self.probs = (_load_mapped(folder / f"{TOP_K_FILE}.{part}.npy")
+                                              for part in ("lengths", "ids", "probs"))
+        self.offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=self.offsets[1:])
+        self.k = int(self.ids.shape[1])
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, row: int):
+        if not 0 <= row < len(self):
+            raise IndexError(row)
+        a, b = self.offsets[row], self.offsets[row + 1]
+        return (self.ids[a:b], self.probs[a:b]) if b > a else None
+
+
+def _load_mapped(path: Path):
+    import numpy as np
+
+    return np.load(path, mmap_mode="r")
+
+
+class TopKWriter:
+    """Writes a TopKStore whose rows arrive in any order: the row lengths are known first (from
+    the chunks' length arrays), so each row is written in place, and nothing is held but them."""
+
+    def __init__(self, folder: Path, lengths, k: int, ids_dtype):
+        import numpy as np
+
+        self.folder, self.k = folder, k
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=self.offsets[1:])
+        positions = int(self.offsets[-1])
+        np.save(folder / f"{TOP_K_FILE}.lengths.npy", self.lengths)
+        self.files = {}
+        for part, dtype in (("ids", np.dtype(ids_dtype)), ("probs", np.dtype(np.float16))):
+            f = open(folder / f"{TOP_K_FILE}.{part}.npy", "wb")
+            np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dtype),
+                                                     "fortran_order": False, "shape": (positions, k)})
+            header = f.tell()
+            f.truncate(header + positions * k * dtype.itemsize)
+            self.files[part] = (f, header, dtype)
+
+    def put(self, row: int, ids, probs) -> None:
+        for part, values in (("ids", ids), ("probs", probs)):
+            f, header, dtype = self.files[part]
+            os.pwrite(f.fileno(), values.astype(dtype, copy=False).tobytes(),
+                      header + int(self.offsets[row]) * self.k * dtype.itemsize)
+
+    def close(self) -> None:
+        for f, _, _ in self.files.values():
+            f.close()
+
+
+@dataclass
+class TrainingText:
+    """What a model learns from, as a stream: `pairs()` yields (source, target, row of the
+    teacher's stored distributions in `top_k`, or -1) and may be called again for another pass."""
+
+    pairs: Callable[[], Iterator[tuple[str, str, int]]]
+    top_k: TopKStore | None
+    info: dict
+
+
+def training_pairs(job: dict, log) -> TrainingText:
     """The (source, target) text the model learns from: references, or the teacher's
     translations (sequence-level KD) optionally mixed with a share of the references; with
-    word-level distillation from the KD corpus, per pair the teacher's stored distributions
-    (None for the references)."""
+    word-level distillation from the KD corpus, the teacher's stored distributions for the
+    translations (none for the references). Nothing is read whole."""
     data = Path(job["data"])
-    src, tgt = read_split(data, "train")
     if job["kd_corpus"] is None:
-        return src, tgt, None, {"train_pairs": len(src), "source": "references"}
+        count = count_lines(data / "train.src")
+        return TrainingText(lambda: _with_row(_pairs_of(data, "train"), -1), None,
+                            {"train_pairs": count, "source": "references"})
     kd = Path(job["kd_corpus"])
-    kd_src, kd_tgt = read_split(kd, "kd")
+    kd_count, ref_count = count_lines(kd / "kd.src"), count_lines(data / "train.src")
     mix = float(job.get("reference_mix") or 0.0)
-    extra = int(round(mix * len(kd_src)))
-    picked = random.Random(job["train"]["seed"]).sample(range(len(src)), min(extra, len(src))) if extra else []
-    info = {"train_pairs": len(kd_src) + len(picked), "source": "kd_corpus", "kd_pairs": len(kd_src),
+    extra = int(round(mix * kd_count))
+    picked = random.Random(job["train"]["seed"]).sample(range(ref_count), min(extra, ref_count)) if extra else []
+    info = {"train_pairs": kd_count + len(picked), "source": "kd_corpus", "kd_pairs": kd_count,
             "reference_pairs_mixed": len(picked)}
-    log(f"training on {len(kd_src)} teacher translations" + (f" + {len(picked)} references" if picked else ""))
-    soft = load_top_k(kd / TOP_K_FILE) + [None] * len(picked) if stored_word_level(job) else None
-    return kd_src + [src[i] for i in picked], kd_tgt + [tgt[i] for i in picked], soft, info
+    log(f"training on {kd_count} teacher translations" + (f" + {len(picked)} references" if picked else ""))
+    top_k = TopKStore(kd) if stored_word_level(job) else None
+
+    def pairs() -> Iterator[tuple[str, str, int]]:
+        rows = itertools.count() if top_k is not None else itertools.repeat(-1)
+        for (s, t), row in zip(_pairs_of(kd, "kd"), rows):
+            yield s, t, row
+        if picked:
+            with LineIndex(data / "train.src") as src, LineIndex(data / "train.tgt") as tgt:
+                for i in picked:
+                    yield src[i], tgt[i], -1
+
+    return TrainingText(pairs, top_k, info)
+
+
+def encoded_training_set(text: TrainingText, tokenizer, max_positions: int, work: Path, log, progress,
+                         rank: int = 0):
+    """The training pairs encoded into work/encoded (once: a resumed run opens them), memory-mapped;
+    rank 0 encodes while the others wait. Returns the corpus and `text.info` with the encoding's record."""
+    from .distributed import world_size
+    from .encoded_corpus import encode_to_disk
+
+    folder = work / "encoded"
+    if rank == 0:
+        with progress("encoding the training pairs", total=text.info["train_pairs"], unit="pairs") as bar:
+            corpus, record = encode_to_disk(tokenizer, text.pairs(), folder, max_positions, text.top_k, bar.advance)
+    if world_size() > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+    if rank != 0:
+        corpus, record = encode_to_disk(tokenizer, iter(()), folder, max_positions, text.top_k)
+    dropped = record["dropped_too_long"]
+    log(f"encoded {record['pairs']} training pairs in {record['seconds']:.1f} s"
+        + (f" ({dropped} longer than the model's {max_positions} positions dropped)" if dropped else ""))
+    return corpus, {**text.info, "encode_seconds": record["seconds"], "pairs_too_long": dropped}
+
+
+def _pairs_of(folder: Path, name: str) -> Iterator[tuple[str, str]]:
+    return zip(split_lines(folder, name, "src"), split_lines(folder, name, "tgt"))
+
+
+def _with_row(pairs: Iterable[tuple[str, str]], row: int) -> Iterator[tuple[str, str, int]]:
+    return ((s, t, row) for s, t in pairs)
 
 
 def stored_word_level(config: dict) -> dict | None:

@@ -34,39 +34,9 @@ from model.transformer import Transformer
 
 from . import speed_probe
 from .budgets import budget_text, cut_text
+from .encoded_corpus import Corpus
 from .recipe import TrainConfig
 from .scoring import bleu_only
-
-
-@dataclass
-class Corpus:
-    src: list[list[int]]  # subword ids + EOS
-    tgt: list[list[int]]  # subword ids, no BOS/EOS (added when batching)
-    # Per pair, a teacher's k most likely words at each target position (EOS included) and their
-    # probabilities renormalised over those k: word-level distillation without the teacher in the loop.
-    soft: list[tuple[np.ndarray, np.ndarray]] | None = None
-
-    def __len__(self) -> int:
-        return len(self.src)
-
-
-def encode_corpus(tokenizer, src_lines: list[str], tgt_lines: list[str], max_positions: int,
-                  drop_long: bool = True, soft: list | None = None) -> Corpus:
-    """Subword ids of the pairs (too long ones dropped or cut); `soft`, per pair, the teacher's
-    top-k (ids, probs) at each target position or None, is kept where it fits the encoded target."""
-    src_ids, tgt_ids = tokenizer.encode(src_lines), tokenizer.encode(tgt_lines)
-    limit = max_positions - 1
-    src, tgt, kept_soft = [], [], []
-    for n, (s, t) in enumerate(zip(src_ids, tgt_ids)):
-        if len(s) >= limit or len(t) >= limit:
-            if drop_long:
-                continue
-            s, t = s[: limit - 1], t[: limit - 1]
-        src.append(s + [tokenizer.eos_id])
-        tgt.append(t)
-        if soft is not None:
-            kept_soft.append(soft[n] if soft[n] is not None and len(soft[n][0]) == len(t) + 1 else None)
-    return Corpus(src, tgt, kept_soft if soft is not None else None)
 
 
 def make_batches(corpus: Corpus, batch_tokens: int, seed: int, epoch: int, rank: int = 0,
@@ -74,20 +44,18 @@ def make_batches(corpus: Corpus, batch_tokens: int, seed: int, epoch: int, rank:
     """Length-bucketed batches of at most `batch_tokens` (padded) tokens, in a shuffled order that
     depends only on (seed, epoch): a resumed run sees exactly the batches it would have seen."""
     rng = np.random.default_rng([seed, epoch])
-    src_len = np.fromiter((len(s) for s in corpus.src), dtype=np.int64, count=len(corpus))
-    tgt_len = np.fromiter((len(t) + 1 for t in corpus.tgt), dtype=np.int64, count=len(corpus))
+    src_len, tgt_len = corpus.src.lengths(), corpus.tgt.lengths() + 1
     order = np.lexsort((rng.random(len(corpus)), src_len, tgt_len))
-    batches, start = [], 0
-    while start < len(order):
-        end, longest = start, 0
-        while end < len(order):
-            i = order[end]
-            candidate = max(longest, src_len[i], tgt_len[i])
-            if (end - start + 1) * candidate > batch_tokens and end > start:
-                break
-            longest, end = candidate, end + 1
-        batches.append(order[start:end])
-        start = end
+    # Greedy along the sorted order: a batch ends where one more pair would pad it past the
+    # budget. Python ints, not numpy scalars: a few million pairs take a second, not ten.
+    starts, start, longest = [0], 0, 0
+    for end, size in enumerate(np.maximum(src_len, tgt_len)[order].tolist()):
+        candidate = max(longest, size)
+        if (end - start + 1) * candidate > batch_tokens and end > start:
+            starts.append(end)
+            start, candidate = end, size
+        longest = candidate
+    batches = [order[a:b] for a, b in zip(starts, starts[1:] + [len(order)])] if len(order) else []
     rng.shuffle(batches)
     if world > 1:
         batches = batches[: len(batches) - len(batches) % world][rank::world]
@@ -98,28 +66,29 @@ def collate(corpus: Corpus, index: np.ndarray, pad: int, bos: int, eos: int, dev
     src = [corpus.src[i] for i in index]
     tgt = [corpus.tgt[i] for i in index]
     s_len, t_len = max(map(len, src)), max(map(len, tgt)) + 1
-    src_t = torch.full((len(index), s_len), pad, dtype=torch.long)
-    tin = torch.full((len(index), t_len), pad, dtype=torch.long)
-    tout = torch.full((len(index), t_len), pad, dtype=torch.long)
+    src_t = np.full((len(index), s_len), pad, dtype=np.int64)
+    tin = np.full((len(index), t_len), pad, dtype=np.int64)
+    tout = np.full((len(index), t_len), pad, dtype=np.int64)
     for row, (s, t) in enumerate(zip(src, tgt)):
-        src_t[row, : len(s)] = torch.tensor(s)
-        tin[row, : len(t) + 1] = torch.tensor([bos] + t)
-        tout[row, : len(t) + 1] = torch.tensor(t + [eos])
-    return src_t.to(device), tin.to(device), tout.to(device)
+        src_t[row, : len(s)] = s
+        tin[row, 0], tin[row, 1: len(t) + 1] = bos, t
+        tout[row, : len(t)], tout[row, len(t)] = t, eos
+    return tuple(torch.from_numpy(a).to(device) for a in (src_t, tin, tout))
 
 
 def collate_soft(corpus: Corpus, index: np.ndarray, positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """The pairs' stored teacher distributions as ids and probabilities [batch, positions, k]; zero
     probabilities past a target's end and for a pair without any (it learns from its labels alone)."""
-    k = next((corpus.soft[i][0].shape[1] for i in index if corpus.soft[i] is not None), 1)
-    ids = torch.zeros((len(index), positions, k), dtype=torch.long)
-    probs = torch.zeros((len(index), positions, k), dtype=torch.float32)
-    for row, i in enumerate(index):
-        if corpus.soft[i] is not None:
-            pair_ids, pair_probs = corpus.soft[i]
-            ids[row, : len(pair_ids)] = torch.from_numpy(pair_ids.astype(np.int64))
-            probs[row, : len(pair_probs)] = torch.from_numpy(pair_probs.astype(np.float32))
-    return ids.to(device), probs.to(device)
+    stored = [corpus.soft[i] for i in index]
+    k = corpus.soft.k if any(entry is not None for entry in stored) else 1
+    ids = np.zeros((len(index), positions, k), dtype=np.int64)
+    probs = np.zeros((len(index), positions, k), dtype=np.float32)
+    for row, entry in enumerate(stored):
+        if entry is not None:
+            pair_ids, pair_probs = entry
+            ids[row, : len(pair_ids)] = pair_ids
+            probs[row, : len(pair_probs)] = pair_probs
+    return torch.from_numpy(ids).to(device), torch.from_numpy(probs).to(device)
 
 
 def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:

@@ -7,7 +7,9 @@ For each N, a synthetic corpus of N training pairs (Multi30k's, repeated, each p
 its number so that de-duplication keeps it) is written as one TSV, and a recipe on it
 (`data.source: files`) is run stage by stage with `pipeline run --until STAGE`, each stage in a
 fresh process. Printed per stage: wall seconds and the process tree's peak resident memory,
-read by the parent from the kernel's accounting (wait4), not by the process itself. Needs
+read by the parent from the kernel's accounting (wait4), not by the process itself; for the
+teacher also, from its record, the seconds spent encoding the corpus and per training step
+(the training time less its validations, over the steps). Needs
 $PIPELINE_DATA (or ../shared/data) for the Multi30k files; writes under --work (the corpora are
 about 150 bytes a pair).
 """
@@ -68,6 +70,16 @@ def measured(cmd: list[str], env: dict) -> tuple[float, float, int]:
     return wall, usage.ru_maxrss / 1024, proc.returncode
 
 
+def teacher_record(store: Path) -> dict:
+    """Encoding and step seconds from the teacher artifact's manifest and training history."""
+    folder = next((store / "objects").glob("teacher-*"))
+    metrics = json.loads((folder / "manifest.json").read_text())["metrics"]
+    history = json.loads((folder / "training.json").read_text())["history"]
+    validation = sum(entry.get("validation_s", 0.0) for entry in history)
+    step_s = (metrics["train_minutes"] * 60 - validation) / max(1, metrics["steps"])
+    return {"encode_s": metrics["encode_seconds"], "step_ms": round(step_s * 1000, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", default="30000,1000000")
@@ -106,9 +118,13 @@ def main() -> None:
             if code:
                 raise SystemExit(f"{stage} failed at {n} pairs (exit {code})")
             row[f"{stage}_s"], row[f"{stage}_peak_rss_mb"] = round(wall, 1), round(rss)
+        if "teacher" in stages:
+            row.update(teacher_record(work / f"store_{n}"))
         results.append(row)
         print(f"{n:>10} {row['tsv_mb']:>7}" + "".join(f" {row[s + '_s']:>13} {row[s + '_peak_rss_mb']:>13}"
-                                                     for s in stages), flush=True)
+                                                     for s in stages)
+              + (f"  (teacher: encoding {row['encode_s']} s, {row['step_ms']} ms a step)" if "teacher" in stages
+                 else ""), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -20,7 +20,7 @@ from model.transformer import load_model
 from pipeline.errors import RecipeError, UserInputError
 from pipeline.runner import make_plan, node_status
 from pipeline.corpus import read_split
-from pipeline.distill_corpus import TOP_K_FILE, load_top_k
+from pipeline.distill_corpus import TopKStore
 from pipeline.stages.kd_corpus import closest_to_reference
 from pipeline.stages.train import project_embedding
 
@@ -186,13 +186,13 @@ def test_word_level_distillation_from_the_distributions_the_kd_corpus_stored(smo
     store, arts = smoke.build("pruned", *overrides)
     kd = arts["kd_corpus"]
     assert kd.metrics["top_k"]["k"] == 4
-    stored = load_top_k(kd.path / TOP_K_FILE)
+    stored = TopKStore(kd.path)
     src, tgt = read_split(kd.path, "kd")
     assert len(stored) == len(tgt)
     teacher = load_model(arts["teacher"].path)
     translator = TorchTranslator.load(arts["teacher"].path)
     tok = translator.tokenizer
-    present = [i for i, entry in enumerate(stored) if entry is not None]
+    present = [i for i in range(len(stored)) if stored[i] is not None]
     assert len(present) == len(stored) - kd.metrics["top_k"]["pairs_without"] >= 20  # a weak teacher: few canonical
     for i in present[:20]:
         ids, probs = stored[i]

@@ -15,8 +15,9 @@ from pipeline.context import progress_bar
 from pipeline.recipe import TrainConfig
 from pipeline.corpus import read_split
 from pipeline.speed_probe import SpeedChoice
-from pipeline.train_loop import (Corpus, Trainer, ValidationSet, cooldown_factor, encode_corpus, inverse_sqrt_lr,
-                               label_smoothed_loss, make_batches)
+from pipeline.encoded_corpus import Corpus, encode_corpus
+from pipeline.train_loop import (Trainer, ValidationSet, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss,
+                                 make_batches)
 
 from .conftest import SMOKE, cli
 
@@ -98,7 +99,7 @@ def _setup(smoke):
     vsrc, vtgt = read_split(arts["data"].path, "valid")
     train = encode_corpus(tok, src[:200], tgt[:200], 64)
     valid_corpus = encode_corpus(tok, vsrc, vtgt, 64, drop_long=False)
-    valid = ValidationSet(valid_corpus, valid_corpus.src[:5], vtgt[:5])
+    valid = ValidationSet(valid_corpus, valid_corpus.src.rows(5), vtgt[:5])
     cfg = TransformerConfig(vocab_size=tok.vocab_size, d_model=16, head_dim=4, enc_heads=[2], dec_self_heads=[2],
                             dec_cross_heads=[2], enc_ffn=[32], dec_ffn=[32], max_positions=64)
     return tok, train, valid, cfg

@@ -5,19 +5,22 @@ hypothesis with the highest sentence BLEU against the human reference.
 
 An artifact of its own, so changing only the student re-uses it. Work is done in length-sorted
 chunks saved as they finish, so a killed run resumes where it stopped; under torchrun
-(`--nproc N`) the chunks are shared out across processes and merged in order.
+(`--nproc N`) the chunks are shared out across processes and merged in order. Nothing is held
+whole: sources are read by line offset, and the merge writes as it reads.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
 from pathlib import Path
 
 from ..context import StageContext
-from ..corpus import read_split
-from ..distill_corpus import TOP_K_FILE, load_top_k, write_top_k
+from ..corpus import LineIndex, split_lines
+from ..distill_corpus import TOP_K_FILE, TopKWriter, load_top_k, write_top_k
+from ..encoded_corpus import ENCODE_BLOCK
 from ..distributed import launch, worker_main, world_size
 from ..recipe import KDCorpusConfig, dump_config
 
@@ -37,6 +40,7 @@ def run(ctx: StageContext) -> dict:
 
 
 def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = None) -> dict:
+    import numpy as np
     import torch
 
     from model.torch_decoder import TorchTranslator
@@ -45,17 +49,17 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     world = world_size()
     if device == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    src, ref = read_split(Path(job["data"]), "train")
-    if job.get("max_sentences"):
-        src, ref = src[: job["max_sentences"]], ref[: job["max_sentences"]]
+    data, work = Path(job["data"]), Path(job["work"])
     closest = job.get("selection", "top") == "closest_to_reference"
     translator = TorchTranslator.load(Path(job["teacher"]), device=device)
-    chunks_dir = Path(job["work"]) / "chunks"
+    chunks_dir = work / "chunks"
     chunks_dir.mkdir(parents=True, exist_ok=True)
-    tokenized = translator.tokenizer.encode(src)
-    order = sorted(range(len(src)), key=lambda i: len(tokenized[i]))
+    sources = LineIndex(data / "train.src", job.get("max_sentences"))
+    references = LineIndex(data / "train.tgt", job.get("max_sentences")) if closest else None
+    order = np.argsort(_source_lengths(translator.tokenizer, data, len(sources), work, rank, world, progress),
+                       kind="stable")  # stable: sentences of one length keep their order
     chunk = int(os.environ.get("PIPELINE_KD_CHUNK", CHUNK))
-    chunks = [order[i: i + chunk] for i in range(0, len(order), chunk)]
+    chunks = [order[i: i + chunk].tolist() for i in range(0, len(order), chunk)]
     mine = [c for c in range(len(chunks)) if c % world == rank]
     todo = [c for c in mine if not (chunks_dir / f"{c:05d}.json").is_file()]
     if len(todo) < len(mine):
@@ -65,19 +69,20 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     with progress("teacher translating", total=sum(len(chunks[c]) for c in todo) * world, unit="sentences") as bar:
         for c in todo:
             idx = chunks[c]
+            texts = [sources[i] for i in idx]
             settings = dict(beam=job["beam"], length_penalty=job["length_penalty"], batch_tokens=job["batch_tokens"],
                             on_batch=lambda n: bar.advance(n * world))
             part: dict = {"index": idx}
             if closest:
-                nbest = translator.translate_nbest([src[i] for i in idx], **settings)
-                part.update(closest_to_reference(nbest, [ref[i] for i in idx]))
+                nbest = translator.translate_nbest(texts, **settings)
+                part.update(closest_to_reference(nbest, [references[i] for i in idx]))
             elif job.get("top_k"):
-                done = translator.translate_greedy_top_k([src[i] for i in idx], job["top_k"],
-                                                         batch_tokens=job["batch_tokens"], on_batch=settings["on_batch"])
+                done = translator.translate_greedy_top_k(texts, job["top_k"], batch_tokens=job["batch_tokens"],
+                                                         on_batch=settings["on_batch"])
                 part["hyps"] = [text for text, _, _ in done]
                 part["top_k_dropped"] = save_top_k(chunks_dir / f"{c:05d}.npz", done, translator.tokenizer)
             else:
-                part["hyps"] = translator.translate([src[i] for i in idx], **settings)
+                part["hyps"] = translator.translate(texts, **settings)
             tmp = chunks_dir / f"{c:05d}.json.tmp"
             tmp.write_text(json.dumps(part), encoding="utf-8")
             os.replace(tmp, chunks_dir / f"{c:05d}.json")
@@ -89,52 +94,111 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
         dist.barrier()
     if rank != 0:
         return {}
-    translations = [""] * len(src)
-    selected = {"not_top": 0, "sentence_bleu_top": 0.0, "sentence_bleu_selected": 0.0}
-    metric = None
-    top_k_parts, top_k_dropped = [None] * len(src), 0
-    for c in range(len(chunks)):
-        part = json.loads((chunks_dir / f"{c:05d}.json").read_text(encoding="utf-8"))
-        for i, h in zip(part["index"], part["hyps"]):
-            translations[i] = h
-        if job.get("top_k"):
-            top_k_dropped += part["top_k_dropped"]
-            for i, arrays in zip(part["index"], load_top_k(chunks_dir / f"{c:05d}.npz")):
-                top_k_parts[i] = arrays
-        for key in selected if closest else ():
-            selected[key] += part[key]
-        metric = part.get("metric") or metric
-    out = Path(job["out"])
-    keep = [i for i, h in enumerate(translations) if h.strip()]
-    with open(out / "kd.src", "w", encoding="utf-8") as fs, open(out / "kd.tgt", "w", encoding="utf-8") as ft:
-        for i in keep:
-            fs.write(src[i] + "\n")
-            ft.write(translations[i] + "\n")
-    if job.get("top_k"):
-        write_top_k(out / TOP_K_FILE, [top_k_parts[i] for i in keep])
+    merged = _merge_chunks(job, len(chunks), len(sources), sources, chunks_dir, Path(job["out"]), work)
     rate = done_sentences * world / seconds if seconds > 0 and done_sentences else None
-    log(f"translated {len(src)} sentences" + (f" at {rate:.1f} sentences/s" if rate else ""))
-    src_words = sum(len(src[i].split()) for i in keep)
-    tgt_words = sum(len(translations[i].split()) for i in keep)
-    metrics = {"sentences": len(keep), "empty_translations": len(src) - len(keep), "beam": job["beam"],
+    log(f"translated {len(sources)} sentences" + (f" at {rate:.1f} sentences/s" if rate else ""))
+    metrics = {"sentences": merged["kept"], "empty_translations": len(sources) - merged["kept"], "beam": job["beam"],
                "seconds": round(seconds, 1), "sentences_per_s": round(rate, 2) if rate else None,
-               "processes": world, "device": device, "length_ratio": round(tgt_words / max(1, src_words), 3),
+               "processes": world, "device": device,
+               "length_ratio": round(merged["tgt_words"] / max(1, merged["src_words"]), 3),
                "threads": torch.get_num_threads() if device == "cpu" else None, "precision": "float32"}
     if job.get("top_k"):
         # A translation whose text the tokenizer splits differently from how the teacher wrote it
         # would misalign its distributions with the student's targets: those pairs train on hard labels.
-        metrics["top_k"] = {"k": job["top_k"], "file": TOP_K_FILE, "pairs_without": top_k_dropped}
+        metrics["top_k"] = {"k": job["top_k"], "file": TOP_K_FILE, "pairs_without": merged["top_k_dropped"]}
     if closest:
-        n = max(1, len(src))
+        selected, n = merged["selected"], max(1, len(sources))
         metrics["selection"] = {
             "kind": "closest_to_reference", "not_top_fraction": round(selected["not_top"] / n, 4),
             "mean_sentence_bleu_top": round(selected["sentence_bleu_top"] / n, 2),
             "mean_sentence_bleu_selected": round(selected["sentence_bleu_selected"] / n, 2),
-            "metric": metric}
+            "metric": merged["metric"]}
         log(f"closest to the reference: not the teacher's best for {selected['not_top'] / n:.1%} of sentences; "
             f"mean sentence BLEU {metrics['selection']['mean_sentence_bleu_top']} -> "
             f"{metrics['selection']['mean_sentence_bleu_selected']}")
     return metrics
+
+
+def _source_lengths(tokenizer, data: Path, count: int, work: Path, rank: int, world: int, progress):
+    """Each training source's length in subwords (what the chunks are sorted by), computed once
+    in blocks by rank 0 and kept in the work folder for the other ranks and a resumed run."""
+    import numpy as np
+
+    path = work / "source_lengths.npy"
+    if rank == 0 and not path.is_file():
+        lengths = np.zeros(count, dtype=np.int32)
+        done = 0
+        lines = itertools.islice(split_lines(data, "train", "src"), count)
+        with progress("sorting sources by length", total=count, unit="sentences") as bar:
+            while block := list(itertools.islice(lines, ENCODE_BLOCK)):
+                lengths[done: done + len(block)] = [len(ids) for ids in tokenizer.encode(block)]
+                done += len(block)
+                bar.advance(len(block))
+        tmp = work / "source_lengths.tmp.npy"
+        np.save(tmp, lengths)
+        os.replace(tmp, path)
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+    return np.load(path)
+
+
+def _merge_chunks(job: dict, chunk_count: int, count: int, sources, chunks_dir: Path, out: Path, work: Path) -> dict:
+    """kd.src/kd.tgt (and the distributions) in the training split's order, from the chunks in
+    length order, holding per sentence only where its translation is: the translations are
+    appended to one file as the chunks come, then read back in order; distributions are written
+    in place (TopKWriter)."""
+    import numpy as np
+
+    starts, sizes = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
+    nonempty = np.zeros(count, dtype=bool)
+    top_k_lengths = np.zeros(count, dtype=np.int64) if job.get("top_k") else None
+    merged = {"top_k_dropped": 0, "selected": {"not_top": 0, "sentence_bleu_top": 0.0, "sentence_bleu_selected": 0.0},
+              "metric": None, "kept": 0, "src_words": 0, "tgt_words": 0}
+    closest = job.get("selection", "top") == "closest_to_reference"
+    ids_dtype = np.int16
+    with open(work / "translations.txt", "wb") as f:
+        for c in range(chunk_count):
+            part = json.loads((chunks_dir / f"{c:05d}.json").read_text(encoding="utf-8"))
+            for i, h in zip(part["index"], part["hyps"]):
+                encoded = h.encode("utf-8")
+                starts[i], sizes[i], nonempty[i] = f.tell(), len(encoded), bool(h.strip())
+                f.write(encoded)
+            if top_k_lengths is not None:
+                merged["top_k_dropped"] += part["top_k_dropped"]
+                with np.load(chunks_dir / f"{c:05d}.npz") as arrays:
+                    top_k_lengths[part["index"]] = arrays["lengths"]
+                    ids_dtype = np.promote_types(ids_dtype, arrays["ids"].dtype)
+            for key in merged["selected"] if closest else ():
+                merged["selected"][key] += part[key]
+            merged["metric"] = part.get("metric") or merged["metric"]
+    keep = np.flatnonzero(nonempty)
+    merged["kept"] = len(keep)
+    fd = os.open(work / "translations.txt", os.O_RDONLY)
+    try:
+        with open(out / "kd.src", "w", encoding="utf-8") as fs, open(out / "kd.tgt", "w", encoding="utf-8") as ft:
+            for i in keep.tolist():
+                source, translation = sources[i], os.pread(fd, int(sizes[i]), int(starts[i])).decode("utf-8")
+                fs.write(source + "\n")
+                ft.write(translation + "\n")
+                merged["src_words"] += len(source.split())
+                merged["tgt_words"] += len(translation.split())
+    finally:
+        os.close(fd)
+    if top_k_lengths is not None:
+        row_of = np.full(count, -1, dtype=np.int64)
+        row_of[keep] = np.arange(len(keep))
+        writer = TopKWriter(out, top_k_lengths[keep], job["top_k"], ids_dtype)
+        try:
+            for c in range(chunk_count):
+                index = json.loads((chunks_dir / f"{c:05d}.json").read_text(encoding="utf-8"))["index"]
+                for i, arrays in zip(index, load_top_k(chunks_dir / f"{c:05d}.npz")):
+                    if arrays is not None and row_of[i] >= 0:
+                        writer.put(int(row_of[i]), *arrays)
+        finally:
+            writer.close()
+    return merged
 
 
 def save_top_k(path: Path, done: list, tokenizer) -> int:

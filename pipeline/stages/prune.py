@@ -36,11 +36,12 @@ from model.transformer import Transformer, load_model, save_model
 
 from ..context import StageContext
 from ..corpus import read_split
-from ..distill_corpus import stored_word_level, training_pairs
+from ..distill_corpus import TrainingText, encoded_training_set, stored_word_level, training_pairs
+from ..encoded_corpus import Corpus, encode_corpus
 from ..recipe import PruneConfig, TrainConfig
 from ..scoring import bleu_only
 from ..timing import interleaved
-from ..train_loop import Corpus, Trainer, ValidationSet, collate, encode_corpus, make_batches
+from ..train_loop import Trainer, ValidationSet, collate, make_batches
 
 DECODER_STEPS = 20  # forced decoder steps per sentence when timing one step
 
@@ -55,12 +56,12 @@ def run(ctx: StageContext) -> dict:
     model = copy.deepcopy(original).to(device)
     max_positions = original.cfg.max_positions
 
-    train_src, train_tgt, train_soft, train_origin = finetune_pairs(ctx)
-    train = encode_corpus(tokenizer, train_src, train_tgt, max_positions, soft=train_soft)
+    text, train_origin = finetune_pairs(ctx)
+    train, _ = encoded_training_set(text, tokenizer, max_positions, ctx.work, ctx.log, ctx.progress)
     valid_src, valid_tgt = read_split(data.path, "valid")
     valid_corpus = encode_corpus(tokenizer, valid_src, valid_tgt, max_positions, drop_long=False)
     n_bleu = min(cfg.valid_bleu_sentences or len(valid_src), len(valid_src))
-    valid = ValidationSet(valid_corpus, valid_corpus.src[:n_bleu], valid_tgt[:n_bleu])
+    valid = ValidationSet(valid_corpus, valid_corpus.src.rows(n_bleu), valid_tgt[:n_bleu])
     pad, bos, eos = original.cfg.pad_id, original.cfg.bos_id, original.cfg.eos_id
     held_out = [collate(valid_corpus, index, pad, bos, eos, device) for index in
                 make_batches(valid_corpus, cfg.importance_batch_tokens, seed=0, epoch=0)[: cfg.importance_batches]]
@@ -112,7 +113,8 @@ def run(ctx: StageContext) -> dict:
         "neurons": {str(r["step"]): r["neuron_importance"] for r in records if r.get("neuron_importance")},
     }, indent=1) + "\n", encoding="utf-8")
 
-    latency = measure_latency(ctx, {"unpruned": original, "pruned": model}, valid_corpus.src, cfg)
+    latency = measure_latency(ctx, {"unpruned": original, "pruned": model}, valid_corpus.src.rows(len(valid_corpus)),
+                              cfg)
     heads_after, ffn_after = pruning.head_counts(model), pruning.ffn_widths(model)
     bytes_before = source.file("model.safetensors").stat().st_size
     bytes_after = (ctx.out / "model.safetensors").stat().st_size
@@ -148,7 +150,7 @@ def run(ctx: StageContext) -> dict:
     }
 
 
-def finetune_pairs(ctx: StageContext) -> tuple[list[str], list[str], list | None, str]:
+def finetune_pairs(ctx: StageContext) -> tuple[TrainingText, str]:
     """What the model learnt from: the distillation corpus, with the share of references its
     recipe mixed in (the same pairs, drawn with the same seed), and the teacher's stored
     distributions if it learnt from those too; else the training split.
@@ -159,12 +161,12 @@ def finetune_pairs(ctx: StageContext) -> tuple[list[str], list[str], list | None
     job = {"data": str(ctx.input("data").path), "kd_corpus": str(kd.path) if kd else None,
            "reference_mix": trained.get("reference_mix", 0.0), "word_level": stored_word_level(trained),
            "train": {"seed": (trained.get("train") or {}).get("seed", TrainConfig().seed)}}
-    src, tgt, soft, info = training_pairs(job, ctx.log)
+    text = training_pairs(job, ctx.log)
     if kd is None:
-        return src, tgt, None, "train split"
-    mixed = info.get("reference_pairs_mixed", 0)
-    return src, tgt, soft, ("kd_corpus" + (f" + {mixed} references" if mixed else "")
-                            + (" with the teacher's distributions" if soft is not None else ""))
+        return text, "train split"
+    mixed = text.info.get("reference_pairs_mixed", 0)
+    return text, ("kd_corpus" + (f" + {mixed} references" if mixed else "")
+                  + (" with the teacher's distributions" if text.top_k is not None else ""))
 
 
 def prune_step(ctx: StageContext, cfg: PruneConfig, step: int, model: Transformer, held_out: list,

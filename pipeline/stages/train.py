@@ -18,12 +18,13 @@ from model.transformer import Transformer, TransformerConfig, load_model, save_m
 
 from ..context import StageContext
 from ..corpus import read_split
-from ..distill_corpus import training_pairs
+from ..distill_corpus import encoded_training_set, training_pairs
 from ..distributed import launch, launch_alone, worker_main, world_size
 from ..errors import UserInputError
 from ..machine import usable_cores
 from ..recipe import TrainConfig, TrainNode, dump_config
-from ..train_loop import Trainer, ValidationSet, encode_corpus
+from ..encoded_corpus import encode_corpus
+from ..train_loop import Trainer, ValidationSet
 
 
 def run(ctx: StageContext) -> dict:
@@ -64,12 +65,13 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
     torch.manual_seed(train_cfg.seed)
     model = Transformer(model_cfg)
 
-    src, tgt, soft, data_info = training_pairs(job, log)
-    train = encode_corpus(tokenizer, src, tgt, model_cfg.max_positions, soft=soft)
+    text = training_pairs(job, log)
+    train, data_info = encoded_training_set(text, tokenizer, model_cfg.max_positions, Path(job["work"]), log,
+                                            progress, rank)
     valid_src, valid_tgt = read_split(Path(job["data"]), "valid")
     valid_corpus = encode_corpus(tokenizer, valid_src, valid_tgt, model_cfg.max_positions, drop_long=False)
     n_bleu = min(train_cfg.valid_bleu_sentences, len(valid_src))
-    valid = ValidationSet(valid_corpus, valid_corpus.src[:n_bleu], valid_tgt[:n_bleu])
+    valid = ValidationSet(valid_corpus, valid_corpus.src.rows(n_bleu), valid_tgt[:n_bleu])
 
     teacher, alpha, temperature = None, 0.0, 1.0
     word_level = job.get("word_level") or {}
@@ -77,7 +79,7 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
         teacher = _teacher_with_our_vocabulary(job, tokenizer, device, "word-level distillation")
         alpha, temperature = word_level["alpha"], word_level["temperature"]
         if word_level.get("from_kd_corpus"):
-            with_soft = sum(p is not None for p in train.soft)
+            with_soft = train.soft.present()
             data_info["word_level_pairs"] = with_soft
             log(f"word-level distillation from the KD corpus's stored distributions: {with_soft} of "
                 f"{len(train)} pairs (the rest learn from their labels alone)")

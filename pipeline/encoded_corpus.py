@@ -1,0 +1,196 @@
+"""A training set as subword ids: what the batcher reads.
+
+On disk (encode_to_disk) a corpus is two ragged arrays, one flat file of ids per side plus the
+offsets where each sentence starts (as fairseq's and Marian's binarised data are), written once
+in blocks by a single pass over the text and memory-mapped for reading. What a process holds
+is the offsets (8 bytes a sentence a side) and the pages the current batches touch, whatever
+the corpus size. The validation set, a few thousand sentences, is encoded in memory
+(encode_corpus) into the same structure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+# Pairs per tokenizer call: `tokenizers` encodes a batch on all cores; blocks keep memory flat.
+ENCODE_BLOCK = 10_000
+_META = "encoded.json"
+
+
+class Ragged:
+    """Rows of ids of varying length: row i is ids[offsets[i]:offsets[i + 1]]."""
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray):
+        self.ids, self.offsets = ids, offsets
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Sequence[int]]) -> "Ragged":
+        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        ids = np.fromiter((i for r in rows for i in r), dtype=np.int64, count=int(offsets[-1]))
+        return cls(ids, offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.ids[self.offsets[i]: self.offsets[i + 1]]
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def rows(self, count: int) -> list[list[int]]:
+        """The first `count` rows as lists (what the search functions take)."""
+        return [self[i].tolist() for i in range(min(count, len(self)))]
+
+
+class SoftTargets:
+    """Per training pair, the teacher's stored top-k distributions (a TopKStore row), or none:
+    `rows[i]` is the store row of pair i, -1 for a pair that learns from its label alone."""
+
+    def __init__(self, store, rows: np.ndarray):
+        self.store, self.rows = store, rows
+
+    def __getitem__(self, i: int):
+        row = int(self.rows[i])
+        return None if row < 0 else self.store[row]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def present(self) -> int:
+        return int((self.rows >= 0).sum())
+
+    @property
+    def k(self) -> int:
+        return self.store.k
+
+
+@dataclass
+class Corpus:
+    src: Ragged  # subword ids + EOS
+    tgt: Ragged  # subword ids, no BOS/EOS (added when batching)
+    # Per pair, a teacher's k most likely words at each target position (EOS included) and their
+    # probabilities renormalised over those k: word-level distillation without the teacher in the loop.
+    soft: SoftTargets | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.src, Ragged):
+            self.src = Ragged.from_rows(self.src)
+        if not isinstance(self.tgt, Ragged):
+            self.tgt = Ragged.from_rows(self.tgt)
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def _fitted(s: list[int], t: list[int], limit: int, drop_long: bool, eos: int):
+    """A pair cut to the model's positions (None where dropped): source with EOS, target bare."""
+    if len(s) >= limit or len(t) >= limit:
+        if drop_long:
+            return None
+        s, t = s[: limit - 1], t[: limit - 1]
+    return s + [eos], t
+
+
+def encode_corpus(tokenizer, src_lines: list[str], tgt_lines: list[str], max_positions: int,
+                  drop_long: bool = True) -> Corpus:
+    """Subword ids of a small set of pairs, in memory (too long ones dropped or cut)."""
+    fitted = [_fitted(s, t, max_positions - 1, drop_long, tokenizer.eos_id)
+              for s, t in zip(tokenizer.encode(src_lines), tokenizer.encode(tgt_lines))]
+    kept = [pair for pair in fitted if pair is not None]
+    return Corpus([s for s, _ in kept], [t for _, t in kept])
+
+
+def encode_to_disk(tokenizer, pairs: Iterable[tuple[str, str, int]], folder: Path, max_positions: int,
+                   top_k=None, on_pairs: Callable[[int], None] | None = None) -> tuple[Corpus, dict]:
+    """Encode (source, target, top-k row or -1) pairs into `folder`, too long ones dropped, and
+    open the result memory-mapped; with `top_k` (a TopKStore) a pair keeps its row where the row
+    covers its encoded target plus EOS. A folder encoded before (its record is written last) is
+    opened as it is: a resumed training does not encode again. Returns the corpus and a record
+    (pairs read and kept, seconds)."""
+    folder = Path(folder)
+    meta_path = folder / _META
+    if not meta_path.is_file():
+        _encode(tokenizer, pairs, folder, max_positions, top_k, on_pairs)
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    sides = {}
+    for side in ("src", "tgt"):
+        offsets = np.load(folder / f"{side}.offsets.npy")
+        ids = (np.memmap(folder / f"{side}.ids", dtype=meta["dtype"], mode="r") if offsets[-1] > 0
+               else np.zeros(0, dtype=meta["dtype"]))  # numpy cannot map an empty file
+        sides[side] = Ragged(ids, offsets)
+    soft = None
+    if top_k is not None:
+        soft = SoftTargets(top_k, np.load(folder / "top_k_rows.npy"))
+    return Corpus(sides["src"], sides["tgt"], soft), meta
+
+
+def _encode(tokenizer, pairs, folder: Path, max_positions: int, top_k, on_pairs) -> None:
+    start = time.perf_counter()
+    tmp = folder.with_name(folder.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
+    lengths: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
+    rows: list[np.ndarray] = []
+    read = 0
+    with open(tmp / "src.ids", "wb") as src_file, open(tmp / "tgt.ids", "wb") as tgt_file:
+        for block in _blocks(pairs, ENCODE_BLOCK):
+            read += len(block)
+            src_ids = tokenizer.encode([s for s, _, _ in block])
+            tgt_ids = tokenizer.encode([t for _, t, _ in block])
+            kept_src, kept_tgt, kept_rows = [], [], []
+            for s, t, (_, _, row) in zip(src_ids, tgt_ids, block):
+                pair = _fitted(s, t, max_positions - 1, True, tokenizer.eos_id)
+                if pair is not None:
+                    kept_src.append(pair[0])
+                    kept_tgt.append(pair[1])
+                    kept_rows.append(row)
+            for side, out, kept in (("src", src_file, kept_src), ("tgt", tgt_file, kept_tgt)):
+                lengths[side].append(np.fromiter((len(x) for x in kept), dtype=np.int64, count=len(kept)))
+                out.write(np.fromiter((i for x in kept for i in x), dtype=dtype).tobytes())
+            rows.append(np.asarray(kept_rows, dtype=np.int64))
+            if on_pairs:
+                on_pairs(len(block))
+    kept_count = 0
+    for side in ("src", "tgt"):
+        side_lengths = np.concatenate(lengths[side]) if lengths[side] else np.zeros(0, np.int64)
+        offsets = np.zeros(len(side_lengths) + 1, dtype=np.int64)
+        np.cumsum(side_lengths, out=offsets[1:])
+        np.save(tmp / f"{side}.offsets.npy", offsets)
+        kept_count = len(side_lengths)
+        if side == "tgt" and top_k is not None:
+            store_rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+            # A stored distribution fits a pair when it has one entry per target word plus EOS.
+            fits = (store_rows >= 0) & (top_k.lengths[np.maximum(store_rows, 0)] == side_lengths + 1)
+            np.save(tmp / "top_k_rows.npy", np.where(fits, store_rows, -1))
+    meta = {"pairs_read": read, "pairs": kept_count, "dropped_too_long": read - kept_count,
+            "dtype": np.dtype(dtype).name, "max_positions": max_positions,
+            "seconds": round(time.perf_counter() - start, 2)}
+    for path in tmp.iterdir():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+    (tmp / _META).write_text(json.dumps(meta) + "\n", encoding="utf-8")
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.rename(tmp, folder)
+
+
+def _blocks(items: Iterable, size: int) -> Iterator[list]:
+    block = []
+    for item in items:
+        block.append(item)
+        if len(block) == size:
+            yield block
+            block = []
+    if block:
+        yield block
