@@ -13,7 +13,6 @@ Several processes (torchrun; gloo on CPU, nccl on GPU) split each epoch's batche
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -35,35 +34,9 @@ from model.transformer import Transformer
 
 from . import speed_probe
 from .budgets import budget_text, cut_text
-from .encoded_corpus import Corpus
+from .encoded_corpus import Corpus, make_batches
 from .recipe import TrainConfig
 from .scoring import bleu_only
-
-
-def make_batches(corpus: Corpus, batch_tokens: int, seed: int, epoch: int, rank: int = 0,
-                 world: int = 1) -> list[np.ndarray]:
-    """Length-bucketed batches of at most `batch_tokens` (padded) tokens, in a shuffled order that
-    depends only on (seed, epoch): a resumed run sees exactly the batches it would have seen."""
-    rng = np.random.default_rng([seed, epoch])
-    src_len, tgt_len = corpus.src.lengths(), corpus.tgt.lengths() + 1
-    order = np.lexsort((rng.random(len(corpus)), src_len, tgt_len))
-    # Greedy along the sorted order: a batch ends where one more pair would pad it past the
-    # budget. Python ints, not numpy scalars (a few million pairs take a second, not ten), made
-    # a block at a time (all at once they would be 36 bytes a pair).
-    sizes = np.maximum(src_len, tgt_len)[order]
-    blocks = (sizes[i: i + 65536].tolist() for i in range(0, len(sizes), 65536))
-    starts, start, longest = [0], 0, 0
-    for end, size in enumerate(itertools.chain.from_iterable(blocks)):
-        candidate = max(longest, size)
-        if (end - start + 1) * candidate > batch_tokens and end > start:
-            starts.append(end)
-            start, candidate = end, size
-        longest = candidate
-    batches = [order[a:b] for a, b in zip(starts, starts[1:] + [len(order)])] if len(order) else []
-    rng.shuffle(batches)
-    if world > 1:
-        batches = batches[: len(batches) - len(batches) % world][rank::world]
-    return batches
 
 
 def collate(corpus: Corpus, index: np.ndarray, pad: int, bos: int, eos: int, device) -> tuple:

@@ -70,6 +70,36 @@ def cli(*args: str, store: Path | None = None, input: bytes | None = None, timeo
     return subprocess.run(cmd, cwd=code, input=input, capture_output=True, timeout=timeout, env=full_env)
 
 
+# Runs a module or script with a hook that reports its peak resident memory (VmHWM) at exit.
+# Not wait4's ru_maxrss: a child forked from this test process starts its count at the
+# parent's size (the kernel keeps the high-water mark across exec), which would hide the child.
+_PEAK_SHIM = """
+import atexit, runpy, sys
+def _peak():
+    with open("/proc/self/status") as f:
+        kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+    sys.stderr.write(f"\\nPEAK_RSS_KB {kb}\\n")
+atexit.register(_peak)
+sys.argv = sys.argv[1:]
+if sys.argv[0].endswith(".py"):
+    runpy.run_path(sys.argv[0], run_name="__main__")
+else:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def run_with_peak_rss(target: str, *args: str, env: dict | None = None) -> tuple[int, float, str, str]:
+    """Run a module (`pipeline.cli`) or a script path in a fresh process: (exit code, its peak
+    RSS in MB, stdout, stderr without the report line)."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    done = subprocess.run([sys.executable, "-c", _PEAK_SHIM, target, *args], capture_output=True, env=full_env,
+                          cwd=REPO, timeout=600)
+    err = done.stderr.decode(errors="replace")
+    peaks = [line for line in err.splitlines() if line.startswith("PEAK_RSS_KB ")]
+    peak = int(peaks[-1].split()[1]) / 1024 if peaks else float("nan")
+    return done.returncode, peak, done.stdout.decode(errors="replace"), err.replace(peaks[-1], "") if peaks else err
+
+
 class SmokeStore:
     """One store per test session, built stage by stage as tests ask for them."""
 

@@ -21,6 +21,8 @@ from pipeline.errors import DataError, RecipeError
 from pipeline.recipe import CleanConfig, DataConfig, FileSplit, dump_config, load_recipe
 from pipeline.stages import data as data_stage
 
+from .conftest import run_with_peak_rss
+
 
 def multi30k_config(**kw) -> DataConfig:
     return DataConfig(test_sets=["test_2016_flickr"], **kw)
@@ -204,15 +206,9 @@ def _files_recipe(tmp_path, train: Path | str, name: str = "own", extra: str = "
 
 
 def _peak_rss_mb(args: list[str], store: Path) -> tuple[int, float, str]:
-    """Run the CLI in a fresh process; its peak RSS as the kernel accounted it (wait4)."""
-    import os
-    import subprocess
-    import sys
-
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args, "--store", str(store)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 1024, proc.stderr.read().decode()
+    """Run the CLI in a fresh process: its exit code, peak RSS (conftest.run_with_peak_rss), stderr."""
+    code, peak, _, err = run_with_peak_rss("pipeline.cli", *args, "--store", str(store))
+    return code, peak, err
 
 
 def test_a_bad_line_in_a_users_corpus_fails_the_run_with_one_line_and_leaves_nothing(tmp_path):

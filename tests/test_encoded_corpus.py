@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,7 +16,7 @@ from pipeline.distill_corpus import TopKStore, TopKWriter
 from pipeline.encoded_corpus import encode_corpus, encode_to_disk
 from pipeline.train_loop import collate, collate_soft, make_batches
 
-from .conftest import REPO
+from .conftest import run_with_peak_rss
 
 
 def _tokenizer(data_dir, tmp_path) -> SubwordTokenizer:
@@ -111,7 +108,7 @@ _CHILD = """
 import gzip, json, sys
 from model.subword import SubwordTokenizer
 from pipeline import encoded_corpus
-from pipeline.train_loop import collate, make_batches
+assert "torch" not in sys.modules  # a child of its own size: no torch to start
 encoded_corpus.ENCODE_BLOCK = 2000  # both sizes many blocks: what grows is what is kept, not one block's lists
 n, data, work = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 with gzip.open(data + "/multi30k/train.en.gz", "rt") as en, gzip.open(data + "/multi30k/train.fr.gz", "rt") as fr:
@@ -119,9 +116,8 @@ with gzip.open(data + "/multi30k/train.en.gz", "rt") as en, gzip.open(data + "/m
 tok = SubwordTokenizer.load(work + "/tokenizer.json")
 pairs = ((*base[i % len(base)], -1) for i in range(n))  # untagged: the tokenizer's word cache stays one size
 corpus, record = encoded_corpus.encode_to_disk(tok, pairs, work + f"/enc{n}", 128)
-batches = make_batches(corpus, 2000, seed=1, epoch=0)
-for b in batches[:20]:
-    collate(corpus, b, 0, 1, 2, "cpu")
+batches = encoded_corpus.make_batches(corpus, 2000, seed=1, epoch=0)
+touched = sum(int(corpus.src[i].sum()) + int(corpus.tgt[i].sum()) for b in batches[:20] for i in b)
 print(json.dumps({"pairs": record["pairs"], "batches": len(batches)}))
 """
 
@@ -130,14 +126,11 @@ def test_encoding_memory_does_not_grow_with_the_corpus(tmp_path, data_dir):
     """Ten times the pairs, about the same peak memory: the ids go to disk block by block, and
     batching needs only the offsets (holding the ids as Python lists costs ~100 MB more at 100k)."""
     _tokenizer(data_dir, tmp_path)
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD, encoding="utf-8")
     peaks = {}
     for n in (10_000, 100_000):
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(n), str(data_dir), str(tmp_path)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
-        _, status, usage = os.wait4(proc.pid, 0)
-        out, err = proc.stdout.read(), proc.stderr.read()
-        assert os.waitstatus_to_exitcode(status) == 0, err.decode()[-2000:]
+        code, peaks[n], out, err = run_with_peak_rss(str(script), str(n), str(data_dir), str(tmp_path))
+        assert code == 0, err[-2000:]
         assert json.loads(out)["pairs"] == n
-        peaks[n] = usage.ru_maxrss / 1024
-    print(peaks)
     assert peaks[100_000] - peaks[10_000] < 30, peaks

@@ -37,11 +37,11 @@ from model.transformer import Transformer, load_model, save_model
 from ..context import StageContext
 from ..corpus import read_split
 from ..distill_corpus import TrainingText, encoded_training_set, stored_word_level, training_pairs
-from ..encoded_corpus import Corpus, encode_corpus
+from ..encoded_corpus import Corpus, encode_corpus, make_batches
 from ..recipe import PruneConfig, TrainConfig
 from ..scoring import bleu_only
 from ..timing import interleaved
-from ..train_loop import Trainer, ValidationSet, collate, make_batches
+from ..train_loop import Trainer, ValidationSet, collate
 
 DECODER_STEPS = 20  # forced decoder steps per sentence when timing one step
 
