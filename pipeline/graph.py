@@ -81,7 +81,16 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
         add("tokenizer", "tokenizer", recipe.tokenizer, {"data": "data"})
 
     models: list[str] = []
-    if recipe.teacher is not None:
+    imported = recipe.teacher is not None and recipe.teacher.pretrained is not None
+    if imported:
+        _check_imported_teacher(recipe, where)
+        pretrained = recipe.teacher.pretrained
+        content = _checkpoint_content(pretrained)
+        # A local checkpoint is identified by its files' digests, not by where it lies.
+        config = {**dump_config(pretrained), "path": None} if "file_digests" in content else None
+        add("teacher", "import_teacher", pretrained, extra={"checkpoint": content}, config=config)
+        models.append("teacher")
+    elif recipe.teacher is not None:
         need("tokenizer", "teacher")
         add("teacher", "train", TrainNode(role="teacher", model=recipe.teacher.model, train=recipe.teacher.train),
             {"data": "data", "tokenizer": "tokenizer"})
@@ -97,7 +106,7 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
         asked = [key for key, on in (("distill.student.embeddings_from_teacher", d.student.embeddings_from_teacher),
                                      ("distill.ablation_embeddings_from_teacher",
                                       d.ablation and d.ablation_embeddings_from_teacher)) if on]
-        if asked and d.student.model.d_model > recipe.teacher.model.d_model:
+        if asked and not imported and d.student.model.d_model > recipe.teacher.model.d_model:
             raise RecipeError([f"{where}: {' and '.join(asked)}: the student's d_model "
                                f"({d.student.model.d_model}) is wider than the teacher's "
                                f"({recipe.teacher.model.d_model}); there is nothing to project"])
@@ -270,6 +279,41 @@ def select(nodes: list[Node], until: str | None) -> list[Node]:
             wanted.add(name)
             stack.extend(by_name[name].inputs.values())
     return [n for n in nodes if n.name in wanted]
+
+
+def _check_imported_teacher(recipe: Recipe, where: str) -> None:
+    """What an imported teacher cannot do here, each refused in one line: it has its own
+    vocabulary (no word-level KD, no embedding to project), and our export, pruning and
+    Seq-Inter selection read our model format."""
+    d, problems = recipe.distill, []
+    if d is not None and d.student.word_level.enabled:
+        problems.append("distill.student.word_level: word-level distillation needs one vocabulary for teacher and "
+                        "student; an imported teacher has its own (sequence-level KD from its translations works)")
+    for key, on in (("distill.student.embeddings_from_teacher", d is not None and d.student.embeddings_from_teacher),
+                    ("distill.ablation_embeddings_from_teacher", d is not None and d.ablation
+                     and d.ablation_embeddings_from_teacher)):
+        if on:
+            problems.append(f"{key}: an imported teacher's embedding is in its own vocabulary")
+    if d is not None and d.corpus.top_k is not None:
+        problems.append("distill.corpus.top_k: stored distributions are in the teacher's vocabulary; "
+                        "not for an imported teacher")
+    if d is not None and d.corpus.selection != "top":
+        problems.append("distill.corpus.selection: only 'top' for an imported teacher")
+    if d is None and recipe.prune is not None:
+        problems.append("prune: an imported teacher is not pruned here; distil a student from it (a 'distill' section)")
+    if recipe.export is not None and ("teacher" in recipe.export.also or d is None):
+        problems.append("export: an imported teacher is not exported here (CTranslate2 converts it as it is)")
+    if problems:
+        raise RecipeError([f"{where}: {p}" for p in problems])
+
+
+def _checkpoint_content(pretrained) -> dict:
+    """What identifies an imported teacher: the digests of a local checkpoint's files, or the
+    hub id and revision (resolved when the stage runs)."""
+    folder = Path(pretrained.path).expanduser()
+    if not folder.is_dir():
+        return {"hub_id": pretrained.path, "revision": pretrained.revision}
+    return {"file_digests": {p.name: _file_digest(p) for p in sorted(folder.iterdir()) if p.is_file()}}
 
 
 def _data_content(recipe: Recipe) -> dict:

@@ -71,6 +71,10 @@ def open_translator(job: dict):
 
         if device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
             raise Skip("ctranslate2 sees no CUDA device")
+        from model.hf_translator import CT2Translator, is_serving_folder
+
+        if is_serving_folder(folder):  # an imported teacher, with its own tokenizer
+            return CT2Translator(folder / "hf", folder, device=device, threads=threads, compute_type=job["compute_type"])
         return CTranslate2Translator(folder, device=device, threads=threads, compute_type=job["compute_type"])
     if runtime == "torch":
         import torch

@@ -18,10 +18,18 @@ def is_onnx_package(folder: Path) -> bool:
     return (folder / "encoder.onnx").is_file() and (folder / "decoder.onnx").is_file()
 
 
+def is_imported_teacher(folder: Path) -> bool:
+    return (folder / "hf_import.json").is_file() and (folder / "checkpoint").is_dir()
+
+
 def load_translator(folder: Path, package: str | None = None, device: str = "cpu", threads: int | None = None):
     folder = Path(folder)
     if package:
         folder = folder / package
+    if is_imported_teacher(folder):  # before is_torch_model: a checkpoint has config.json too
+        from model.hf_translator import HFTranslator
+
+        return HFTranslator(folder / "checkpoint", device=device, threads=threads)
     if is_torch_model(folder):
         from model.torch_decoder import TorchTranslator
         from model.transformer import ModelConfigError

@@ -265,9 +265,28 @@ class TrainConfig(Strict):
         return self
 
 
+class PretrainedTeacher(Strict):
+    """A teacher imported, not trained: a Hugging Face AutoModelForSeq2SeqLM checkpoint."""
+
+    format: Literal["huggingface"] = "huggingface"
+    path: Annotated[str, Field(min_length=1, max_length=1000)]  # a checkpoint folder, or a hub id (network)
+    revision: Annotated[str, Field(min_length=1, max_length=200)] | None = None  # of a hub id
+    # What translates the KD corpus: CTranslate2 where its converter takes the model (auto), or
+    # transformers' generate.
+    decoder: Literal["auto", "ctranslate2", "transformers"] = "auto"
+
+
 class TeacherConfig(Strict):
     model: ModelSpec = ModelSpec()
     train: TrainConfig = TrainConfig()
+    pretrained: PretrainedTeacher | None = None
+
+    @model_validator(mode="after")
+    def _imported_or_trained(self):
+        if self.pretrained is not None and {"model", "train"} & self.model_fields_set:
+            raise ValueError("an imported teacher (pretrained) is not trained here: drop teacher.model and "
+                             "teacher.train")
+        return self
 
 
 # ---------------------------------------------------------------------------- distill

@@ -26,6 +26,7 @@ STAGES: dict[str, StageInfo] = {
     "data": StageInfo("pipeline.stages.data", 1, "fetch, verify and clean the parallel corpus"),
     "tokenizer": StageInfo("pipeline.stages.tokenizer", 1, "train the joint subword tokenizer"),
     "train": StageInfo("pipeline.stages.train", 3, "train a Transformer (teacher, student, ablation)"),
+    "import_teacher": StageInfo("pipeline.stages.import_teacher", 1, "import a Hugging Face seq2seq checkpoint"),
     "kd_corpus": StageInfo("pipeline.stages.kd_corpus", 1, "translate the training sources with the teacher"),
     "prune": StageInfo("pipeline.stages.prune", 5, "remove attention heads (and FFN neurons), fine-tune"),
     "export": StageInfo("pipeline.stages.export", 8, "export to ONNX, optimise, check parity"),

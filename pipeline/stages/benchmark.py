@@ -57,7 +57,7 @@ def run(ctx: StageContext) -> dict:
     machine = describe_machine(cfg.machine or {})
     has_cuda = bool(machine.get("gpu"))
     threads = thread_counts(cfg.threads, machine["usable_cores"])
-    rows = variant_rows(ctx, cfg, has_cuda) + peer_rows(ctx, cfg, has_cuda, sample)
+    rows = variant_rows(ctx, cfg, has_cuda) + peer_rows(ctx, cfg, has_cuda, sample) + imported_teacher_rows(ctx, cfg)
     ctx.log(f"{len(rows)} rows ({sum(1 for r in rows if not r['skipped'])} to measure) on {test_set}: "
             f"{len(sample)} sentences, threads {threads}, batch {cfg.batch_size}")
 
@@ -182,6 +182,33 @@ def peer_rows(ctx: StageContext, cfg: BenchmarkNode, has_cuda: bool, sample: lis
     return rows
 
 
+def imported_teacher_rows(ctx: StageContext, cfg: BenchmarkNode) -> list[dict]:
+    """An imported teacher through CTranslate2 (its own converter), int8 and float32 on the CPU,
+    beside its transformers row: what the model the user started from costs at its fastest."""
+    artifact = ctx.inputs.get("teacher")
+    if artifact is None or not artifact.metrics.get("imported"):
+        return []
+    rows = []
+    for ct in CT2_TYPES["cpu"]:
+        row = new_row(f"ctranslate2_teacher_{ct}", "teacher", "ctranslate2", "cpu", ct, "teacher", None)
+        rows.append(row)
+        row["skipped"] = skip_reason(row, cfg, False, onnx_ready=True) or (
+            None if importlib.util.find_spec("ctranslate2") else "ctranslate2 is not installed (pip install '.[peer]')")
+        if row["skipped"]:
+            continue
+        from model.hf_translator import convert_for_serving
+
+        folder = ctx.out / "ctranslate2" / f"teacher-{ct}"
+        try:
+            convert_for_serving(artifact.path / "checkpoint", folder, ct)
+        except Exception as exc:  # the converter's refusals are of many kinds
+            row["skipped"] = f"CTranslate2 cannot convert this model: {type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        row.update(artifact=artifact.id, folder=str(folder), bytes=model_bytes(folder), params=artifact.metrics["params"],
+                   source="teacher", files=folder.relative_to(ctx.out).as_posix())
+    return rows
+
+
 # ------------------------------------------------------------------------------ measuring
 def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: BenchmarkNode, score: dict | None,
             latency_only: bool = False, tag: str = "") -> dict:
@@ -226,7 +253,7 @@ def paired_rounds(ctx: StageContext, rows: list[dict], sample: list[str], cfg: B
     each other.)"""
     final = cfg.final_model
     peers = {r["compute_type"]: r for r in rows
-             if r["runtime"] == "ctranslate2" and r["device"] == "cpu" and not r["skipped"]}
+             if r["runtime"] == "ctranslate2" and r["device"] == "cpu" and not r["skipped"] and r["source"] == final}
     pairs = [(r, peers[r["compute_type"]]) for r in rows
              if r["runtime"] != "ctranslate2" and r["device"] == "cpu" and not r["skipped"]
              and r["source"] == final and r["compute_type"] in peers]
@@ -285,16 +312,18 @@ def thread_counts(spec: list, cores: int) -> list[int]:
 def model_bytes(folder: Path) -> int:
     """Bytes of the weights a runtime loads: safetensors, ONNX graphs and their external data,
     CTranslate2's model.bin. Tokenizer and small JSON files are not counted."""
-    weights = [p for p in folder.iterdir() if p.is_file() and (
-        p.name in ("model.safetensors", "model.bin") or p.suffix in (".onnx", ".data") or p.name.endswith("_data"))]
+    folders = [folder] + ([folder / "checkpoint"] if (folder / "checkpoint").is_dir() else [])  # an imported teacher
+    weights = [p for f in folders for p in f.iterdir() if p.is_file() and (
+        p.name in ("model.safetensors", "model.bin", "pytorch_model.bin") or p.suffix in (".onnx", ".data")
+        or p.name.endswith("_data"))]
     return sum(p.stat().st_size for p in weights)
 
 
 def model_facts(artifact: Artifact) -> tuple[int | None, int | None]:
     """(parameters, attention heads in total) of a PyTorch model artifact: its metrics, else its files."""
     metrics = artifact.metrics
-    if metrics.get("params") is not None and metrics.get("heads") is not None:
-        return metrics["params"], metrics["heads"]
+    if metrics.get("params") is not None and (metrics.get("heads") is not None or metrics.get("imported")):
+        return metrics["params"], metrics.get("heads")
     config = json.loads((artifact.path / "config.json").read_text(encoding="utf-8"))
     heads = sum(config["enc_heads"]) + sum(config["dec_self_heads"]) + sum(config["dec_cross_heads"])
     from safetensors import safe_open

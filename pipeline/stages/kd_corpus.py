@@ -21,6 +21,8 @@ from ..context import StageContext
 from ..corpus import LineIndex, split_lines
 from ..distill_corpus import TOP_K_FILE, TopKWriter, load_top_k, write_top_k
 from ..encoded_corpus import ENCODE_BLOCK
+from ..errors import UserInputError
+from ..model_loading import is_imported_teacher
 from ..distributed import launch, worker_main, world_size
 from ..recipe import KDCorpusConfig, dump_config
 
@@ -33,7 +35,8 @@ CHUNK = 1024
 def run(ctx: StageContext) -> dict:
     cfg: KDCorpusConfig = ctx.settings
     job = {**dump_config(cfg), "role": "kd_corpus", "data": str(ctx.input("data").path),
-           "teacher": str(ctx.input("teacher").path), "out": str(ctx.out), "work": str(ctx.work)}
+           "teacher": str(ctx.input("teacher").path), "out": str(ctx.out), "work": str(ctx.work),
+           "decoder": (ctx.input("teacher").config or {}).get("decoder", "auto")}  # an imported teacher's
     if ctx.nproc > 1:
         return launch(ctx, "pipeline.stages.kd_corpus", job)
     return translate_job(job, ctx.log, ctx.progress)
@@ -43,15 +46,13 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     import numpy as np
     import torch
 
-    from model.torch_decoder import TorchTranslator
-
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     world = world_size()
     if device == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     data, work = Path(job["data"]), Path(job["work"])
     closest = job.get("selection", "top") == "closest_to_reference"
-    translator = TorchTranslator.load(Path(job["teacher"]), device=device)
+    translator = teacher_translator(job, device, work, log)
     chunks_dir = work / "chunks"
     chunks_dir.mkdir(parents=True, exist_ok=True)
     sources = LineIndex(data / "train.src", job.get("max_sentences"))
@@ -96,12 +97,16 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
         return {}
     merged = _merge_chunks(job, len(chunks), len(sources), sources, chunks_dir, Path(job["out"]), work)
     rate = done_sentences * world / seconds if seconds > 0 and done_sentences else None
-    log(f"translated {len(sources)} sentences" + (f" at {rate:.1f} sentences/s" if rate else ""))
+    log(f"translated {len(sources)} sentences" + (f" at {rate:.1f} sentences/s" if rate else "")
+        + f" ({getattr(translator, 'runtime', 'torch')})")
     metrics = {"sentences": merged["kept"], "empty_translations": len(sources) - merged["kept"], "beam": job["beam"],
                "seconds": round(seconds, 1), "sentences_per_s": round(rate, 2) if rate else None,
                "processes": world, "device": device,
                "length_ratio": round(merged["tgt_words"] / max(1, merged["src_words"]), 3),
                "threads": torch.get_num_threads() if device == "cpu" else None, "precision": "float32"}
+    if is_imported_teacher(Path(job["teacher"])):
+        metrics["decoder"] = translator.runtime
+        metrics["decoders"] = compare_decoders(job, translator, sources, device, work, log)
     if job.get("top_k"):
         # A translation whose text the tokenizer splits differently from how the teacher wrote it
         # would misalign its distributions with the student's targets: those pairs train on hard labels.
@@ -117,6 +122,73 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
             f"mean sentence BLEU {metrics['selection']['mean_sentence_bleu_top']} -> "
             f"{metrics['selection']['mean_sentence_bleu_selected']}")
     return metrics
+
+
+def teacher_translator(job: dict, device: str, work: Path, log):
+    """Our teacher in PyTorch; an imported one through CTranslate2 where the recipe allows and its
+    converter takes the model, else transformers' generate."""
+    import torch
+
+    teacher = Path(job["teacher"])
+    if not is_imported_teacher(teacher):
+        from model.torch_decoder import TorchTranslator
+
+        return TorchTranslator.load(teacher, device=device)
+    from model.hf_translator import CT2Translator, HFTranslator
+
+    choice = job.get("decoder", "auto")
+    threads = torch.get_num_threads() if device == "cpu" else None
+    if choice != "transformers":
+        try:
+            return CT2Translator(teacher / "checkpoint", _converted(teacher, work), device=device, threads=threads)
+        except Exception as exc:  # the converter's refusals are of many kinds (unsupported model, options)
+            if choice == "ctranslate2":
+                raise UserInputError(f"teacher.pretrained.decoder: ctranslate2 cannot take this model: "
+                                     f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
+            log(f"CTranslate2 cannot take this model ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
+                "translating with transformers")
+    return HFTranslator(teacher / "checkpoint", device=device, threads=threads)
+
+
+def _converted(teacher: Path, work: Path) -> Path:
+    from model.hf_translator import convert_to_ctranslate2
+
+    return convert_to_ctranslate2(teacher / "checkpoint", work / "ctranslate2")
+
+
+def compare_decoders(job: dict, used, sources, device: str, work: Path, log, sentences: int = 200) -> dict:
+    """Both decoders of an imported teacher on the same first sentences, one after the other,
+    each warmed up first: sentences/s of each and how many outputs they share (the corpus came
+    from `used`)."""
+    import torch
+
+    from model.hf_translator import CT2Translator, HFTranslator
+
+    sample = [sources[i] for i in range(min(sentences, len(sources)))]
+    threads = torch.get_num_threads() if device == "cpu" else None
+    out, outputs = {}, {}
+    for name in ("ctranslate2", "transformers"):
+        try:
+            translator = used if used.runtime == name else (
+                CT2Translator(Path(job["teacher"]) / "checkpoint", _converted(Path(job["teacher"]), work), device=device,
+                              threads=threads) if name == "ctranslate2"
+                else HFTranslator(Path(job["teacher"]) / "checkpoint", device=device, threads=threads))
+        except Exception as exc:
+            out[name] = {"skipped": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+            continue
+        settings = dict(beam=job["beam"], length_penalty=job["length_penalty"], batch_tokens=job["batch_tokens"])
+        translator.translate(sample[:8], **settings)  # warm-up, untimed: a thread pool's first start can take seconds
+        t0 = time.perf_counter()
+        outputs[name] = translator.translate(sample, **settings)
+        seconds = time.perf_counter() - t0
+        out[name] = {"sentences": len(sample), "seconds": round(seconds, 2),
+                     "sentences_per_s": round(len(sample) / seconds, 1) if seconds > 0 else None}
+    if len(outputs) == 2:
+        out["identical_outputs"] = sum(a == b for a, b in zip(outputs["ctranslate2"], outputs["transformers"]))
+    log("decoders on the first {} sources: ".format(len(sample)) + ", ".join(
+        f"{k} {v['sentences_per_s']} sentences/s" for k, v in out.items() if isinstance(v, dict) and "sentences_per_s" in v)
+        + (f"; {out['identical_outputs']}/{len(sample)} outputs identical" if "identical_outputs" in out else ""))
+    return out
 
 
 def _source_lengths(tokenizer, data: Path, count: int, work: Path, rank: int, world: int, progress):

@@ -196,6 +196,9 @@ def training_summary(metrics: dict) -> dict:
                 "budget": ", ".join(t.get("budget") or "?" for t in tunes),
                 "precision": ", ".join(sorted({t.get("precision") or "?" for t in tunes})),
                 "minutes": round(sum(t.get("train_minutes") or 0 for t in tunes), 2), "cut_by_time": training_cut(metrics)}
+    if metrics.get("imported"):
+        return {"kind": "imported", "steps": None, "budget": f"{metrics.get('model_type')} from {metrics.get('source')}",
+                "precision": "float32", "threads": None, "minutes": None, "cut_by_time": None}
     speed = metrics.get("speed") or {}
     return {"kind": "training", "steps": metrics.get("steps"), "budget": metrics.get("budget"),
             "precision": metrics.get("precision"), "threads": metrics.get("threads"),
@@ -355,7 +358,7 @@ def targets(rows: list[dict], goals: ReportTargets = ReportTargets()) -> dict:
     out = {}
     t = _teacher(rows)
     peer = next((r for r in rows if r["runtime"] == "ctranslate2" and r["compute_type"] == "int8"
-                 and r["device"] == "cpu" and not r["skipped"]), None)
+                 and r["device"] == "cpu" and not r["skipped"] and r.get("source") != "teacher"), None)
     for r in rows:
         if r["runtime"] != "onnxruntime" or r["compute_type"] != "int8" or r["skipped"]:
             continue
@@ -448,7 +451,8 @@ def markdown(report: dict) -> str:
         f"**Machine**: {m.get('cpu')} ({m.get('isa') or 'instruction level not recorded'}), {m.get('cores')} "
         f"cores ({m.get('usable_cores')} usable), GPU: {m.get('gpu') or 'none'}. {versions}.", "",
         *(["**Training** (as this machine ran it):", "",
-           *[f"- {name}: {t['steps']} steps ({t['kind']}; budget {t['budget']}), {t['precision']}"
+           *[f"- {name}: imported, not trained ({t['budget']})" if t["kind"] == "imported" else
+             f"- {name}: {t['steps']} steps ({t['kind']}; budget {t['budget']}), {t['precision']}"
              + (f", {t['threads']} thread{'s' if t['threads'] != 1 else ''}" if t.get("threads") else "")
              + f", {_f(t['minutes'], '{:.1f}')} min" + (f"; **{t['cut_by_time']}**" if t["cut_by_time"] else "")
              for name, t in training.items()], ""] if training else []),

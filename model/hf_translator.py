@@ -1,0 +1,204 @@
+"""A Hugging Face sequence-to-sequence checkpoint (Marian, M2M100, NLLB, T5, BART, ...) as a
+translator: text in, text out, with transformers' generate or through CTranslate2.
+
+The pipeline imports such a checkpoint as a teacher (pipeline/stages/import_teacher.py) and
+uses it here to translate the KD corpus and the test sets. Both decoders take the same batches
+(sorted by source length, cut by a token budget) and the same length limit, so their greedy
+outputs agree (tests/test_hf_teacher.py). `transformers` is the `hf` extra.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+# Model types whose checkpoints CTranslate2's TransformersConverter turns into its own format.
+CT2_CONVERTIBLE = {"marian", "m2m_100", "nllb-moe", "t5", "mt5", "bart", "mbart", "pegasus", "opus-mt"}
+HF_EXTRA_HINT = "the imported teacher needs transformers: pip install -e '.[hf]'"
+
+
+class NotSeq2Seq(ValueError):
+    """The checkpoint is not an encoder-decoder model."""
+
+
+def require_transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError(HF_EXTRA_HINT) from None
+    return transformers
+
+
+def checkpoint_config(folder: Path):
+    """The checkpoint's transformers config; NotSeq2Seq where it has no decoder to translate with."""
+    transformers = require_transformers()
+    config = transformers.AutoConfig.from_pretrained(str(folder))
+    if not getattr(config, "is_encoder_decoder", False):
+        raise NotSeq2Seq(f"{folder}: model type '{config.model_type}' is not an encoder-decoder model: "
+                         "a teacher must translate (AutoModelForSeq2SeqLM)")
+    return config
+
+
+def _batches(lengths: Sequence[int], batch_tokens: int, max_batch: int) -> list[list[int]]:
+    """Indices by source length, cut where one more sentence would pass the token budget."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and len(batches[-1]) < max_batch and (len(batches[-1]) + 1) * lengths[i] <= batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+class TokenCounter:
+    """The checkpoint's tokenizer as the pipeline's tokenizers are used: `encode(sentences)` gives
+    ids without special tokens (output lengths, sorting by length)."""
+
+    def __init__(self, hf_tokenizer):
+        self.hf = hf_tokenizer
+
+    def encode(self, sentences: Sequence[str]) -> list[list[int]]:
+        return self.hf(list(sentences), add_special_tokens=False)["input_ids"] if sentences else []
+
+
+def forces_eos(checkpoint: Path) -> bool:
+    """Whether generate ends a sentence at its budget with a forced EOS (its generation config)."""
+    transformers = require_transformers()
+    try:
+        generation = transformers.GenerationConfig.from_pretrained(str(checkpoint))
+    except OSError:  # no generation_config.json: generate derives one from the model's config
+        generation = transformers.GenerationConfig.from_model_config(transformers.AutoConfig.from_pretrained(
+            str(checkpoint)))
+    return getattr(generation, "forced_eos_token_id", None) is not None
+
+
+def max_new_tokens(source_length: int, limit: int) -> int:
+    """A sentence's output budget in tokens, its EOS included. generate ends a sentence that
+    reaches it with a forced EOS where the model's config asks for one (Marian's does): the
+    text then has one token less, which CTranslate2 is given to match."""
+    return max(8, min(limit, int(1.5 * source_length) + 10))
+
+
+class HFTranslator:
+    """transformers' generate on the CPU or a GPU."""
+
+    runtime = "transformers"
+
+    def __init__(self, checkpoint: Path, device: str = "cpu", threads: int | None = None):
+        transformers = require_transformers()
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        checkpoint_config(checkpoint)
+        self.checkpoint, self.device = Path(checkpoint), device
+        self.hf = transformers.AutoTokenizer.from_pretrained(str(checkpoint))
+        self.tokenizer = TokenCounter(self.hf)
+        self.model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(checkpoint)).to(device).eval()
+        self.position_limit = int(getattr(self.model.config, "max_position_embeddings", 512) or 512)
+        self.forced_eos = forces_eos(checkpoint)
+
+    def source_lengths(self, sentences: Sequence[str]) -> list[int]:
+        return [len(ids) for ids in self.hf(list(sentences))["input_ids"]]
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def translate(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,
+                  batch_tokens: int = 4000, max_batch: int = 256,
+                  on_batch: Callable[[int], None] | None = None) -> list[str]:
+        import torch
+
+        sentences = list(sentences)
+        lengths = self.source_lengths(sentences)
+        out = [""] * len(sentences)
+        for index in _batches(lengths, batch_tokens, max_batch):
+            batch = self.hf([sentences[i] for i in index], return_tensors="pt", padding=True).to(self.device)
+            limits = [max_new_tokens(lengths[i], self.position_limit) for i in index]
+            with torch.no_grad():
+                generated = self.model.generate(**batch, num_beams=beam, length_penalty=length_penalty,
+                                                do_sample=False, max_new_tokens=max(limits))
+            for i, row, limit in zip(index, generated.tolist(), limits):
+                # row[0] is the decoder's start token; each sentence keeps its own budget, so that
+                # its output does not depend on the batch it was in (see max_new_tokens).
+                out[i] = self.hf.decode(row[1:][: limit - self.forced_eos], skip_special_tokens=True).strip()
+            if on_batch:
+                on_batch(len(index))
+        return out
+
+
+def convert_to_ctranslate2(checkpoint: Path, dest: Path, quantization: str | None = None) -> Path:
+    """The checkpoint in CTranslate2's format (its own converter), once: `dest` is reused."""
+    if (dest / "model.bin").is_file():
+        return dest
+    from ctranslate2.converters import TransformersConverter
+
+    tmp = dest.with_name(dest.name + ".tmp")
+    TransformersConverter(str(checkpoint)).convert(str(tmp), quantization=quantization, force=True)
+    tmp.rename(dest)
+    return dest
+
+
+# The checkpoint's files a CT2Translator reads beside CTranslate2's model: config and tokenizer.
+_TOKENIZER_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
+                    "vocab.json", "source.spm", "target.spm", "sentencepiece.bpe.model", "spiece.model",
+                    "tokenizer.json", "merges.txt")
+
+
+def convert_for_serving(checkpoint: Path, dest: Path, quantization: str | None = None) -> Path:
+    """A self-contained CTranslate2 folder: the converted model, and under hf/ the checkpoint's
+    config and tokenizer (CT2Translator(dest / "hf", dest) opens it)."""
+    import shutil
+
+    convert_to_ctranslate2(checkpoint, dest, quantization)
+    (dest / "hf").mkdir(exist_ok=True)
+    for name in _TOKENIZER_FILES:
+        if (checkpoint / name).is_file():
+            shutil.copyfile(checkpoint / name, dest / "hf" / name)
+    return dest
+
+
+def is_serving_folder(folder: Path) -> bool:
+    return (Path(folder) / "model.bin").is_file() and (Path(folder) / "hf" / "config.json").is_file()
+
+
+class CT2Translator:
+    """The same checkpoint through CTranslate2: its tokenizer stays transformers'."""
+
+    runtime = "ctranslate2"
+
+    def __init__(self, checkpoint: Path, converted: Path, device: str = "cpu", threads: int | None = None,
+                 compute_type: str = "default"):
+        import ctranslate2
+
+        transformers = require_transformers()
+        config = checkpoint_config(checkpoint)
+        self.hf = transformers.AutoTokenizer.from_pretrained(str(checkpoint))
+        self.tokenizer = TokenCounter(self.hf)
+        self.translator = ctranslate2.Translator(str(converted), device=device, compute_type=compute_type,
+                                                 intra_threads=threads or 0)
+        self.position_limit = int(getattr(config, "max_position_embeddings", 512) or 512)
+        self.forced_eos = forces_eos(checkpoint)
+
+    def source_lengths(self, sentences: Sequence[str]) -> list[int]:
+        return [len(ids) for ids in self.hf(list(sentences))["input_ids"]]
+
+    def translate(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,
+                  batch_tokens: int = 4000, max_batch: int = 256,
+                  on_batch: Callable[[int], None] | None = None) -> list[str]:
+        sentences = list(sentences)
+        encoded = self.hf(sentences)["input_ids"]
+        lengths = [len(ids) for ids in encoded]
+        out = [""] * len(sentences)
+        for index in _batches(lengths, batch_tokens, max_batch):
+            limits = [max_new_tokens(lengths[i], self.position_limit) - self.forced_eos for i in index]
+            tokens = [self.hf.convert_ids_to_tokens(encoded[i]) for i in index]
+            results = self.translator.translate_batch(tokens, beam_size=beam, length_penalty=length_penalty,
+                                                      max_decoding_length=max(limits), max_batch_size=max_batch)
+            for i, result, limit in zip(index, results, limits):
+                ids = self.hf.convert_tokens_to_ids(result.hypotheses[0][:limit])
+                out[i] = self.hf.decode(ids, skip_special_tokens=True).strip()
+            if on_batch:
+                on_batch(len(index))
+        return out
