@@ -75,6 +75,8 @@ def _kd_corpus(node: Node, plan, pairs: int | None) -> Estimate:
     sentences = min(sizes) if sizes else None
     if not sentences:
         return Estimate(node.name, None, "the corpus size is not known yet")
+    if plan.recipe.teacher.pretrained is not None:  # the probe decodes with our model, not theirs
+        return Estimate(node.name, None, f"{sentences} sentences by an imported teacher: not estimated")
     before = torch.get_num_threads()
     torch.set_num_threads(usable_cores())
     try:
