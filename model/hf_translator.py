@@ -9,6 +9,8 @@ outputs agree (tests/test_hf_teacher.py). `transformers` is the `hf` extra.
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -129,14 +131,21 @@ class HFTranslator:
 
 
 def convert_to_ctranslate2(checkpoint: Path, dest: Path, quantization: str | None = None) -> Path:
-    """The checkpoint in CTranslate2's format (its own converter), once: `dest` is reused."""
+    """The checkpoint in CTranslate2's format (its own converter), once: `dest` is reused. Each
+    process converts into a folder of its own and renames it into place, so the ranks of a
+    torchrun job may all ask at once."""
     if (dest / "model.bin").is_file():
         return dest
     from ctranslate2.converters import TransformersConverter
 
-    tmp = dest.with_name(dest.name + ".tmp")
+    tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
     TransformersConverter(str(checkpoint)).convert(str(tmp), quantization=quantization, force=True)
-    tmp.rename(dest)
+    try:
+        os.rename(tmp, dest)
+    except OSError:
+        if not (dest / "model.bin").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another process got there first
     return dest
 
 
@@ -149,8 +158,6 @@ _TOKENIZER_FILES = ("config.json", "generation_config.json", "tokenizer_config.j
 def convert_for_serving(checkpoint: Path, dest: Path, quantization: str | None = None) -> Path:
     """A self-contained CTranslate2 folder: the converted model, and under hf/ the checkpoint's
     config and tokenizer (CT2Translator(dest / "hf", dest) opens it)."""
-    import shutil
-
     convert_to_ctranslate2(checkpoint, dest, quantization)
     (dest / "hf").mkdir(exist_ok=True)
     for name in _TOKENIZER_FILES:
