@@ -14,8 +14,6 @@ import shutil
 from pathlib import Path
 from typing import Callable, Sequence
 
-# Model types whose checkpoints CTranslate2's TransformersConverter turns into its own format.
-CT2_CONVERTIBLE = {"marian", "m2m_100", "nllb-moe", "t5", "mt5", "bart", "mbart", "pegasus", "opus-mt"}
 HF_EXTRA_HINT = "the imported teacher needs transformers: pip install -e '.[hf]'"
 
 
@@ -187,9 +185,6 @@ class CT2Translator:
                                                  intra_threads=threads or 0)
         self.position_limit = int(getattr(config, "max_position_embeddings", 512) or 512)
         self.forced_eos = forces_eos(checkpoint)
-
-    def source_lengths(self, sentences: Sequence[str]) -> list[int]:
-        return [len(ids) for ids in self.hf(list(sentences))["input_ids"]]
 
     def translate(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,
                   batch_tokens: int = 4000, max_batch: int = 256,

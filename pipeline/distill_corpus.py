@@ -53,7 +53,7 @@ class TopKStore:
     def __init__(self, folder: Path):
         import numpy as np
 
-        self.lengths, self.ids, self.probs = (_load_mapped(folder / f"{TOP_K_FILE}.{part}.npy")
+        self.lengths, self.ids, self.probs = (np.load(folder / f"{TOP_K_FILE}.{part}.npy", mmap_mode="r")
                                               for part in ("lengths", "ids", "probs"))
         self.offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=self.offsets[1:])
@@ -69,12 +69,6 @@ class TopKStore:
         return (self.ids[a:b], self.probs[a:b]) if b > a else None
 
 
-def _load_mapped(path: Path):
-    import numpy as np
-
-    return np.load(path, mmap_mode="r")
-
-
 class TopKWriter:
     """Writes a TopKStore whose rows arrive in any order: the row lengths are known first (from
     the chunks' length arrays), so each row is written in place, and nothing is held but them."""
@@ -82,12 +76,12 @@ class TopKWriter:
     def __init__(self, folder: Path, lengths, k: int, ids_dtype):
         import numpy as np
 
-        self.folder, self.k = folder, k
-        self.lengths = np.asarray(lengths, dtype=np.int64)
-        self.offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
-        np.cumsum(self.lengths, out=self.offsets[1:])
+        self.k = k
+        lengths = np.asarray(lengths, dtype=np.int64)
+        self.offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.offsets[1:])
         positions = int(self.offsets[-1])
-        np.save(folder / f"{TOP_K_FILE}.lengths.npy", self.lengths)
+        np.save(folder / f"{TOP_K_FILE}.lengths.npy", lengths)
         self.files = {}
         for part, dtype in (("ids", np.dtype(ids_dtype)), ("probs", np.dtype(np.float16))):
             f = open(folder / f"{TOP_K_FILE}.{part}.npy", "wb")

@@ -188,18 +188,17 @@ def _encode(tokenizer, pairs, folder: Path, max_positions: int, top_k, on_pairs)
             rows.append(np.asarray(kept_rows, dtype=np.int64))
             if on_pairs:
                 on_pairs(len(block))
-    kept_count = 0
-    for side in ("src", "tgt"):
-        side_lengths = np.concatenate(lengths[side]) if lengths[side] else np.zeros(0, np.int64)
-        offsets = np.zeros(len(side_lengths) + 1, dtype=np.int64)
-        np.cumsum(side_lengths, out=offsets[1:])
+    side_lengths = {side: np.concatenate(parts) if parts else np.zeros(0, np.int64) for side, parts in lengths.items()}
+    for side, side_length in side_lengths.items():
+        offsets = np.zeros(len(side_length) + 1, dtype=np.int64)
+        np.cumsum(side_length, out=offsets[1:])
         np.save(tmp / f"{side}.offsets.npy", offsets)
-        kept_count = len(side_lengths)
-        if side == "tgt" and top_k is not None:
-            store_rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
-            # A stored distribution fits a pair when it has one entry per target word plus EOS.
-            fits = (store_rows >= 0) & (top_k.lengths[np.maximum(store_rows, 0)] == side_lengths + 1)
-            np.save(tmp / "top_k_rows.npy", np.where(fits, store_rows, -1))
+    kept_count = len(side_lengths["tgt"])
+    if top_k is not None:
+        store_rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        # A stored distribution fits a pair when it has one entry per target word plus EOS.
+        fits = (store_rows >= 0) & (top_k.lengths[np.maximum(store_rows, 0)] == side_lengths["tgt"] + 1)
+        np.save(tmp / "top_k_rows.npy", np.where(fits, store_rows, -1))
     meta = {"pairs_read": read, "pairs": kept_count, "dropped_too_long": read - kept_count,
             "dtype": np.dtype(dtype).name, "max_positions": max_positions,
             "seconds": round(time.perf_counter() - start, 2)}

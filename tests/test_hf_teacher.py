@@ -30,10 +30,6 @@ distill:
     train: {{lr: 0.003, warmup_steps: 5, batch_tokens: 1200, max_steps: 6, max_epochs: null,
             valid_bleu_sentences: 10, num_threads: 1}}
   ablation: false
-prune: {{target_fraction: 0.5, steps: 1, importance_batches: 2, finetune: {{steps: 3, batch_tokens: 1200}},
-        valid_bleu_sentences: 10, latency_sentences: 3, latency_repeats: 1}}
-export: {{parity: {{decode_sentences: 5}}}}
-quantize: {{calibration_sentences: 10, max_bleu_drop: 100.0, static: false}}
 evaluate: {{beam: 1, greedy_too: false}}
 benchmark: {{sentences: 4, batch_size: 2, min_repeats: 1, max_repeats: 1, threads: [1], paired_rounds: 0}}
 report: {{}}
@@ -107,8 +103,8 @@ def test_an_imported_teacher_is_distilled_through_both_decoders(marian, tmp_path
     # The student has its own small tokenizer and trained on the teacher's text; the teacher is scored.
     assert arts["student"].metrics["source"] == "kd_corpus"
     assert arts["evaluate.teacher"].metrics["runtime"] == "transformers"
-    assert arts["evaluate.teacher"].metrics["bleu"] >= 0
 
+    # (Pruning, export and int8 after the student are the same code as with our own teacher: not rerun here.)
     # The report has the model the user started from: BLEU, size, and its latency with
     # transformers and with CTranslate2, beside the student's.
     report = json.loads((arts["report"].path / "report.json").read_text())

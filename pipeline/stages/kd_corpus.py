@@ -95,7 +95,7 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
         dist.barrier()
     if rank != 0:
         return {}
-    merged = _merge_chunks(job, len(chunks), len(sources), sources, chunks_dir, Path(job["out"]), work)
+    merged = _merge_chunks(job, chunks, sources, chunks_dir, Path(job["out"]), work)
     rate = done_sentences * world / seconds if seconds > 0 and done_sentences else None
     log(f"translated {len(sources)} sentences" + (f" at {rate:.1f} sentences/s" if rate else "")
         + f" ({getattr(translator, 'runtime', 'torch')})")
@@ -127,52 +127,47 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
 def teacher_translator(job: dict, device: str, work: Path, log):
     """Our teacher in PyTorch; an imported one through CTranslate2 where the recipe allows and its
     converter takes the model, else transformers' generate."""
-    import torch
-
     teacher = Path(job["teacher"])
     if not is_imported_teacher(teacher):
         from model.torch_decoder import TorchTranslator
 
         return TorchTranslator.load(teacher, device=device)
-    from model.hf_translator import CT2Translator, HFTranslator
-
     choice = job.get("decoder", "auto")
-    threads = torch.get_num_threads() if device == "cpu" else None
     if choice != "transformers":
         try:
-            return CT2Translator(teacher / "checkpoint", _converted(teacher, work), device=device, threads=threads)
+            return _imported_decoder("ctranslate2", teacher, work, device)
         except Exception as exc:  # the converter's refusals are of many kinds (unsupported model, options)
             if choice == "ctranslate2":
                 raise UserInputError(f"teacher.pretrained.decoder: ctranslate2 cannot take this model: "
                                      f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
             log(f"CTranslate2 cannot take this model ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
                 "translating with transformers")
+    return _imported_decoder("transformers", teacher, work, device)
+
+
+def _imported_decoder(runtime: str, teacher: Path, work: Path, device: str):
+    """An imported teacher's translator: "ctranslate2" (converted once into the work folder) or
+    "transformers", at this process's thread count."""
+    import torch
+
+    from model.hf_translator import CT2Translator, HFTranslator, convert_to_ctranslate2
+
+    threads = torch.get_num_threads() if device == "cpu" else None
+    if runtime == "ctranslate2":
+        converted = convert_to_ctranslate2(teacher / "checkpoint", work / "ctranslate2")
+        return CT2Translator(teacher / "checkpoint", converted, device=device, threads=threads)
     return HFTranslator(teacher / "checkpoint", device=device, threads=threads)
-
-
-def _converted(teacher: Path, work: Path) -> Path:
-    from model.hf_translator import convert_to_ctranslate2
-
-    return convert_to_ctranslate2(teacher / "checkpoint", work / "ctranslate2")
 
 
 def compare_decoders(job: dict, used, sources, device: str, work: Path, log, sentences: int = 200) -> dict:
     """Both decoders of an imported teacher on the same first sentences, one after the other,
     each warmed up first: sentences/s of each and how many outputs they share (the corpus came
     from `used`)."""
-    import torch
-
-    from model.hf_translator import CT2Translator, HFTranslator
-
     sample = [sources[i] for i in range(min(sentences, len(sources)))]
-    threads = torch.get_num_threads() if device == "cpu" else None
     out, outputs = {}, {}
     for name in ("ctranslate2", "transformers"):
         try:
-            translator = used if used.runtime == name else (
-                CT2Translator(Path(job["teacher"]) / "checkpoint", _converted(Path(job["teacher"]), work), device=device,
-                              threads=threads) if name == "ctranslate2"
-                else HFTranslator(Path(job["teacher"]) / "checkpoint", device=device, threads=threads))
+            translator = used if used.runtime == name else _imported_decoder(name, Path(job["teacher"]), work, device)
         except Exception as exc:
             out[name] = {"skipped": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
             continue
@@ -216,13 +211,14 @@ def _source_lengths(tokenizer, data: Path, count: int, work: Path, rank: int, wo
     return np.load(path)
 
 
-def _merge_chunks(job: dict, chunk_count: int, count: int, sources, chunks_dir: Path, out: Path, work: Path) -> dict:
+def _merge_chunks(job: dict, chunks: list[list[int]], sources, chunks_dir: Path, out: Path, work: Path) -> dict:
     """kd.src/kd.tgt (and the distributions) in the training split's order, from the chunks in
     length order, holding per sentence only where its translation is: the translations are
     appended to one file as the chunks come, then read back in order; distributions are written
     in place (TopKWriter)."""
     import numpy as np
 
+    count = len(sources)
     starts, sizes = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
     nonempty = np.zeros(count, dtype=bool)
     top_k_lengths = np.zeros(count, dtype=np.int64) if job.get("top_k") else None
@@ -231,16 +227,16 @@ def _merge_chunks(job: dict, chunk_count: int, count: int, sources, chunks_dir: 
     closest = job.get("selection", "top") == "closest_to_reference"
     ids_dtype = np.int16
     with open(work / "translations.txt", "wb") as f:
-        for c in range(chunk_count):
+        for c, index in enumerate(chunks):
             part = json.loads((chunks_dir / f"{c:05d}.json").read_text(encoding="utf-8"))
-            for i, h in zip(part["index"], part["hyps"]):
+            for i, h in zip(index, part["hyps"]):
                 encoded = h.encode("utf-8")
                 starts[i], sizes[i], nonempty[i] = f.tell(), len(encoded), bool(h.strip())
                 f.write(encoded)
             if top_k_lengths is not None:
                 merged["top_k_dropped"] += part["top_k_dropped"]
                 with np.load(chunks_dir / f"{c:05d}.npz") as arrays:
-                    top_k_lengths[part["index"]] = arrays["lengths"]
+                    top_k_lengths[index] = arrays["lengths"]
                     ids_dtype = np.promote_types(ids_dtype, arrays["ids"].dtype)
             for key in merged["selected"] if closest else ():
                 merged["selected"][key] += part[key]
@@ -263,8 +259,7 @@ def _merge_chunks(job: dict, chunk_count: int, count: int, sources, chunks_dir: 
         row_of[keep] = np.arange(len(keep))
         writer = TopKWriter(out, top_k_lengths[keep], job["top_k"], ids_dtype)
         try:
-            for c in range(chunk_count):
-                index = json.loads((chunks_dir / f"{c:05d}.json").read_text(encoding="utf-8"))["index"]
+            for c, index in enumerate(chunks):
                 for i, arrays in zip(index, load_top_k(chunks_dir / f"{c:05d}.npz")):
                     if arrays is not None and row_of[i] >= 0:
                         writer.put(int(row_of[i]), *arrays)
