@@ -120,7 +120,7 @@ def open_regular(path: str | Path, follow_links: bool = True) -> int:
         flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(path, flags)
-    except OSError as exc:
+    except OSError:
         if not follow_links and os.path.islink(path):
             raise UnsafeFile(f"{path}: a symbolic link, not a regular file") from None
         raise

@@ -61,6 +61,10 @@ class TokenCounter:
     def encode(self, sentences: Sequence[str]) -> list[list[int]]:
         return self.hf(list(sentences), add_special_tokens=False)["input_ids"] if sentences else []
 
+    def encode_target(self, sentences: Sequence[str]) -> list[list[int]]:
+        """As the checkpoint tokenizes targets (Marian: with its target-side model)."""
+        return self.hf(text_target=list(sentences), add_special_tokens=False)["input_ids"] if sentences else []
+
 
 def forces_eos(checkpoint: Path) -> bool:
     """Whether generate ends a sentence at its budget with a forced EOS (its generation config)."""
@@ -80,7 +84,73 @@ def max_new_tokens(source_length: int, limit: int) -> int:
     return max(8, min(limit, int(1.5 * source_length) + 10))
 
 
-class HFTranslator:
+class _ImportedTranslator:
+    """What both decoders of a checkpoint share: text from output ids, and the teacher's
+    distributions over its own outputs for word-level distillation."""
+
+    hf = None  # the checkpoint's transformers tokenizer
+    device = "cpu"
+    _teacher_forced_model = None
+
+    def translate(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,
+                  batch_tokens: int = 4000, max_batch: int = 256,
+                  on_batch: Callable[[int], None] | None = None) -> list[str]:
+        return [self._text(ids) for ids in self._output_ids(list(sentences), beam, length_penalty, batch_tokens,
+                                                            max_batch, on_batch)]
+
+    def translate_greedy_top_k(self, sentences: Sequence[str], k: int, batch_tokens: int = 4000, max_batch: int = 256,
+                               on_batch: Callable[[int], None] | None = None) -> list[tuple]:
+        """Greedy translations as (text, output ids, (top ids, their log-probabilities) [len + 1, k]),
+        as model.search.translate_greedy_top_k gives them for our models: the distributions come
+        from one teacher-forced pass over each output (its EOS step included)."""
+        sentences = list(sentences)
+        written = self._output_ids(sentences, 1, 1.0, batch_tokens, max_batch, on_batch)
+        tops = self._teacher_forced_top_k(sentences, written, k, batch_tokens, max_batch)
+        return [(self._text(ids), ids, top) if sentence.strip() else ("", [], None)
+                for sentence, ids, top in zip(sentences, written, tops)]
+
+    def _output_ids(self, sentences, beam, length_penalty, batch_tokens, max_batch, on_batch) -> list[list[int]]:
+        raise NotImplementedError
+
+    def _text(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=True).strip()
+
+    def _content(self, row: list[int]) -> list[int]:
+        """An output's ids up to its end (EOS or padding)."""
+        ends = {self.hf.eos_token_id, self.hf.pad_token_id}
+        return row[: next((j for j, t in enumerate(row) if t in ends), len(row))]
+
+    def _teacher_forced_top_k(self, sentences, outputs, k, batch_tokens, max_batch) -> list[tuple]:
+        import numpy as np
+        import torch
+
+        if self._teacher_forced_model is None:
+            self._teacher_forced_model = require_transformers().AutoModelForSeq2SeqLM.from_pretrained(
+                str(self.checkpoint)).to(self.device).eval()
+        model = self._teacher_forced_model
+        start, pad = model.config.decoder_start_token_id, self.hf.pad_token_id
+        lengths = [len(ids) for ids in self.hf(sentences)["input_ids"]] if sentences else []
+        tops: list = [None] * len(sentences)
+        for index in _batches(lengths, batch_tokens, max_batch):
+            batch = self.hf([sentences[i] for i in index], return_tensors="pt", padding=True).to(self.device)
+            width = 1 + max(len(outputs[i]) for i in index)
+            decoder_ids = torch.full((len(index), width), pad, dtype=torch.long)
+            for row, i in enumerate(index):
+                decoder_ids[row, : 1 + len(outputs[i])] = torch.tensor([start, *outputs[i]])
+            with torch.no_grad():
+                logits = model(**batch, decoder_input_ids=decoder_ids.to(self.device),
+                               decoder_attention_mask=(torch.arange(width)[None] <= torch.tensor(
+                                   [len(outputs[i]) for i in index])[:, None]).to(self.device)).logits
+            logp = torch.log_softmax(logits.float(), -1)
+            logp[..., [t for t in {pad, start} if t is not None]] = float("-inf")  # never a target word
+            values, ids = logp.topk(k, dim=-1)
+            for row, i in enumerate(index):
+                steps = len(outputs[i]) + 1
+                tops[i] = (ids[row, :steps].cpu().numpy().astype(np.int64), values[row, :steps].cpu().numpy())
+        return tops
+
+
+class HFTranslator(_ImportedTranslator):
     """transformers' generate on the CPU or a GPU."""
 
     runtime = "transformers"
@@ -95,7 +165,8 @@ class HFTranslator:
         self.checkpoint, self.device = Path(checkpoint), device
         self.hf = transformers.AutoTokenizer.from_pretrained(str(checkpoint))
         self.tokenizer = TokenCounter(self.hf)
-        self.model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(checkpoint)).to(device).eval()
+        self.model = self._teacher_forced_model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
+            str(checkpoint)).to(device).eval()
         self.position_limit = int(getattr(self.model.config, "max_position_embeddings", 512) or 512)
         self.forced_eos = forces_eos(checkpoint)
 
@@ -105,14 +176,11 @@ class HFTranslator:
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
-    def translate(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,
-                  batch_tokens: int = 4000, max_batch: int = 256,
-                  on_batch: Callable[[int], None] | None = None) -> list[str]:
+    def _output_ids(self, sentences, beam, length_penalty, batch_tokens, max_batch, on_batch) -> list[list[int]]:
         import torch
 
-        sentences = list(sentences)
         lengths = self.source_lengths(sentences)
-        out = [""] * len(sentences)
+        out: list[list[int]] = [[] for _ in sentences]
         for index in _batches(lengths, batch_tokens, max_batch):
             batch = self.hf([sentences[i] for i in index], return_tensors="pt", padding=True).to(self.device)
             limits = [max_new_tokens(lengths[i], self.position_limit) for i in index]
@@ -122,7 +190,7 @@ class HFTranslator:
             for i, row, limit in zip(index, generated.tolist(), limits):
                 # row[0] is the decoder's start token; each sentence keeps its own budget, so that
                 # its output does not depend on the batch it was in (see max_new_tokens).
-                out[i] = self.hf.decode(row[1:][: limit - self.forced_eos], skip_special_tokens=True).strip()
+                out[i] = self._content(row[1:][: limit - self.forced_eos])
             if on_batch:
                 on_batch(len(index))
         return out
@@ -168,7 +236,7 @@ def is_serving_folder(folder: Path) -> bool:
     return (Path(folder) / "model.bin").is_file() and (Path(folder) / "hf" / "config.json").is_file()
 
 
-class CT2Translator:
+class CT2Translator(_ImportedTranslator):
     """The same checkpoint through CTranslate2: its tokenizer stays transformers'."""
 
     runtime = "ctranslate2"
@@ -179,6 +247,7 @@ class CT2Translator:
 
         transformers = require_transformers()
         config = checkpoint_config(checkpoint)
+        self.checkpoint, self.device = Path(checkpoint), device
         self.hf = transformers.AutoTokenizer.from_pretrained(str(checkpoint))
         self.tokenizer = TokenCounter(self.hf)
         self.translator = ctranslate2.Translator(str(converted), device=device, compute_type=compute_type,
@@ -186,21 +255,17 @@ class CT2Translator:
         self.position_limit = int(getattr(config, "max_position_embeddings", 512) or 512)
         self.forced_eos = forces_eos(checkpoint)
 
-    def translate(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,
-                  batch_tokens: int = 4000, max_batch: int = 256,
-                  on_batch: Callable[[int], None] | None = None) -> list[str]:
-        sentences = list(sentences)
-        encoded = self.hf(sentences)["input_ids"]
+    def _output_ids(self, sentences, beam, length_penalty, batch_tokens, max_batch, on_batch) -> list[list[int]]:
+        encoded = self.hf(sentences)["input_ids"] if sentences else []
         lengths = [len(ids) for ids in encoded]
-        out = [""] * len(sentences)
+        out: list[list[int]] = [[] for _ in sentences]
         for index in _batches(lengths, batch_tokens, max_batch):
             limits = [max_new_tokens(lengths[i], self.position_limit) - self.forced_eos for i in index]
             tokens = [self.hf.convert_ids_to_tokens(encoded[i]) for i in index]
             results = self.translator.translate_batch(tokens, beam_size=beam, length_penalty=length_penalty,
                                                       max_decoding_length=max(limits), max_batch_size=max_batch)
             for i, result, limit in zip(index, results, limits):
-                ids = self.hf.convert_tokens_to_ids(result.hypotheses[0][:limit])
-                out[i] = self.hf.decode(ids, skip_special_tokens=True).strip()
+                out[i] = self._content(self.hf.convert_tokens_to_ids(result.hypotheses[0][:limit]))
             if on_batch:
                 on_batch(len(index))
         return out
