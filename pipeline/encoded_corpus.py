@@ -133,7 +133,7 @@ def encode_corpus(tokenizer, src_lines: list[str], tgt_lines: list[str], max_pos
                   drop_long: bool = True) -> Corpus:
     """Subword ids of a small set of pairs, in memory (too long ones dropped or cut)."""
     fitted = [_fitted(s, t, max_positions - 1, drop_long, tokenizer.eos_id)
-              for s, t in zip(tokenizer.encode(src_lines), tokenizer.encode(tgt_lines))]
+              for s, t in zip(tokenizer.encode(src_lines), tokenizer.encode_target(tgt_lines))]
     kept = [pair for pair in fitted if pair is not None]
     return Corpus([s for s, _ in kept], [t for _, t in kept])
 
@@ -174,7 +174,7 @@ def _encode(tokenizer, pairs, folder: Path, max_positions: int, top_k, on_pairs)
         for block in _blocks(pairs, ENCODE_BLOCK):
             read += len(block)
             src_ids = tokenizer.encode([s for s, _, _ in block])
-            tgt_ids = tokenizer.encode([t for _, t, _ in block])
+            tgt_ids = tokenizer.encode_target([t for _, t, _ in block])
             kept_src, kept_tgt, kept_rows = [], [], []
             for s, t, (_, _, row) in zip(src_ids, tgt_ids, block):
                 pair = _fitted(s, t, max_positions - 1, True, tokenizer.eos_id)

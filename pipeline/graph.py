@@ -77,11 +77,15 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
 
     data_extra = _data_content(recipe)
     add("data", "data", recipe.data, extra=data_extra)
-    if recipe.tokenizer is not None:
+    imported = recipe.teacher is not None and recipe.teacher.pretrained is not None
+    teachers_vocabulary = recipe.tokenizer is not None and recipe.tokenizer.kind == "teacher"
+    if teachers_vocabulary and not imported:
+        raise RecipeError([f"{where}: tokenizer.kind: teacher takes an imported teacher's vocabulary: it needs "
+                           "teacher.pretrained"])
+    if recipe.tokenizer is not None and not teachers_vocabulary:
         add("tokenizer", "tokenizer", recipe.tokenizer, {"data": "data"})
 
     models: list[str] = []
-    imported = recipe.teacher is not None and recipe.teacher.pretrained is not None
     if imported:
         _check_imported_teacher(recipe, where)
         pretrained = recipe.teacher.pretrained
@@ -90,6 +94,8 @@ def build_graph(recipe: Recipe, recipe_path: str | Path, machine: dict | None = 
         config = {**dump_config(pretrained), "path": None} if "file_digests" in content else None
         add("teacher", "import_teacher", pretrained, extra={"checkpoint": content}, config=config)
         models.append("teacher")
+        if teachers_vocabulary:
+            add("tokenizer", "tokenizer", recipe.tokenizer, {"data": "data", "teacher": "teacher"})
     elif recipe.teacher is not None:
         need("tokenizer", "teacher")
         add("teacher", "train", TrainNode(role="teacher", model=recipe.teacher.model, train=recipe.teacher.train),
@@ -286,17 +292,21 @@ def _check_imported_teacher(recipe: Recipe, where: str) -> None:
     vocabulary (no word-level KD, no embedding to project), and our export, pruning and
     Seq-Inter selection read our model format."""
     d, problems = recipe.distill, []
-    if d is not None and d.student.word_level.enabled:
+    shared = recipe.tokenizer is not None and recipe.tokenizer.kind == "teacher"
+    adopt = "or give the student the teacher's (tokenizer: {kind: teacher})"
+    if d is not None and d.student.word_level.enabled and not shared:
         problems.append("distill.student.word_level: word-level distillation needs one vocabulary for teacher and "
-                        "student; an imported teacher has its own (sequence-level KD from its translations works)")
+                        f"student; an imported teacher has its own: use sequence-level KD alone, {adopt}")
+    elif d is not None and d.student.word_level.enabled and not d.student.word_level.from_kd_corpus:
+        problems.append("distill.student.word_level: an imported teacher is not run in the training loop: set "
+                        "from_kd_corpus: true (its distributions kept by the KD corpus, distill.corpus.top_k)")
     for key, on in (("distill.student.embeddings_from_teacher", d is not None and d.student.embeddings_from_teacher),
                     ("distill.ablation_embeddings_from_teacher", d is not None and d.ablation
                      and d.ablation_embeddings_from_teacher)):
-        if on:
-            problems.append(f"{key}: an imported teacher's embedding is in its own vocabulary")
-    if d is not None and d.corpus.top_k is not None:
-        problems.append("distill.corpus.top_k: stored distributions are in the teacher's vocabulary; "
-                        "not for an imported teacher")
+        if on and not shared:
+            problems.append(f"{key}: an imported teacher's embedding is in its own vocabulary; drop it, {adopt}")
+    if d is not None and d.corpus.top_k is not None and not shared:
+        problems.append(f"distill.corpus.top_k: stored distributions are in the teacher's vocabulary; drop it, {adopt}")
     if d is not None and d.corpus.selection != "top":
         problems.append("distill.corpus.selection: only 'top' for an imported teacher")
     if d is None and recipe.prune is not None:

@@ -164,7 +164,7 @@ def measure(job: dict) -> dict:
     batch, beam = job["batch_size"], job["throughput_beam"]
     kw = dict(beam=beam, max_batch=batch, batch_tokens=10 ** 9)
     outputs = translator.translate(sample, **kw)  # warm-up (untimed), and the outputs to count
-    target_tokens = sum(len(ids) for ids in translator.tokenizer.encode(outputs))
+    target_tokens = sum(len(ids) for ids in translator.tokenizer.encode_target(outputs))
     seconds, medians = until_stable(lambda: [timed(sample, **kw)[0]], *repeats)
     typical = statistics.median(seconds)
     result["throughput"] = {"sent_per_s": round(len(sample) / typical, 2),

@@ -176,10 +176,19 @@ class DataConfig(Strict):
 
 
 class TokenizerConfig(Strict):
-    kind: Literal["unigram", "bpe"] = "unigram"
+    # unigram, bpe: trained here on the corpus. teacher: an imported teacher's own vocabulary, as
+    # it is (word-level distillation and its embedding then carry over to the student).
+    kind: Literal["unigram", "bpe", "teacher"] = "unigram"
     vocab_size: Annotated[int, Field(ge=64, le=MAX_VOCAB)] = 8000
     # Sentences sampled from the training split to train the tokenizer (all if null).
     max_sentences: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _teacher_vocabulary_is_not_trained(self):
+        if self.kind == "teacher" and {"vocab_size", "max_sentences"} & self.model_fields_set:
+            raise ValueError("kind: teacher takes the imported teacher's vocabulary as it is: drop vocab_size "
+                             "and max_sentences")
+        return self
 
 
 # -------------------------------------------------------------------------------- model

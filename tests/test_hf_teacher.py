@@ -4,6 +4,7 @@ with a SentencePiece vocabulary trained here on a few hundred Multi30k sentences
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import shutil
 
@@ -38,25 +39,25 @@ report: {{}}
 
 @pytest.fixture(scope="module")
 def marian(tmp_path_factory, data_dir):
-    """A Marian checkpoint folder as OPUS-MT's are laid out (vocab.json, source/target.spm)."""
+    """A Marian checkpoint folder as OPUS-MT's are laid out: a SentencePiece model per language
+    (source.spm, target.spm) over one joint vocab.json."""
     folder = tmp_path_factory.mktemp("marian")
-    with gzip.open(data_dir / "multi30k" / "train.en.gz", "rt") as en, gzip.open(data_dir / "multi30k" / "train.fr.gz",
-                                                                               "rt") as fr:
-        lines = [s.strip() for _, s in zip(range(400), en)] + [t.strip() for _, t in zip(range(400), fr)]
-    (folder / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    spm.SentencePieceTrainer.train(input=str(folder / "corpus.txt"), model_prefix=str(folder / "sp"), vocab_size=300,
-                                   character_coverage=1.0, bos_id=-1, eos_id=1, pad_id=-1, unk_id=0,
-                                   minloglevel=2)
-    pieces = spm.SentencePieceProcessor(model_file=str(folder / "sp.model"))
-    vocab = {"</s>": 0, "<unk>": 1}
-    for i in range(pieces.get_piece_size()):
-        vocab.setdefault(pieces.id_to_piece(i), len(vocab))
-    vocab["<pad>"] = len(vocab)  # Marian's pad is the last id
     ckpt = folder / "opus-mt-tiny"
     ckpt.mkdir()
+    vocab = {"</s>": 0, "<unk>": 1}
+    for side, lang in (("source", "en"), ("target", "fr")):
+        with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt") as f:
+            lines = [s.strip() for _, s in zip(range(400), f)]
+        (folder / f"{side}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        spm.SentencePieceTrainer.train(input=str(folder / f"{side}.txt"), model_prefix=str(folder / side),
+                                       vocab_size=250, character_coverage=1.0, bos_id=-1, eos_id=1, pad_id=-1,
+                                       unk_id=0, minloglevel=2)
+        shutil.copyfile(folder / f"{side}.model", ckpt / f"{side}.spm")
+        pieces = spm.SentencePieceProcessor(model_file=str(folder / f"{side}.model"))
+        for i in range(pieces.get_piece_size()):
+            vocab.setdefault(pieces.id_to_piece(i), len(vocab))
+    vocab["<pad>"] = len(vocab)  # Marian's pad is the last id
     (ckpt / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
-    for name in ("source.spm", "target.spm"):
-        shutil.copyfile(folder / "sp.model", ckpt / name)
     tokenizer = transformers.MarianTokenizer(vocab=str(ckpt / "vocab.json"), source_spm=str(ckpt / "source.spm"),
                                              target_spm=str(ckpt / "target.spm"), source_lang="en", target_lang="fr")
     config = transformers.MarianConfig(
@@ -67,6 +68,31 @@ def marian(tmp_path_factory, data_dir):
     transformers.MarianMTModel(config).save_pretrained(ckpt)
     tokenizer.save_pretrained(ckpt)
     return ckpt
+
+
+@pytest.fixture(scope="module")
+def wordy_marian(marian, tmp_path_factory):
+    """The tiny Marian with its output layer biased to a dozen whole French words: it writes
+    sequences of them, which re-encode to the ids it wrote (a random model's pieces rarely do, and
+    the KD corpus keeps the teacher's distributions only where they line up with the student's encoding)."""
+    import torch
+
+    from model.hf_tokenizer import teacher_tokenizers
+    from model.subword import SubwordTokenizer
+
+    folder = tmp_path_factory.mktemp("wordy") / "opus-mt-wordy"
+    shutil.copytree(marian, folder)
+    tok = SubwordTokenizer(*teacher_tokenizers(folder))
+    vocab = json.loads((folder / "vocab.json").read_text())
+    words = [i for p, i in vocab.items() if p.startswith("▁") and len(p) > 3
+             and tok.encode_target([p[1:]])[0] == [i]][:12]
+    assert len(words) == 12
+    model = transformers.MarianMTModel.from_pretrained(str(folder))
+    with torch.no_grad():
+        model.final_logits_bias.fill_(-10.0)
+        model.final_logits_bias[0, words] = 5.0
+    model.save_pretrained(folder)
+    return folder
 
 
 def _recipe(tmp_path, path, decoder=None):
@@ -160,3 +186,142 @@ def test_an_imported_teacher_is_not_also_trained(marian, tmp_path):
     recipe.write_text(recipe.read_text().replace("  pretrained:", "  model: {d_model: 32}\n  pretrained:"))
     with pytest.raises(RecipeError, match="drop teacher.model"):
         make_plan(recipe, [])
+
+
+def test_the_teachers_vocabulary_splits_text_as_marian_does(marian, data_dir):
+    from model.hf_tokenizer import teacher_tokenizers
+    from model.subword import SubwordTokenizer
+
+    ours = SubwordTokenizer(*teacher_tokenizers(marian))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(marian))
+    assert ours.target is not None  # the two sides split text differently
+    assert ours.vocab_size == len(theirs.get_vocab()) + 1 and ours.bos_id == len(theirs.get_vocab())  # + <s>
+    assert (ours.pad_id, ours.eos_id, ours.unk_id) == (theirs.pad_token_id, theirs.eos_token_id, theirs.unk_token_id)
+    with gzip.open(data_dir / "multi30k" / "val.en.gz", "rt") as en, gzip.open(data_dir / "multi30k" / "val.fr.gz",
+                                                                             "rt") as fr:
+        sources, targets = [s.strip() for _, s in zip(range(300), en)], [t.strip() for _, t in zip(range(300), fr)]
+    sources += ["  Two  dogs\u00a0run ", "ﬁne café №5 ½", ""]
+    for ids, expected in ((ours.encode(sources), theirs(sources, add_special_tokens=False).input_ids),
+                          (ours.encode_target(targets), theirs(text_target=targets, add_special_tokens=False).input_ids)):
+        # Where they differ, SentencePiece wrote <unk> for a character its model never saw and
+        # the Unigram spelt it with pieces of the other language's model.
+        differ = [(a, b) for a, b in zip(ids, expected) if a != b]
+        assert all(ours.unk_id in b for _, b in differ) and len(differ) <= len(ids) // 50, differ[:3]
+    # Decoded as Marian decodes, but for <unk>, which we write where Marian drops it (as for our own vocabularies).
+    written = [ids for ids in theirs(text_target=targets[:100], add_special_tokens=False).input_ids
+               if ours.unk_id not in ids]
+    assert len(written) >= 90
+    assert ours.decode(written) == [theirs.decode(ids, skip_special_tokens=True) for ids in written]
+
+
+def test_a_student_on_the_teachers_vocabulary_learns_from_its_distributions(wordy_marian, tmp_path):
+    """tokenizer: {kind: teacher}: the student speaks the teacher's ids, so the KD corpus keeps the
+    teacher's distributions for word-level distillation and the student starts from its embedding."""
+    import numpy as np
+    import torch
+
+    from model.subword import TARGET_FILE, SubwordTokenizer
+    from model.torch_decoder import TorchTranslator
+    from pipeline.corpus import read_split
+    from pipeline.distill_corpus import TopKStore
+
+    marian = wordy_marian
+    recipe = _recipe(tmp_path, marian)
+    text = recipe.read_text().replace("tokenizer: {kind: unigram, vocab_size: 400}", "tokenizer: {kind: teacher}")
+    text = text.replace("corpus: {beam: 1,", "corpus: {beam: 1, top_k: 4,").replace(
+        "    model: {d_model: 16", "    word_level: {enabled: true, from_kd_corpus: true}\n"
+                                   "    embeddings_from_teacher: true\n    model: {d_model: 16")
+    recipe.write_text(text)
+    store = Store(tmp_path / "store")
+    plan = make_plan(recipe, ["export={}", "quantize={}"])
+    run(plan, store, until="quantize")
+    arts = {n.name: store.get(n.id) for n in plan.nodes if store.exists(n.id)}
+    tokenizer, kd, student = arts["tokenizer"], arts["kd_corpus"], arts["student"]
+    assert "teacher" in tokenizer.manifest["inputs"] and tokenizer.metrics["target_side"]
+    tok = SubwordTokenizer.load(student.path)
+    assert tok.target is not None and (student.path / TARGET_FILE).is_file()
+    assert tok.vocab_size == len(json.loads((marian / "vocab.json").read_text())) + 1
+
+    # The stored distributions are the teacher's, in its ids, at the positions of the student's
+    # encoding of each translation: the top choice at each is the id the teacher wrote.
+    stored = TopKStore(kd.path)
+    src, tgt = read_split(kd.path, "kd")
+    present = [i for i in range(len(stored)) if stored[i] is not None]
+    assert len(present) == len(stored) - kd.metrics["top_k"]["pairs_without"] >= len(stored) * 0.9
+    teacher = transformers.MarianMTModel.from_pretrained(str(marian)).eval()
+    hf = transformers.AutoTokenizer.from_pretrained(str(marian))
+    for i in present[:10]:
+        ids, probs = stored[i]
+        target = tok.encode_target([tgt[i]])[0]
+        assert ids.shape == (len(target) + 1, 4) and ids[:-1, 0].tolist() == target
+        with torch.no_grad():
+            logits = teacher(**hf([src[i]], return_tensors="pt"),
+                             decoder_input_ids=torch.tensor([[teacher.config.decoder_start_token_id] + target])).logits[0]
+        forced_p, forced_ids = logits.softmax(-1).topk(4, -1)
+        assert (forced_ids.numpy() == ids).all()
+        np.testing.assert_allclose(np.asarray(probs, dtype=np.float32),
+                                   (forced_p / forced_p.sum(-1, keepdim=True)).numpy(), atol=3e-3)
+    assert student.metrics["word_level_pairs"] == len(present)
+    assert student.metrics["embeddings_from_teacher"]["teacher_d_model"] == 32
+
+    # The student is a model of ours, on the teacher's vocabulary, that translates text.
+    translator = TorchTranslator.load(student.path)
+    cfg = translator.model.cfg
+    assert translator.model.embed.weight.shape[0] == tok.vocab_size
+    assert (cfg.pad_id, cfg.bos_id, cfg.eos_id) == (tok.pad_id, tok.bos_id, tok.eos_id) != (0, 1, 2)
+    assert len(translator.translate(["A man is riding a bike.", "Two dogs."], beam=2)) == 2
+
+    # What follows the student is unchanged with the teacher's special ids (pad last, </s> first):
+    # the torch-free packages translate as the student does, and CTranslate2 converts it.
+    from model.runtime import Translator
+
+    expected = translator.translate(src[:8], beam=1)
+    assert Translator(arts["export.student"].path / "fp32", threads=1).translate(src[:8], beam=1) == expected
+    assert len(Translator(arts["quantize"].path / "int8_dynamic", threads=1).translate(src[:8], beam=2)) == 8
+    if importlib.util.find_spec("ctranslate2"):
+        from model.ctranslate2_export import compare_greedy, export_ctranslate2
+
+        export_ctranslate2(student.path, tmp_path / "ct2", "float32")
+        check = compare_greedy(student.path, tmp_path / "ct2", src[:8])
+        assert check["identical"] == check["sentences"] == 8, check["mismatches"]
+
+
+def test_the_teachers_vocabulary_needs_an_imported_teacher_and_its_distributions_stored(marian, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: x\ndata: {source: multi30k}\ntokenizer: {kind: teacher}\n", encoding="utf-8")
+    with pytest.raises(RecipeError, match="needs teacher.pretrained"):
+        make_plan(recipe, [])
+    recipe = _recipe(tmp_path, marian)  # an imported teacher is not run in the student's training loop
+    with pytest.raises(RecipeError, match="set from_kd_corpus: true"):
+        make_plan(recipe, ["tokenizer={kind: teacher}", "distill.student.word_level.enabled=true"])
+
+
+def test_a_fast_tokenizer_converts_with_its_ids(tmp_path, data_dir):
+    """A checkpoint whose tokenizer transformers builds in `tokenizers` (T5, NLLB, BART, ...): one
+    tokenizer for both sides, the same ids, <s> added where the vocabulary lacks it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from model.hf_tokenizer import UnconvertibleTokenizer, teacher_tokenizers
+    from model.subword import SubwordTokenizer
+
+    with gzip.open(data_dir / "multi30k" / "val.en.gz", "rt") as f:
+        lines = [s.strip() for _, s in zip(range(300), f)]
+    backend = Tokenizer(models.Unigram())
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.train_from_iterator(lines, trainers.UnigramTrainer(vocab_size=200, special_tokens=["<pad>", "</s>", "<unk>"],
+                                                               unk_token="<unk>"))
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>",
+                                              unk_token="<unk>")
+    hf.save_pretrained(tmp_path / "t5ish")
+    source, target = teacher_tokenizers(tmp_path / "t5ish")
+    ours = SubwordTokenizer(source, target)
+    assert target is None and ours.vocab_size == 201 and ours.bos_id == 200
+    assert ours.encode(lines[:50]) == hf(lines[:50], add_special_tokens=False).input_ids
+    written = [ids + [hf.eos_token_id, hf.pad_token_id] for ids in hf(lines[:50]).input_ids]  # as a decoder ends them
+    assert ours.decode(written) == [hf.decode(ids, skip_special_tokens=True) for ids in written]
+
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", eos_token="</s>",
+                                              unk_token="<unk>")
+    hf.save_pretrained(tmp_path / "odd")
+    with pytest.raises(UnconvertibleTokenizer, match="pad '\\[PAD\\]'"):
+        teacher_tokenizers(tmp_path / "odd")

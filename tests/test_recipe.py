@@ -28,7 +28,7 @@ MALFORMED = {
     "empty": ("", "empty recipe"),
     "list_for_mapping": ("teacher: [1, 2]\ntokenizer: {}\n", "teacher: must be a mapping, got a list"),
     "top_level_list": ("- data\n- teacher\n", "top level must be a mapping, got a list"),
-    "bad_literal": ("tokenizer:\n  kind: wordpiece\n", "tokenizer.kind: must be one of 'unigram' or 'bpe'"),
+    "bad_literal": ("tokenizer:\n  kind: wordpiece\n", "tokenizer.kind: must be one of 'unigram', 'bpe' or 'teacher'"),
     "dropout_range": ("tokenizer: {}\nteacher:\n  model: {dropout: 1.5}\n", "teacher.model.dropout: must be < 1"),
     "no_budget": ("tokenizer: {}\nteacher:\n  train: {max_epochs: null}\n", "set a budget: max_steps or max_epochs"),
     "minutes_only": ("tokenizer: {}\nteacher:\n  train: {max_epochs: null, max_minutes: 5}\n", "max_minutes is a cap, not a budget"),

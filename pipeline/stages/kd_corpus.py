@@ -53,6 +53,14 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     data, work = Path(job["data"]), Path(job["work"])
     closest = job.get("selection", "top") == "closest_to_reference"
     translator = teacher_translator(job, device, work, log)
+    # What the student will encode the translations with: a stored distribution is kept only
+    # where that gives back the ids the teacher wrote.
+    student_side = translator.tokenizer
+    if job.get("top_k") and is_imported_teacher(Path(job["teacher"])):
+        from model.hf_tokenizer import teacher_tokenizers
+        from model.subword import SubwordTokenizer
+
+        student_side = SubwordTokenizer(*teacher_tokenizers(Path(job["teacher"]) / "checkpoint"))
     chunks_dir = work / "chunks"
     chunks_dir.mkdir(parents=True, exist_ok=True)
     sources = LineIndex(data / "train.src", job.get("max_sentences"))
@@ -81,7 +89,7 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
                 done = translator.translate_greedy_top_k(texts, job["top_k"], batch_tokens=job["batch_tokens"],
                                                          on_batch=settings["on_batch"])
                 part["hyps"] = [text for text, _, _ in done]
-                part["top_k_dropped"] = save_top_k(chunks_dir / f"{c:05d}.npz", done, translator.tokenizer)
+                part["top_k_dropped"] = save_top_k(chunks_dir / f"{c:05d}.npz", done, student_side)
             else:
                 part["hyps"] = translator.translate(texts, **settings)
             tmp = chunks_dir / f"{c:05d}.json.tmp"
@@ -275,7 +283,7 @@ def save_top_k(path: Path, done: list, tokenizer) -> int:
 
     texts = [text for text, _, _ in done]
     pairs = []
-    for (text, written, top), encoded in zip(done, tokenizer.encode(texts) if texts else []):
+    for (text, written, top), encoded in zip(done, tokenizer.encode_target(texts) if texts else []):
         if top is None or not text.strip() or encoded != written:
             pairs.append(None)
             continue

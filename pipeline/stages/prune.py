@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ import torch
 
 from model import pruning
 from model.search import GenerationConfig, greedy_search
-from model.subword import SubwordTokenizer
+from model.subword import SubwordTokenizer, copy_tokenizer
 from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, load_model, save_model
 
@@ -104,7 +103,7 @@ def run(ctx: StageContext) -> dict:
 
     model = model.cpu().eval()
     save_model(model, ctx.out)
-    shutil.copyfile(source.file("tokenizer.json"), ctx.out / "tokenizer.json")
+    copy_tokenizer(source.file("tokenizer.json"), ctx.out)
     table = [{"step": r["step"], **row} for r in records for row in r["importance"]]
     (ctx.out / "importance.json").write_text(json.dumps({
         "method": "Michel et al. 2019: raw = E|dL/d gate| over held-out batches, normalized = raw / the "

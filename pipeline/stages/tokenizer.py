@@ -8,6 +8,7 @@ import random
 from model.subword import SubwordTokenizer
 
 from ..context import StageContext
+from ..errors import UserInputError
 from ..corpus import read_split, reservoir_sample, split_lines
 from ..recipe import TokenizerConfig
 
@@ -15,6 +16,10 @@ from ..recipe import TokenizerConfig
 def run(ctx: StageContext) -> dict:
     cfg: TokenizerConfig = ctx.settings
     data = ctx.input("data").path
+    if cfg.kind == "teacher":
+        tok = _teachers(ctx)
+        return {"vocab_size": tok.vocab_size, "kind": cfg.kind, "special_ids": tok.special_ids(),
+                "target_side": tok.target is not None, "teacher": ctx.input("teacher").id, **_scores(tok, data)}
     # Both sides, streamed from the files (the corpus is never held whole); a sample of
     # `max_sentences` where the recipe asks for one, drawn in one pass.
     total = 2 * ctx.input("data").metrics["train_pairs"]
@@ -24,14 +29,33 @@ def run(ctx: StageContext) -> dict:
     ctx.log(f"training a {cfg.kind} tokenizer ({cfg.vocab_size} pieces) on {total} sentences")
     tok = SubwordTokenizer.train(sentences, cfg.vocab_size, cfg.kind, count=total)
     tok.save(ctx.out / "tokenizer.json")
+    return {"vocab_size": tok.vocab_size, "kind": cfg.kind, "special_ids": tok.special_ids(), **_scores(tok, data)}
 
+
+def _teachers(ctx: StageContext) -> SubwordTokenizer:
+    """The imported teacher's vocabulary in our format (model/hf_tokenizer.py), saved."""
+    from model.hf_tokenizer import UnconvertibleTokenizer, teacher_tokenizers
+
+    teacher = ctx.input("teacher")
+    try:
+        tok = SubwordTokenizer(*teacher_tokenizers(teacher.path / "checkpoint"))
+    except (UnconvertibleTokenizer, ValueError) as exc:
+        raise UserInputError(f"tokenizer.kind: teacher: the teacher's tokenizer cannot be the student's: {exc}; "
+                             "train the student its own (kind: unigram)") from None
+    tok.save(ctx.out / "tokenizer.json")
+    ctx.log(f"the teacher's vocabulary: {tok.vocab_size} pieces"
+            + (", a tokenizer per side" if tok.target is not None else ""))
+    return tok
+
+
+def _scores(tok: SubwordTokenizer, data) -> dict:
+    """How the tokenizer splits the validation split: pieces per sentence, unknown pieces, and
+    how many targets decode back to themselves."""
     valid_src, valid_tgt = read_split(data, "valid")
     stats = {}
-    for side, lines in (("src", valid_src), ("tgt", valid_tgt)):
-        ids = tok.encode(lines)
+    for side, ids in (("src", tok.encode(valid_src)), ("tgt", tok.encode_target(valid_tgt))):
         pieces = sum(len(x) for x in ids)
         stats[f"valid_{side}_tokens_per_sentence"] = round(pieces / max(1, len(ids)), 2)
         stats[f"valid_{side}_unk_rate"] = round(sum(x.count(tok.unk_id) for x in ids) / max(1, pieces), 5)
-    round_trip = sum(tok.decode(tok.encode([s]))[0] == s for s in valid_tgt) / max(1, len(valid_tgt))
-    return {"vocab_size": tok.vocab_size, "kind": cfg.kind, "special_ids": tok.special_ids(),
-            "valid_round_trip_exact": round(round_trip, 4), **stats}
+    round_trip = sum(tok.decode(tok.encode_target([s]))[0] == s for s in valid_tgt) / max(1, len(valid_tgt))
+    return {"valid_round_trip_exact": round(round_trip, 4), **stats}

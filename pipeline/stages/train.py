@@ -8,12 +8,11 @@ side with another training, a process of its own on its share of the cores.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
 
-from model.subword import SubwordTokenizer
+from model.subword import SubwordTokenizer, copy_tokenizer
 from model.transformer import Transformer, TransformerConfig, load_model, save_model
 
 from ..context import StageContext
@@ -22,6 +21,7 @@ from ..distill_corpus import encoded_training_set, training_pairs
 from ..distributed import launch, launch_alone, worker_main, world_size
 from ..errors import UserInputError
 from ..machine import usable_cores
+from ..model_loading import is_imported_teacher
 from ..recipe import TrainConfig, TrainNode, dump_config
 from ..encoded_corpus import encode_corpus
 from ..train_loop import Trainer, ValidationSet
@@ -76,7 +76,8 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
     teacher, alpha, temperature = None, 0.0, 1.0
     word_level = job.get("word_level") or {}
     if word_level.get("enabled"):
-        teacher = _teacher_with_our_vocabulary(job, tokenizer, device, "word-level distillation")
+        if not word_level.get("from_kd_corpus"):  # else the KD corpus holds what the teacher would say
+            teacher = _teacher_with_our_vocabulary(job, tokenizer, device, "word-level distillation")
         alpha, temperature = word_level["alpha"], word_level["temperature"]
         if word_level.get("from_kd_corpus"):
             with_soft = train.soft.present()
@@ -84,14 +85,15 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
             log(f"word-level distillation from the KD corpus's stored distributions: {with_soft} of "
                 f"{len(train)} pairs (the rest learn from their labels alone)")
     if job.get("embeddings_from_teacher"):
-        source = teacher if teacher is not None else _teacher_with_our_vocabulary(
-            job, tokenizer, "cpu", "embeddings_from_teacher")
+        table = teacher.token_table() if teacher is not None else _teacher_token_table(job, tokenizer)
         width = model.embed.weight.shape[1]  # embed_dim where the table is factorised
+        # An imported teacher's vocabulary may lack our <s>: that row keeps its initialisation.
+        rows = min(len(table), len(model.embed.weight))
         with torch.no_grad():
-            projected, kept = project_embedding(source.token_table(), width, float(model.embed.weight.std()))
-            model.embed.weight.copy_(projected)
-        data_info["embeddings_from_teacher"] = {"teacher_d_model": source.cfg.d_model, "variance_kept": round(kept, 4)}
-        log(f"embedding: the teacher's, on its top {width} of {source.cfg.d_model} principal "
+            projected, kept = project_embedding(table[:rows], width, float(model.embed.weight.std()))
+            model.embed.weight[:rows].copy_(projected)
+        data_info["embeddings_from_teacher"] = {"teacher_d_model": table.shape[1], "variance_kept": round(kept, 4)}
+        log(f"embedding: the teacher's, on its top {width} of {table.shape[1]} principal "
             f"directions ({kept:.1%} of its variance)")
 
     log(f"{model.num_parameters():,} parameters, {len(train)} training pairs, "
@@ -105,7 +107,7 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
     out = Path(job["out"])
     model = trainer.model.cpu().eval()
     save_model(model, out)
-    shutil.copyfile(job["tokenizer"], out / "tokenizer.json")
+    copy_tokenizer(job["tokenizer"], out)
     (out / "training.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return {
         "role": job["role"], "params": model.num_parameters(), "heads": model_cfg.total_heads(),
@@ -122,6 +124,18 @@ def _teacher_with_our_vocabulary(job: dict, tokenizer: SubwordTokenizer, device:
         raise UserInputError(f"{why} needs the teacher and student to share one vocabulary; "
                              "the teacher's tokenizer differs from this recipe's")
     return load_model(Path(job["teacher"]), device)
+
+
+def _teacher_token_table(job: dict, tokenizer: SubwordTokenizer) -> torch.Tensor:
+    """The teacher's [vocab, d_model] input embedding, in the student's ids: an imported teacher's
+    is in its vocabulary, which the student has taken (tokenizer: {kind: teacher}, checked by the plan)."""
+    folder = Path(job["teacher"])
+    if is_imported_teacher(folder):
+        from model.hf_translator import require_transformers
+
+        model = require_transformers().AutoModelForSeq2SeqLM.from_pretrained(str(folder / "checkpoint"))
+        return model.get_input_embeddings().weight.detach()
+    return _teacher_with_our_vocabulary(job, tokenizer, "cpu", "embeddings_from_teacher").token_table()
 
 
 def project_embedding(weight: torch.Tensor, d_model: int, std: float) -> tuple[torch.Tensor, float]:
