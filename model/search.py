@@ -23,6 +23,32 @@ class IncrementalDecoder(Protocol):
         """Feed one token per row; first reorder the cache rows by `parents` (if given).
         Returns log-probabilities [rows, vocab] as float32."""
 
+    # Optional, for many rows (see step_top_k and the searches below):
+    #   step_top_k(tokens, parents, m) -> (log-probabilities [rows, m], ids [rows, m]), best first,
+    #       or None where it cannot (then step() is used);
+    #   keep(rows): from now on only these rows of the encoder state (the sentences still being
+    #       searched); the cache follows `parents` of the next step, which index the old rows.
+
+
+def step_top_k(decoder: IncrementalDecoder, tokens: np.ndarray, parents: np.ndarray | None,
+               m: int) -> tuple[np.ndarray, np.ndarray]:
+    """One decoder step's m best words per row, best first: (log-probabilities, ids), [rows, m].
+    From the decoder itself where it can (onnxruntime's TopK inside the graph, torch.topk),
+    else from the whole distribution here."""
+    direct = getattr(decoder, "step_top_k", None)
+    got = direct(tokens, parents, m) if direct else None
+    if got is not None:
+        return got
+    logp = decoder.step(tokens, parents)
+    m = min(m, logp.shape[-1])
+    if m == 1:
+        ids = logp.argmax(axis=-1)[:, None]
+        return np.take_along_axis(logp, ids, 1), ids
+    ids = top_k_indices(logp, m)
+    values = np.take_along_axis(logp, ids, 1)
+    order = np.argsort(-values, axis=1, kind="stable")
+    return np.take_along_axis(values, order, 1), np.take_along_axis(ids, order, 1)
+
 
 @dataclass(frozen=True)
 class GenerationConfig:
@@ -54,32 +80,40 @@ def greedy_search_top_k(decoder: IncrementalDecoder, src: list[list[int]], gen: 
 
 
 def _greedy_batch(decoder: IncrementalDecoder, src: list[list[int]], gen: GenerationConfig, k: int):
+    """Greedy search over a batch. A decoder that can `keep` rows stops computing a sentence's
+    row once it has ended (CTranslate2 does the same): the rows left are the batch's work."""
     decoder.encode(src, 1)
     n = len(src)
+    shrink = hasattr(decoder, "keep")
     limits = np.array([gen.max_len(len(s)) for s in src])
     width = int(limits.max())
     out = np.full((n, width), gen.pad_id, dtype=np.int64)
     top_ids = np.zeros((n, width, k), dtype=np.int64)
     top_logp = np.zeros((n, width, k), dtype=np.float32)
     lengths = np.zeros(n, dtype=np.int64)
-    done = np.zeros(n, dtype=bool)
+    alive = np.arange(n)  # the sentence of each row
+    done = np.zeros(n, dtype=bool)  # per row; rows stay only where the decoder cannot drop them
     tokens = np.full(n, gen.bos_id, dtype=np.int64)
+    parents = None
     for t in range(width):
-        logp = decoder.step(tokens, None)
-        nxt = logp.argmax(axis=-1).astype(np.int64)
+        values, ids = step_top_k(decoder, tokens, parents, max(k, 1))
+        nxt = ids[:, 0].astype(np.int64)
         if k:
-            ids = top_k_indices(logp, k)
-            values = np.take_along_axis(logp, ids, 1)
-            order = np.argsort(-values, axis=1)
-            top_ids[:, t], top_logp[:, t] = np.take_along_axis(ids, order, 1), np.take_along_axis(values, order, 1)
-        nxt[t + 1 >= limits] = gen.eos_id  # out of room: end here
+            top_ids[alive, t], top_logp[alive, t] = ids[:, :k], values[:, :k]
+        nxt[t + 1 >= limits[alive]] = gen.eos_id  # out of room: end here
         nxt[done] = gen.pad_id
-        out[:, t] = nxt
-        lengths[~done] += 1
+        out[alive, t] = nxt
+        lengths[alive[~done]] += 1
         done |= nxt == gen.eos_id
         if done.all():
             break
         tokens = np.where(done, gen.eos_id, nxt)
+        if shrink and done.any():
+            rows = np.nonzero(~done)[0]
+            decoder.keep(rows)
+            parents, tokens, alive, done = rows, tokens[rows], alive[rows], done[rows]
+        elif shrink:
+            parents = None
     results, tops = [], []
     for i, row in enumerate(out[:, : int(lengths.max())].tolist()):
         row = row[: lengths[i]]
@@ -152,23 +186,33 @@ def beam_search_nbest(decoder: IncrementalDecoder, src: list[list[int]],
     k = gen.beam
     decoder.encode(src, k)
     n = len(src)
-    limits = np.array([gen.max_len(len(s)) for s in src])
+    shrink = hasattr(decoder, "keep")  # finished sentences' rows are dropped, not computed on
+    all_limits = np.array([gen.max_len(len(s)) for s in src])
+    alive = np.arange(n)  # the sentence of each group of k rows
     scores = np.full((n, k), -np.inf, dtype=np.float64)
     scores[:, 0] = 0.0  # all beams start identical: only the first may expand at step 0
     history = np.zeros((n * k, 0), dtype=np.int64)  # the tokens of hypothesis b * k + j so far
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(n)]
+    fallback: dict[int, tuple[float, list[int]]] = {}  # a sentence dropped with nothing finished
     done = np.zeros(n, dtype=bool)
     tokens = np.full(n * k, gen.bos_id, dtype=np.int64)
     parents = None
-    for t in range(int(limits.max())):
-        logp = decoder.step(tokens, parents)
+
+    def best_live(b: int) -> tuple[float, list[int]]:
+        best = int(np.argmax(scores[b]))
+        prefix = history[b * k + best].tolist()
+        return float(scores[b, best]) / max(1, len(prefix)) ** gen.length_penalty, prefix
+
+    for t in range(int(all_limits.max())):
+        rows = len(alive)
+        limits = all_limits[alive]
         # A beam adds the same score to all its tokens, so a sentence's best 2k candidates are
         # among each beam's best 2k tokens: select those before scoring in float64.
-        m = min(2 * k, logp.shape[-1])
-        best = top_k_indices(logp, m)
-        cand = scores.reshape(n * k, 1) + np.take_along_axis(logp, best, axis=1).astype(np.float64)
-        cand, best = cand.reshape(n, k * m), best.reshape(n, k * m)
-        order = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * k]  # [n, 2k], best first
+        values, best = step_top_k(decoder, tokens, parents, 2 * k)
+        m = best.shape[1]
+        cand = scores.reshape(rows * k, 1) + values.astype(np.float64)
+        cand, best = cand.reshape(rows, k * m), best.reshape(rows, k * m)
+        order = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * k]  # [rows, 2k], best first
         score = np.take_along_axis(cand, order, axis=1)
         token = np.take_along_axis(best, order, axis=1)
         beam = order // m
@@ -179,30 +223,38 @@ def beam_search_nbest(decoder: IncrementalDecoder, src: list[list[int]],
         taken = grows & (rank <= k)
         looked_at = (rank - grows) < k  # before the k-th growing candidate, or it
         for b, p in zip(*(i.tolist() for i in np.nonzero(ends & looked_at))):  # row-major: in score order
-            if len(finished[b]) < k:
+            if len(finished[alive[b]]) < k:
                 prefix = history[b * k + beam[b, p]].tolist()
-                finished[b].append((score[b, p] / (len(prefix) + 1) ** gen.length_penalty, prefix))
+                finished[alive[b]].append((score[b, p] / (len(prefix) + 1) ** gen.length_penalty, prefix))
         b_idx, p_idx = np.nonzero(taken)
         slot = rank[b_idx, p_idx] - 1
-        new_scores = np.full((n, k), -np.inf)
+        new_scores = np.full((rows, k), -np.inf)
         new_scores[b_idx, slot] = score[b_idx, p_idx]
-        new_parents = np.repeat(np.arange(n, dtype=np.int64) * k, k)  # unused slots: any valid row
+        new_parents = np.repeat(np.arange(rows, dtype=np.int64) * k, k)  # unused slots: any valid row
         new_parents[b_idx * k + slot] = b_idx * k + beam[b_idx, p_idx]
-        new_tokens = np.full(n * k, gen.eos_id, dtype=np.int64)
+        new_tokens = np.full(rows * k, gen.eos_id, dtype=np.int64)
         new_tokens[b_idx * k + slot] = token[b_idx, p_idx]
-        done |= (np.array([len(f) for f in finished]) >= k) | (taken.sum(axis=1) == 0)
+        done |= (np.array([len(finished[b]) for b in alive.tolist()]) >= k) | (taken.sum(axis=1) == 0)
         if done.all():
             break
         history = np.concatenate([history[new_parents], new_tokens[:, None]], axis=1)
         scores, parents, tokens = new_scores, new_parents, new_tokens
+        if shrink and done.any():
+            for b in np.nonzero(done)[0].tolist():
+                if not finished[alive[b]]:
+                    fallback[int(alive[b])] = best_live(b)
+            keep = np.nonzero(~done)[0]
+            kept_rows = (keep[:, None] * k + np.arange(k)).reshape(-1)
+            decoder.keep(kept_rows)
+            scores, parents, tokens, history = scores[keep], parents[kept_rows], tokens[kept_rows], history[kept_rows]
+            alive, done = alive[keep], done[keep]
+    position = {int(b): i for i, b in enumerate(alive.tolist())}
     results = []
     for b in range(n):
         if finished[b]:  # stable: of equal scores, the one found first stays first
             results.append(sorted(finished[b], key=lambda x: -x[0]))
         else:
-            best = int(np.argmax(scores[b]))
-            prefix = history[b * k + best].tolist()
-            results.append([(float(scores[b, best]) / max(1, len(prefix)) ** gen.length_penalty, prefix)])
+            results.append([fallback[b] if b in fallback else best_live(position[b])])
     return results
 
 

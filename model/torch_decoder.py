@@ -36,14 +36,31 @@ class TorchDecoder:
             src_mask = src_mask.repeat_interleave(beam, 0)
         self.cross, self.src_mask, self.past = cross, src_mask, None
 
-    @torch.inference_mode()
-    def step(self, tokens: np.ndarray, parents: np.ndarray | None) -> np.ndarray:
+    def _step(self, tokens: np.ndarray, parents: np.ndarray | None) -> torch.Tensor:
         if parents is not None and self.past is not None:
             index = torch.from_numpy(parents).to(self.device)
             self.past = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.past]
         x = torch.from_numpy(tokens).to(self.device).view(-1, 1)
         logits, self.past = self.model.decode_step(x, self.cross, self.src_mask, self.past)
-        return F.log_softmax(logits.float(), dim=-1).cpu().numpy()
+        return F.log_softmax(logits.float(), dim=-1)
+
+    @torch.inference_mode()
+    def step(self, tokens: np.ndarray, parents: np.ndarray | None) -> np.ndarray:
+        return self._step(tokens, parents).cpu().numpy()
+
+    @torch.inference_mode()
+    def step_top_k(self, tokens: np.ndarray, parents: np.ndarray | None, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """The m best words per row, best first: only [rows, m] leaves the device."""
+        logp = self._step(tokens, parents)
+        values, ids = logp.topk(min(m, logp.shape[-1]), dim=-1)
+        return values.cpu().numpy(), ids.cpu().numpy()
+
+    @torch.inference_mode()
+    def keep(self, rows: np.ndarray) -> None:
+        """Only these rows of the encoder state from now on (the searches drop finished sentences)."""
+        index = torch.from_numpy(np.asarray(rows, dtype=np.int64)).to(self.device)
+        self.cross = [(k.index_select(0, index), v.index_select(0, index)) for k, v in self.cross]
+        self.src_mask = self.src_mask.index_select(0, index)
 
 
 class TorchTranslator:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.search import GenerationConfig, IncrementalDecoder, beam_search, beam_search_nbest, top_k_indices
+from model.search import (GenerationConfig, IncrementalDecoder, beam_search, beam_search_nbest, greedy_search,
+                          top_k_indices)
 from model.torch_decoder import TorchDecoder
 
 from .test_model import tiny
@@ -155,3 +156,31 @@ def test_nbest_holds_the_beam_best_first_with_the_scores_the_model_gives():
             assert score == pytest.approx(_length_normalised_log_prob(decoder, src, tokens, gen), abs=1e-4)
         checked += len(ended)
     assert checked >= 6
+
+
+class _DropsFinished(_EndsSooner):
+    """_EndsSooner that lets the searches drop finished sentences' rows (TorchDecoder.keep)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.kept: list[int] = []
+
+    def keep(self, rows):
+        self.kept.append(len(rows))
+        self.decoder.keep(rows)
+
+
+def test_dropping_finished_sentences_changes_no_output():
+    """The searches stop computing a sentence once it is finished (fewer rows each step, as
+    CTranslate2 does): every hypothesis and score is what the search over all rows gives."""
+    rng = np.random.default_rng(5)
+    sources = [[int(t) for t in rng.integers(4, 60, rng.integers(1, 14))] + [2] for _ in range(11)]
+    for beam, boost in ((1, 3.0), (3, 2.5), (4, 2.0)):
+        gen = GenerationConfig(beam=beam, length_penalty=0.8, max_positions=64)
+        every_row = _EndsSooner(TorchDecoder(tiny(seed=4)), eos_id=2, temperature=10.0, boost=boost)
+        dropping = _DropsFinished(TorchDecoder(tiny(seed=4)), eos_id=2, temperature=10.0, boost=boost)
+        if beam == 1:
+            assert greedy_search(dropping, sources, gen) == greedy_search(every_row, sources, gen)
+        else:
+            assert beam_search_nbest(dropping, sources, gen) == beam_search_nbest(every_row, sources, gen)
+        assert dropping.kept and min(dropping.kept) < len(sources) * beam  # rows were dropped
