@@ -43,7 +43,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .onnx_graph import refer_to_bytes_in
+from .onnx_graph import refer_to_bytes_in, unfuse_skip_layer_norm
 
 EXTERNAL_MIN_BYTES = 128  # below this a tensor's bytes cost less than a reference to them
 # Ops that only reshape or retype the source mask on its way to an attention's key_padding_mask.
@@ -243,8 +243,12 @@ def _many_rows_matmuls(graph: onnx.GraphProto) -> int:
     9 / 10 / 55 (fp32 8 / 12 / 135): past one row the int8 kernel was no faster than fp32. The
     packed uint8 blocks [N, 1, block] become an int8 [K, N] matrix through Reshape/Slice/Cast/
     Sub/Transpose of initializers, which onnxruntime folds when the session loads, so the file
-    holds one copy. Exact only with one block per column (K <= block): then MatMulNBits' scales
-    are per output column, which is what DynamicQuantizeMatMul takes; other matrices stay."""
+    holds one copy. With one block per column (K <= block) MatMulNBits' scales are per output
+    column, which is what DynamicQuantizeMatMul takes: the same int8 values. With several blocks
+    per column the blocks are dequantized and each column quantized again on its own absolute
+    maximum (also folded at load): one more rounding, at most half a step of the column's scale.
+    At d_model 128 with blocks of 32 (the default recipe) batch 32 x beam 4 took 1174 ms of
+    MatMulNBits in 256 sentences' decoder steps, one thread."""
     weights = {t.name: t for t in graph.initializer}
     make = helper.make_node
     converted = 0
@@ -254,24 +258,30 @@ def _many_rows_matmuls(graph: onnx.GraphProto) -> int:
             continue  # zero points or a column order: not what DynamicQuantizeMatMul takes
         bias = [name for name in node.input[5:6] if name]  # MatMulNBits' slot 5 is DQMM's slot 4
         n_cols, blocks, block = weights[node.input[1]].dims
-        if blocks != 1:
-            continue  # several blocks per column: no per-column scale to hand over
         p = f"generate/many_rows/{converted}"
-        consts = {f"{p}/shape": [n_cols, block], f"{p}/starts": [0], f"{p}/ends": [attrs["K"]], f"{p}/axes": [1],
-                  f"{p}/scale_shape": [n_cols]}
+        consts = {f"{p}/shape": [n_cols, blocks * block], f"{p}/starts": [0], f"{p}/ends": [attrs["K"]],
+                  f"{p}/axes": [1], f"{p}/scale_shape": [n_cols]}
+        if blocks > 1:
+            consts.update({f"{p}/block_shape": [n_cols, blocks, block], f"{p}/block_scale_shape": [n_cols, blocks, 1]})
         graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), name) for name, v in consts.items())
         graph.initializer.append(numpy_helper.from_array(np.array(128, np.int32), f"{p}/zero"))
+        # Every op below has constant inputs only: onnxruntime folds them into initializers at load.
         convert = [
             make("ConstantOfShape", [f"{p}/scale_shape"], [f"{p}/zero_points"], name=f"{p}/zero_points",
                  value=numpy_helper.from_array(np.zeros(1, np.int8))),  # folded at load, not stored
             make("Reshape", [node.input[1], f"{p}/shape"], [f"{p}/rows"], name=f"{p}/rows"),
-            make("Slice", [f"{p}/rows", f"{p}/starts", f"{p}/ends", f"{p}/axes"], [f"{p}/unpadded"],
-                 name=f"{p}/unpad"),
-            make("Cast", [f"{p}/unpadded"], [f"{p}/wide"], to=TensorProto.INT32, name=f"{p}/wide"),
-            make("Sub", [f"{p}/wide", f"{p}/zero"], [f"{p}/centred"], name=f"{p}/centre"),  # stored as q + 128
-            make("Cast", [f"{p}/centred"], [f"{p}/int8"], to=TensorProto.INT8, name=f"{p}/int8"),
+            make("Cast", [f"{p}/rows"], [f"{p}/wide"], to=TensorProto.INT32, name=f"{p}/wide"),
+            make("Sub", [f"{p}/wide", f"{p}/zero"], [f"{p}/centred"], name=f"{p}/centre")]  # stored as q + 128
+        if blocks == 1:
+            convert += [
+                make("Slice", [f"{p}/centred", f"{p}/starts", f"{p}/ends", f"{p}/axes"], [f"{p}/unpadded"],
+                     name=f"{p}/unpad"),
+                make("Cast", [f"{p}/unpadded"], [f"{p}/int8"], to=TensorProto.INT8, name=f"{p}/int8"),
+                make("Reshape", [node.input[2], f"{p}/scale_shape"], [f"{p}/scales"], name=f"{p}/scales")]
+        else:
+            convert += _column_requantize(p, node.input[2], graph)
+        convert += [
             make("Transpose", [f"{p}/int8"], [f"{p}/weight"], perm=[1, 0], name=f"{p}/transpose"),
-            make("Reshape", [node.input[2], f"{p}/scale_shape"], [f"{p}/scales"], name=f"{p}/scales"),
             make("DynamicQuantizeMatMul", [node.input[0], f"{p}/weight", f"{p}/scales", f"{p}/zero_points", *bias],
                  list(node.output), name=f"{p}/matmul", domain="com.microsoft")]
         index = list(graph.node).index(node)
@@ -282,8 +292,60 @@ def _many_rows_matmuls(graph: onnx.GraphProto) -> int:
     return converted
 
 
+def _column_requantize(p: str, block_scales: str, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """Nodes from {p}/centred (int32 [N, blocks * block], padded) and the per-block scales to
+    {p}/int8 [N, K] and {p}/scales [N]: the real matrix, each column on one scale of its own."""
+    make = helper.make_node
+    graph.initializer.extend([numpy_helper.from_array(np.array(127.0, np.float32), f"{p}/int8_max"),
+                              numpy_helper.from_array(np.array(1e-30, np.float32), f"{p}/tiny")])
+    return [
+        make("Cast", [f"{p}/centred"], [f"{p}/q_float"], to=TensorProto.FLOAT, name=f"{p}/q_float"),
+        make("Reshape", [f"{p}/q_float", f"{p}/block_shape"], [f"{p}/blocked"], name=f"{p}/blocked"),
+        make("Reshape", [block_scales, f"{p}/block_scale_shape"], [f"{p}/block_scales"], name=f"{p}/block_scales"),
+        make("Mul", [f"{p}/blocked", f"{p}/block_scales"], [f"{p}/real_blocked"], name=f"{p}/dequantize"),
+        make("Reshape", [f"{p}/real_blocked", f"{p}/shape"], [f"{p}/real_padded"], name=f"{p}/real_padded"),
+        make("Slice", [f"{p}/real_padded", f"{p}/starts", f"{p}/ends", f"{p}/axes"], [f"{p}/real"], name=f"{p}/real"),
+        make("Abs", [f"{p}/real"], [f"{p}/magnitude"], name=f"{p}/magnitude"),
+        make("ReduceMax", [f"{p}/magnitude"], [f"{p}/column_max"], axes=[1], keepdims=0, name=f"{p}/column_max"),
+        make("Max", [f"{p}/column_max", f"{p}/tiny"], [f"{p}/column_max_safe"], name=f"{p}/column_max_safe"),
+        make("Div", [f"{p}/column_max_safe", f"{p}/int8_max"], [f"{p}/scales"], name=f"{p}/scales"),
+        make("Unsqueeze", [f"{p}/scales", f"{p}/axes"], [f"{p}/column_scales"], name=f"{p}/column_scales"),
+        make("Div", [f"{p}/real", f"{p}/column_scales"], [f"{p}/steps"], name=f"{p}/steps"),
+        make("Round", [f"{p}/steps"], [f"{p}/rounded"], name=f"{p}/round"),
+        make("Cast", [f"{p}/rounded"], [f"{p}/int8"], to=TensorProto.INT8, name=f"{p}/int8")]
+
 GENERATE = "generate.onnx"
 GENERATE_MANY_ROWS = "generate_batch.onnx"
+DECODER_MANY_ROWS = "decoder_batch.onnx"
+TOP_K_INPUT, TOP_K_OUTPUTS = "top_k", ("top_log_probs", "top_ids")
+
+
+def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto:
+    """decoder.onnx for a search loop over many rows: the int8 matrices as in generate_batch.onnx,
+    and instead of log_probs [rows, vocab] its `top_k` (an input, int64 [1]) best entries per row,
+    best first: top_log_probs float [rows, top_k], top_ids int64 [rows, top_k]. The loop's own
+    top-k over the whole distribution (NumPy) was 28% of batch 32 x beam 4 (915 of 3226 ms, one
+    thread, 256 sentences); onnxruntime's TopK reads it in place. Weights are read from
+    decoder.onnx's bytes, as the generate graphs do."""
+    model = copy.deepcopy(decoder)
+    g = model.graph
+    _many_rows_matmuls(g)
+    unfuse_skip_layer_norm(g)
+    [log_probs] = [o for o in g.output if o.name == "log_probs"]
+    index = list(g.output).index(log_probs)
+    g.input.append(helper.make_tensor_value_info(TOP_K_INPUT, TensorProto.INT64, [1]))
+    g.node.append(helper.make_node("TopK", ["log_probs", TOP_K_INPUT], list(TOP_K_OUTPUTS), axis=-1, largest=1,
+                                   sorted=1, name="search/top_k"))
+    g.output.remove(log_probs)
+    g.output.insert(index, helper.make_tensor_value_info(TOP_K_OUTPUTS[1], TensorProto.INT64, ["batch", "k"]))
+    g.output.insert(index, helper.make_tensor_value_info(TOP_K_OUTPUTS[0], log_probs.type.tensor_type.elem_type,
+                                                         ["batch", "k"]))
+    _external(g, "decoder.onnx", blob)
+    _short_names(g)
+    del g.value_info[:]
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
 
 
 def write_generate_graph(folder: Path, generation: dict) -> list[Path]:
@@ -319,6 +381,18 @@ def write_generate_graph(folder: Path, generation: dict) -> list[Path]:
     if many_rows is not None:
         paths.append(_write_search_model(folder / GENERATE_MANY_ROWS, enc, many_rows, encoder, decoder, generation))
     return paths
+
+
+def write_many_rows_decoder(folder: Path) -> Path | None:
+    """Write folder/decoder_batch.onnx beside folder/decoder.onnx (see _top_k_decoder); None, and
+    nothing written, for float16 graphs (GPUs, where the runtime drives decoder.onnx itself)."""
+    blob = (folder / "decoder.onnx").read_bytes()
+    decoder = onnx.load_from_string(blob)
+    cache_type = next(i for i in decoder.graph.input if i.name == "past_k_0").type.tensor_type.elem_type
+    if cache_type != TensorProto.FLOAT:
+        return None
+    onnx.save(_top_k_decoder(decoder, blob), str(folder / DECODER_MANY_ROWS))
+    return folder / DECODER_MANY_ROWS
 
 
 def _write_search_model(path: Path, enc: onnx.GraphProto, dec: onnx.GraphProto, encoder: onnx.ModelProto,

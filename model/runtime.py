@@ -27,10 +27,11 @@ import numpy as np
 import onnxruntime as ort
 
 from .files import PACKAGE_JSON, PackageError, sha256_file, verify_package  # noqa: F401 (re-exported)
-from .search import GenerationConfig, translate_sentences
+from .search import GenerationConfig, search, translate_sentences
 from .subword import SubwordTokenizer
 
 _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+MANY_ROWS_DECODER = "decoder_batch.onnx"  # see model/onnx_generate.py (not imported: it needs onnx)
 
 
 class OnnxDecoder:
@@ -42,8 +43,16 @@ class OnnxDecoder:
     and the log-probabilities come out each step."""
 
     def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, pad_id: int,
-                 device: str = "cpu", device_id: int = 0):
+                 device: str = "cpu", device_id: int = 0, many_rows: ort.InferenceSession | None = None):
         self.encoder, self.decoder, self.pad_id = encoder, decoder, pad_id
+        # decoder_batch.onnx: the same step with int8 kernels for many rows and the top k words
+        # per row instead of the whole distribution (model/onnx_generate.py); CPU only.
+        self.many_rows = many_rows if device == "cpu" else None
+        if self.many_rows is not None:
+            self.many_rows_outputs = [o.name for o in self.many_rows.get_outputs()]
+            self.vocab = decoder.get_outputs()[0].shape[-1]
+        if device == "cpu":  # `keep` (model/search.py) only where rows are NumPy arrays to slice
+            self.keep = self._keep
         self.device, self.device_id = device, device_id
         self.cross_names = [o.name for o in encoder.get_outputs()]
         self.output_names = [o.name for o in decoder.get_outputs()]
@@ -86,6 +95,29 @@ class OnnxDecoder:
         out = self.decoder.run(self.output_names, feed)
         feed.update(zip(self.past_names, out[1:]))
         return out[0]
+
+    def step_top_k(self, tokens: np.ndarray, parents: np.ndarray | None, m: int):
+        """The m best words per row, best first, from decoder_batch.onnx (None without it)."""
+        if self.many_rows is None:
+            return None
+        feed = self.feed
+        feed["tokens"] = tokens.reshape(-1, 1)
+        feed["cache_index"] = self.arange if parents is None else parents
+        top_k = min(m, self.vocab) if isinstance(self.vocab, int) else m
+        out = self.many_rows.run(self.many_rows_outputs, {**feed, "top_k": np.array([top_k], dtype=np.int64)})
+        feed.update(zip(self.past_names, out[2:]))
+        return out[0], out[1]
+
+    def _keep(self, rows: np.ndarray) -> None:
+        """Only these rows of the encoder state from now on (the searches drop finished sentences);
+        the cache rows follow the next step's parents."""
+        rows = np.asarray(rows, dtype=np.int64)
+        feed = self.feed
+        feed["src_mask"] = feed["src_mask"][rows]
+        for name in self.cross_names:
+            feed[name] = feed[name][rows]
+        self.rows = len(rows)
+        self.arange = np.arange(self.rows, dtype=np.int64)
 
     # ------------------------------------------------------------------ CUDA, I/O binding
     def _ortvalue(self, array: np.ndarray) -> ort.OrtValue:
@@ -158,6 +190,27 @@ class GraphSearch:
         return out
 
 
+class PackageSearch:
+    """What translates a batch of a package on the CPU: generate.onnx (one onnxruntime call) for
+    one sentence; for several, where the package has decoder_batch.onnx, model/search.py's loop
+    over it, which reads each step's top k words instead of the whole distribution, runs int8
+    matrices with the kernel for many rows and drops finished sentences: at batch 32 it was the
+    faster (docs/decisions.md, issue 31). mode "graph" sends every batch to generate.onnx."""
+
+    def __init__(self, decoder: OnnxDecoder, graph: GraphSearch | None, mode: str = "auto"):
+        self.decoder, self.graph = decoder, graph
+        self.one = "graph" if graph is not None else "python"
+        self.many = "python" if mode != "graph" and decoder.many_rows is not None else self.one
+
+    def which(self, batch: list[list[int]]) -> str:
+        return self.one if len(batch) == 1 else self.many
+
+    def __call__(self, batch: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
+        if self.which(batch) == "graph":
+            return self.graph(batch, gen)
+        return search(self.decoder, batch, gen)
+
+
 class Translator:
     """Text in, text out, with an ONNX package. Same interface as the PyTorch translator."""
 
@@ -178,6 +231,10 @@ class Translator:
         options.inter_op_num_threads = 1
         options.intra_op_num_threads = threads or 0  # 0: ORT's default, one per physical core
         options.log_severity_level = 3
+        if threads != 1:
+            # Idle pool threads spin after each run, taking the cores from the search loop's own
+            # Python between steps: at 2 threads, batch 32 greedy ran 348 sent/s spinning, 651 not.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.threads = threads
         providers = ["CPUExecutionProvider"]
         if device == "cuda":
@@ -191,11 +248,15 @@ class Translator:
         self.device = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
         if device == "cuda" and self.device != "cuda":
             warnings.warn(f"{self.folder}: CUDA execution provider unavailable; running on the CPU", stacklevel=2)
-        self.decoder = OnnxDecoder(encoder, decoder, self.generation.pad_id, self.device, device_id)
+        listed = self.package["files"]
+        many_rows = None
+        if self.device == "cpu" and MANY_ROWS_DECODER in listed:
+            many_rows = ort.InferenceSession(str(self.folder / MANY_ROWS_DECODER), options,
+                                             providers=["CPUExecutionProvider"])
+        self.decoder = OnnxDecoder(encoder, decoder, self.generation.pad_id, self.device, device_id, many_rows)
         if search not in ("auto", "graph", "python"):
             raise ValueError(f"search must be 'auto', 'graph' or 'python', got {search!r}")
         # On CUDA the step graphs with I/O binding stay the path (the op's CUDA kernel is untested here).
-        listed = self.package["files"]
         has_graph = GraphSearch.FILES[0] in listed and self.device == "cpu"
         if search == "graph" and not has_graph:
             raise PackageError(f"{self.folder}: no generate.onnx usable on {self.device} (float32 CPU packages have one)")
@@ -208,7 +269,8 @@ class Translator:
                     raise PackageError(f"{self.folder}: generate.onnx does not load: {exc}") from exc
                 warnings.warn(f"{self.folder}: generate.onnx does not load with onnxruntime {ort.__version__} "
                               f"({exc}); searching over the step graphs instead", stacklevel=2)
-        self.search = "graph" if self.graph_search else "python"
+        self.searcher = PackageSearch(self.decoder, self.graph_search, search)
+        self.search, self.batch_search = self.searcher.one, self.searcher.many  # one sentence, several
 
     # The IncrementalDecoder protocol, so search code can drive a Translator directly.
     def encode(self, src: list[list[int]], beam: int) -> None:
@@ -221,9 +283,10 @@ class Translator:
                   batch_tokens: int = 4000, max_batch: int = 256, on_batch=None) -> list[str]:
         gen = dataclasses.replace(self.generation, beam=beam, length_penalty=length_penalty)
         return translate_sentences(self.decoder, self.tokenizer, sentences, gen, batch_tokens=batch_tokens,
-                                   max_batch=max_batch, on_batch=on_batch, searcher=self.graph_search)
+                                   max_batch=max_batch, on_batch=on_batch, searcher=self.searcher)
 
     def describe(self) -> dict:
         return {"runtime": self.runtime, "device": self.device, "providers": self.providers,
                 "threads": self.threads, "variant": self.package.get("variant"), "search": self.search,
+                "batch_search": self.batch_search,
                 "onnxruntime": ort.__version__}

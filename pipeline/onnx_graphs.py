@@ -13,7 +13,10 @@ import dataclasses
 import shutil
 from pathlib import Path
 
+import onnx
+
 from model.onnx_export import export_onnx, optimize_onnx, positions_as_formula, tie_decoder_embedding, to_fp16
+from model.onnx_graph import unfuse_skip_layer_norm
 from model.search import GenerationConfig
 from model.transformer import Transformer, TransformerConfig
 
@@ -61,7 +64,13 @@ def variant_graphs(graphs: dict[str, Path], precision: str, work: Path, d_model:
     fp32 = {name: folder / path.name for name, path in graphs.items()}
     for name, path in graphs.items():
         shutil.copyfile(path, fp32[name])
-    return fp32, {"positions_as_formula": {name: positions_as_formula(path, d_model) for name, path in fp32.items()}}
+    # The encoder runs on every token of a batch at once: there the standard ops are the faster
+    # (model/onnx_graph.py); the decoder's one row a step keeps the fused kernel.
+    encoder = onnx.load(str(fp32["encoder"]))
+    unfused = unfuse_skip_layer_norm(encoder.graph)
+    onnx.save(encoder, str(fp32["encoder"]))
+    return fp32, {"positions_as_formula": {name: positions_as_formula(path, d_model) for name, path in fp32.items()},
+                  "encoder_layer_norms_unfused": unfused}
 
 
 def generation_of(cfg: TransformerConfig, beam: int = 4) -> dict:

@@ -4,7 +4,9 @@
                                  reads the token table from decoder.onnx's bytes
     generate.onnx                float32 packages: both graphs inside onnxruntime's BeamSearch op,
                                  weights read from the two files above (model/onnx_generate.py)
-    generate_batch.onnx          int8 packages: the same with kernels for many rows (beam, batches)
+    generate_batch.onnx          int8 packages: the same with kernels for many rows (beam at batch 1)
+    decoder_batch.onnx           float32 packages: decoder.onnx for many rows (batches): the top k
+                                 words per row instead of the distribution; int8 kernels for many rows
     tokenizer.json               the subword tokenizer (HF tokenizers)
     generation.json              beam, length penalty, length limits, special ids, max positions
     mt_runtime/                  the torch-free runtime (onnxruntime + tokenizers + numpy)
@@ -22,7 +24,8 @@ import shutil
 from pathlib import Path
 
 from model.files import PackageError, UnsafeFile, open_regular, verify_package, walk
-from model.onnx_generate import GENERATE, GENERATE_MANY_ROWS, write_generate_graph
+from model.onnx_generate import (DECODER_MANY_ROWS, GENERATE, GENERATE_MANY_ROWS, write_generate_graph,
+                                 write_many_rows_decoder)
 
 from .errors import IntegrityError, UserInputError
 from .store import Artifact, now_iso, sha256_file
@@ -30,7 +33,7 @@ from .store import Artifact, now_iso, sha256_file
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
 RUNTIME_FILES = ("runtime.py", "search.py", "subword.py", "files.py")
 PACKAGE_JSON = "package.json"
-GRAPHS = ("encoder.onnx", "decoder.onnx", GENERATE, GENERATE_MANY_ROWS)
+GRAPHS = ("encoder.onnx", "decoder.onnx", GENERATE, GENERATE_MANY_ROWS, DECODER_MANY_ROWS)
 FORMAT = "mt-onnx-package/1"
 _INIT = '''"""Torch-free runtime for this package: `from mt_runtime import Translator`."""
 from .runtime import PackageError, Translator, verify_package
@@ -49,9 +52,10 @@ def write_package(dest: Path, encoder: Path, decoder: Path, tokenizer: Path, gen
         if src.resolve() != (dest / name).resolve():
             shutil.copyfile(src, dest / name)
     (dest / "generation.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    for name in (GENERATE, GENERATE_MANY_ROWS):
+    for name in (GENERATE, GENERATE_MANY_ROWS, DECODER_MANY_ROWS):
         (dest / name).unlink(missing_ok=True)
     write_generate_graph(dest, generation)
+    write_many_rows_decoder(dest)
     runtime = dest / "mt_runtime"
     runtime.mkdir(exist_ok=True)
     for name in RUNTIME_FILES:
@@ -76,7 +80,8 @@ def _write_card_and_manifest(dest: Path, about: dict, figures: dict, generation:
     """The card, then package.json listing every file; `known`: digests of files unchanged since
     they were listed (all but the card), so that adding figures does not hash the graphs again."""
     io = {"encoder": graph_io(dest / "encoder.onnx"), "decoder": graph_io(dest / "decoder.onnx")}
-    for name, key in ((GENERATE, "generate"), (GENERATE_MANY_ROWS, "generate_batch")):
+    for name, key in ((GENERATE, "generate"), (GENERATE_MANY_ROWS, "generate_batch"),
+                      (DECODER_MANY_ROWS, "decoder_batch")):
         if (dest / name).is_file():
             io[key] = graph_io(dest / name)
     (dest / "MODEL_CARD.md").write_text(model_card(about, figures, io, generation), encoding="utf-8")
@@ -168,12 +173,20 @@ onnxruntime call per batch. Inputs: `input_ids` int32 [batch, src_len] (as `src_
 `length_penalty` float [1]; output `sequences` int32 [batch, 1, length]: the start token
 (id {generation['bos_id']}), the translation, then EOS (id {generation['eos_id']}) and PAD.
 `Translator(folder, search="python")` drives the two step graphs from Python instead.
-{_MANY_ROWS if "generate_batch" in io else ""}"""
+{_MANY_ROWS if "generate_batch" in io else ""}{_DECODER_MANY_ROWS if "decoder_batch" in io else ""}"""
 
 
 _MANY_ROWS = """`generate_batch.onnx` (same inputs and output) runs the decoder's int8 matrices with a kernel
 for many rows (DynamicQuantizeMatMul on the same int8 bytes, activations quantized per call
-instead of per block of a row): `Translator` uses it when batch x beam > 1.
+instead of per block of a row): `Translator` uses it for one sentence at beam > 1.
+"""
+
+_DECODER_MANY_ROWS = """`decoder_batch.onnx` is `decoder.onnx` for a search loop over many rows: one more input, `top_k`
+int64 [1], and instead of `log_probs` the `top_k` best entries of each row, best first
+(`top_log_probs` float, `top_ids` int64 [batch, top_k]); int8 matrices run as in
+`generate_batch.onnx`. It reads its weights from `decoder.onnx`. `Translator` translates
+several sentences at once with it and the package's own search loop (`mt_runtime/search.py`),
+which stops computing a sentence's rows once it has finished.
 """
 
 

@@ -15,7 +15,7 @@ import torch
 from model import onnx_quantize
 from model.onnx_quantize import (RecordingDecoder, block_for, node_groups, onnx_bytes, quantize_blockwise,
                                  quantize_dynamic, quantize_static, weight_nodes)
-from model.onnx_generate import EXTERNAL_MIN_BYTES, write_generate_graph
+from model.onnx_generate import EXTERNAL_MIN_BYTES, write_generate_graph, write_many_rows_decoder
 from model.runtime import GraphSearch, OnnxDecoder, Translator
 from model.search import GenerationConfig, greedy_search
 from model.transformer import Transformer, TransformerConfig
@@ -399,7 +399,8 @@ def test_quantize_stage_writes_guarded_packages(quantized):
         assert report["attempts"][0]["float_groups"] == [] and report["bleu"] == report["attempts"][-1]["bleu"]
         package = json.loads((art.path / variant / "package.json").read_text())
         files, fp32_files = package["files"], fp32.package["files"]
-        graphs = ["encoder.onnx", "decoder.onnx", "generate.onnx"] + ["generate_batch.onnx"] * (variant == "int8_dynamic")
+        graphs = ["encoder.onnx", "decoder.onnx", "generate.onnx", "decoder_batch.onnx"] + \
+            ["generate_batch.onnx"] * (variant == "int8_dynamic")
         assert report["onnx_bytes"] == package["onnx_bytes"] == sum(files[g]["bytes"] for g in graphs)
         assert set(graphs) == {f for f in files if f.endswith(".onnx")}  # the many-rows graph: int8 MatMulNBits only
         # Smoke-sized, structure weighs a lot (generate.onnx is all structure): the weights' graphs
@@ -450,11 +451,24 @@ def test_int8_package_gets_a_many_rows_search_graph(tiny, tmp_path):
     assert batched == GraphSearch(many)(src, gen)  # more than one row: the many-rows graph
     agree = np.mean([a[:1] == b[:1] for a, b in zip(batched, steps)])
     assert agree >= 0.5
-    # Several blocks per output column (d_model 64, blocks of 32): no per-column scale to hand
-    # over, so that matrix stays MatMulNBits.
+    # Several blocks per output column (d_model 64, blocks of 32): dequantized and quantized
+    # again per column, at load; the distribution stays within the rounding of one more step.
     _, paths64, _ = export_tiny(tmp_path / "d64", d_model=64)
-    quantize_blockwise(paths64, tmp_path / "int8_64", node_groups(paths64), block_size=32)
+    out64 = quantize_blockwise(paths64, tmp_path / "int8_64", node_groups(paths64), block_size=32)
     written = write_generate_graph(tmp_path / "int8_64", dataclasses.asdict(gen))
     proto = onnx.load(str(written[-1]), load_external_data=False)
     [decoder] = [a.g for a in proto.graph.node[-1].attribute if a.name == "decoder"]
-    assert [n.op_type for n in decoder.node if "logits" in n.output] == ["MatMulNBits"]
+    assert [n.op_type for n in decoder.node if "logits" in n.output] == ["DynamicQuantizeMatMul"]
+    assert not any(n.op_type == "MatMulNBits" for n in decoder.node)
+    many_rows = write_many_rows_decoder(tmp_path / "int8_64")
+    plain = _decoder(out64)
+    fast = OnnxDecoder(plain.encoder, plain.decoder, pad_id=0,
+                       many_rows=ort.InferenceSession(str(many_rows), options, providers=["CPUExecutionProvider"]))
+    for d in (plain, fast):
+        d.encode(src, 1)
+    tokens = np.full(len(src), 1, dtype=np.int64)
+    full = plain.step(tokens, None)
+    values, ids = fast.step_top_k(tokens, None, 5)
+    assert (np.diff(values, axis=1) <= 0).all()  # best first
+    assert np.abs(np.take_along_axis(full, ids, 1) - values).max() < 0.1
+    assert np.mean(ids[:, 0] == full.argmax(axis=1)) >= 0.75

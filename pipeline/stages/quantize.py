@@ -19,8 +19,8 @@ import onnxruntime as ort
 
 from model.onnx_quantize import (RecordingDecoder, node_groups, quantize_blockwise, quantize_dynamic,
                                  quantize_static)
-from model.onnx_generate import write_generate_graph
-from model.runtime import GraphSearch, OnnxDecoder, Translator
+from model.onnx_generate import write_generate_graph, write_many_rows_decoder
+from model.runtime import GraphSearch, OnnxDecoder, PackageSearch, Translator
 from model.search import greedy_search, prepare_sources, translate_sentences
 
 from ..context import StageContext
@@ -58,14 +58,14 @@ def run(ctx: StageContext) -> dict:
         does on the CPU), so that the guard judges what ships."""
         folder = graphs["decoder"].parent
         if folder == fp32_dir:
-            searcher = fp32.graph_search
-        else:  # a candidate's folder: give it its generate graphs
+            searcher = fp32.searcher
+        else:  # a candidate's folder: give it the graphs a package searches with
             write_generate_graph(folder, generation)
-            searcher = GraphSearch.load(folder, _quiet_options())
-        # The step graphs only where there is no generate graph to search with.
-        decoder = None if searcher else _decoder(graphs, fp32.generation.pad_id)
+            many_rows = write_many_rows_decoder(folder)
+            searcher = PackageSearch(_decoder(graphs, fp32.generation.pad_id, many_rows),
+                                     GraphSearch.load(folder, _quiet_options()))
         with ctx.progress(f"guard: {label}", total=len(guard_src), unit="sentences") as bar:
-            hyps = translate_sentences(decoder, fp32.tokenizer, guard_src, fp32.generation, on_batch=bar.advance,
+            hyps = translate_sentences(None, fp32.tokenizer, guard_src, fp32.generation, on_batch=bar.advance,
                                        searcher=searcher)
         return bleu_only(hyps, guard_ref)
 
@@ -130,11 +130,11 @@ def _quiet_options() -> ort.SessionOptions:
     return options
 
 
-def _decoder(graphs: dict[str, Path], pad_id: int) -> OnnxDecoder:
+def _decoder(graphs: dict[str, Path], pad_id: int, many_rows: Path | None = None) -> OnnxDecoder:
     options = _quiet_options()
-    sessions = [ort.InferenceSession(str(graphs[g]), options, providers=["CPUExecutionProvider"])
-                for g in ("encoder", "decoder")]
-    return OnnxDecoder(*sessions, pad_id=pad_id)
+    sessions = [ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+                for path in (graphs["encoder"], graphs["decoder"], many_rows) if path is not None]
+    return OnnxDecoder(*sessions[:2], pad_id=pad_id, many_rows=sessions[2] if many_rows else None)
 
 
 # ------------------------------------------------------------------------------ the guard
