@@ -253,11 +253,48 @@ def score_test_set(translator, spec: dict, batch: int) -> dict:
     return out
 
 
+def measure_versus(job: dict) -> dict:
+    """Ours against CTranslate2 on the same weights, both in this process at the same thread
+    count: at each (batch, beam) point both translate the whole sample, pass after pass, the
+    order alternating (pipeline.timing.interleaved), so that the machine's drift slows both
+    alike. Batches as everywhere: length-sorted, `batch` sentences each, no token cap."""
+    from .timing import interleaved
+
+    sample: list[str] = job["sentences"]
+    engines = {"ours": open_translator(job["ours"]), "ctranslate2": open_translator(job["theirs"])}
+    points = []
+    for batch, beam in job["points"]:
+        kw = dict(beam=beam, max_batch=batch, batch_tokens=10 ** 9)
+        timed = interleaved({name: (lambda _, t=t: t.translate(sample, **kw)) for name, t in engines.items()},
+                            [None], repeats=job["rounds"], warmup=1)
+        ours, theirs = (len(sample) / timed.median_s(name) for name in ("ours", "ctranslate2"))
+        points.append(versus_point(batch, beam, ours, theirs, len(sample)))
+    return {"threads": job["threads"], "sentences": len(sample), "rounds": job["rounds"], "points": points,
+            "search": {"one_sentence": getattr(engines["ours"], "search", None),
+                       "batches": getattr(engines["ours"], "batch_search", None)}}
+
+
+def versus_point(batch: int, beam: int, ours_per_s: float, theirs_per_s: float, sentences: int) -> dict:
+    """One point of the comparison with its one-line verdict (throughput: ours / theirs, above 1
+    is ours faster; at batch 1 the same figure is one over the time per sentence)."""
+    ratio = round(ours_per_s / theirs_per_s, 3) if theirs_per_s else None
+    what = f"{'greedy' if beam == 1 else f'beam {beam}'}, batch {batch}"
+    if batch == 1:
+        figures = f"ours {1000 / ours_per_s:.2f} ms, CTranslate2 {1000 / theirs_per_s:.2f} ms a sentence"
+    else:
+        figures = f"ours {ours_per_s:.1f}, CTranslate2 {theirs_per_s:.1f} sentences/s"
+    verdict = "no figure" if ratio is None else (
+        f"ours faster ({ratio:.2f}x its throughput)" if ratio >= 1 else f"CTranslate2 faster (ours {ratio:.2f}x)")
+    return {"batch": batch, "beam": beam, "ours_sent_per_s": round(ours_per_s, 2),
+            "ctranslate2_sent_per_s": round(theirs_per_s, 2), "ratio": ratio, "met": None if ratio is None else ratio >= 1,
+            "verdict": f"{what}: {figures}: {verdict}"}
+
+
 def main() -> None:
     job_path = Path(sys.argv[1])
     job = json.loads(job_path.read_text(encoding="utf-8"))
     try:
-        result = measure(job)
+        result = measure_versus(job) if job.get("kind") == "versus" else measure(job)
     except Skip as exc:
         result = {"threads": job["threads"], "skipped": str(exc)}
     out = Path(job["result"])

@@ -515,6 +515,16 @@ class EvaluateNode(EvaluateConfig):
     machine: dict | None = None  # the GPU, for a CUDA node: another GPU gives another artifact
 
 
+class VersusConfig(Strict):
+    """Ours against CTranslate2 on the same weights (the final model's int8 and float32 packages),
+    both in one process at the same thread count, pass after pass: sentences/s at each point."""
+
+    sentences: PositiveInt = 256  # the test set's first N: enough for several batches of 64
+    batches: list[PositiveInt] = [1, 32, 64]
+    beams: list[PositiveInt] = [1, 4]
+    rounds: NonNegInt = 3  # passes each, order alternating; 0: not measured
+
+
 class BenchmarkConfig(Strict):
     test_set: str | None = None  # null: the first test set
     sentences: PositiveInt = 100
@@ -530,6 +540,7 @@ class BenchmarkConfig(Strict):
     # Rounds of ours-then-CTranslate2 (alternating order) latency passes, process after process,
     # for the final model's rows: a ratio that machine-speed drift between rows does not move.
     paired_rounds: NonNegInt = 3
+    versus: VersusConfig = VersusConfig()
 
 
 class BenchmarkNode(BenchmarkConfig):

@@ -49,6 +49,7 @@ class ReportRow(TypedDict):
     source: NotRequired[str | None]
     artifact: NotRequired[str | None]
     paired: NotRequired[dict | None]
+    versus: NotRequired[dict | None]  # against CTranslate2 in one process: {peer, by_threads: {n: {points}}}
     breakdown: NotRequired[dict | None]
     peak_rss_mb: NotRequired[float | None]
     gpu_mem_mb: NotRequired[float | None]
@@ -81,3 +82,21 @@ def figures(row: ReportRow) -> dict:
     return {"bleu": row["bleu"], "greedy_p50_ms": row["latency_ms"]["greedy_b1"]["p50"],
             "beam4_p50_ms": row["latency_ms"]["beam4_b1"]["p50"], "sent_per_s": row["throughput"]["sent_per_s"],
             "bytes": row["bytes"], "threads": row["threads"]}
+
+
+def versus_lines(rows: list[dict]) -> list[str]:
+    """One verdict line per point of each row's one-process comparison with CTranslate2."""
+    lines = []
+    for r in rows:
+        versus = r.get("versus")
+        if not versus:
+            continue
+        lines += ["", f"**{r['name']} against {versus['peer']}** (same weights, one process, the two interleaved "
+                      "pass after pass over the same sentences; throughput ours / theirs, above 1 is ours faster):", ""]
+        for n, result in versus["by_threads"].items():
+            if result.get("skipped"):
+                lines.append(f"- {n} thread{'s' if int(n) > 1 else ''}: skipped: {result['skipped']}")
+                continue
+            lines += [f"- {n} thread{'s' if int(n) > 1 else ''}, {result['sentences']} sentences, "
+                      f"{result['rounds']} rounds: {p['verdict']}" for p in result["points"]]
+    return lines

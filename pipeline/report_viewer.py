@@ -15,7 +15,7 @@ from rich.table import Table
 
 from .errors import UserInputError
 from .recipe import load_recipe
-from .report_rows import ReportRow, figures
+from .report_rows import ReportRow, figures, versus_lines
 from .store import Store
 
 
@@ -77,6 +77,8 @@ def show_latest(store: Store, recipe_path: str | Path, json_out: bool = False) -
         if r["skipped"]:
             out.print(f"[dim]{r['variant']} {r['runtime']} {r['device']} {r['compute_type']}: "
                       f"skipped: {r['skipped']}[/dim]")
+    for line in versus_lines(report["rows"]):
+        out.print(line, markup=False)
     for mode, line in (report.get("recommendations") or {}).items():
         out.print(f"{mode}: {line}")
     out.print(f"[dim]{report['files']['report.md']}[/dim]")

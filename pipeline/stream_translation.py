@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import BinaryIO, Iterator, TextIO
 
+from rich.progress import Progress, TextColumn
+
 from .context import console
 from .corpus import DEFAULT_MAX_LINE_BYTES, normalize
 from .errors import IntegrityError, UserInputError
+from .machine import usable_cores
 from .store import MANIFEST, Store
 from .model_loading import is_onnx_package, is_torch_model, load_translator
 
@@ -96,18 +100,28 @@ def translate_stream(store: Store, model: str, beam: int = 4, batch_size: int = 
                      stdout: TextIO | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
     if max_line_bytes < 1:
         raise UserInputError(f"--max-line-bytes must be at least 1, got {max_line_bytes}")
+    threads = threads or usable_cores()  # all cores by default, as the benchmark's "all" row
     with store.reading():  # `artifacts gc` waits until this is done with the artifact
         folder, package = resolve_model(store, model, package)
         translator = load_translator(folder, package, device=device, threads=threads)
     stdin = stdin or sys.stdin.buffer
     stdout = stdout or sys.stdout
-    bad_lines = cut_lines = 0
     block: list[str] = []
+    done = {"lines": 0, "seconds": 0.0}
+    progress = Progress(TextColumn("translating"), TextColumn("{task.completed} lines"),
+                        TextColumn("{task.fields[rate]}"), console=console, transient=True,
+                        disable=not console.is_terminal)
+    task = progress.add_task("translate", total=None, rate="")
 
     def flush():
+        start = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            out = translator.translate(block, beam=beam, max_batch=batch_size)
+            # Batches as the benchmark forms them: length-sorted, batch_size sentences each, no
+            # token cap (each sentence is already cut to the model's positions).
+            out = translator.translate(block, beam=beam, max_batch=batch_size, batch_tokens=10 ** 9)
+        done["seconds"] += time.perf_counter() - start
+        done["lines"] += len(block)
         for w in caught:
             console.print(f"[yellow]warning:[/yellow] {w.message}")
         if len(out) != len(block):
@@ -115,24 +129,43 @@ def translate_stream(store: Store, model: str, beam: int = 4, batch_size: int = 
         stdout.write("".join(one_line(line) + "\n" for line in out))
         stdout.flush()
         block.clear()
+        progress.update(task, completed=done["lines"], rate=f"{done['lines'] / done['seconds']:.1f} sentences/s")
 
-    for number, (raw, cut) in enumerate(bounded_lines(stdin, max_line_bytes), 1):
-        if cut:
-            cut_lines += 1
-            if cut_lines == 1:
-                console.print(f"[yellow]warning:[/yellow] input line {number} is longer than {max_line_bytes} bytes: "
-                              f"translating its first {max_line_bytes} bytes (--max-line-bytes)")
-        text = raw.decode("utf-8", errors="replace")
-        if "\ufffd" in text and b"\xef\xbf\xbd" not in raw:
-            bad_lines += 1
-        block.append(normalize(text))
-        if len(block) >= batch_size * 8:
-            flush()
-    if block:
-        flush()
+    wall = time.perf_counter()
+    counts = {"bad": 0, "cut": 0}  # lines with invalid UTF-8, lines cut to max_line_bytes
+    with progress:
+        _translate_lines(stdin, max_line_bytes, block, flush, batch_size, counts)
+    bad_lines, cut_lines = counts["bad"], counts["cut"]
     if cut_lines > 1:
         console.print(f"[yellow]warning:[/yellow] {cut_lines} input lines were longer than {max_line_bytes} bytes "
                       "and were cut")
     if bad_lines:
         console.print(f"[yellow]warning:[/yellow] {bad_lines} input line(s) were not valid UTF-8; "
                       "invalid bytes were replaced")
+    elapsed = time.perf_counter() - wall
+    describe = getattr(translator, "describe", lambda: {})()
+    how = ", ".join(f"{k} {v}" for k, v in (("runtime", getattr(translator, "runtime", None)),
+                                            ("search", describe.get("batch_search")), ("threads", threads),
+                                            ("beam", beam), ("batch", batch_size)) if v is not None)
+    console.print(f"{done['lines']} lines in {elapsed:.2f} s: {done['lines'] / elapsed if elapsed else 0:.1f} "
+                  f"sentences/s ({done['lines'] / done['seconds'] if done['seconds'] else 0:.1f} while translating; "
+                  f"{how})", markup=False)
+
+
+def _translate_lines(stdin: BinaryIO, max_line_bytes: int, block: list[str], flush, batch_size: int,
+                     counts: dict) -> None:
+    """Read stdin's lines into `block`, flushing every batch_size x 8 of them and at the end."""
+    for number, (raw, cut) in enumerate(bounded_lines(stdin, max_line_bytes), 1):
+        if cut:
+            counts["cut"] += 1
+            if counts["cut"] == 1:
+                console.print(f"[yellow]warning:[/yellow] input line {number} is longer than {max_line_bytes} bytes: "
+                              f"translating its first {max_line_bytes} bytes (--max-line-bytes)")
+        text = raw.decode("utf-8", errors="replace")
+        if "\ufffd" in text and b"\xef\xbf\xbd" not in raw:
+            counts["bad"] += 1
+        block.append(normalize(text))
+        if len(block) >= batch_size * 8:
+            flush()
+    if block:
+        flush()

@@ -414,3 +414,46 @@ def test_paired_rounds_time_both_at_the_peers_thread_count(monkeypatch):
     assert {threads for _, threads, _ in calls} == {1} and len(calls) == 6 and all(only for *_, only in calls)
     assert [name for name, *_ in calls][:4] == ["ours", "peer", "peer", "ours"]  # alternating order
     assert ours["paired"]["threads"] == [1, 1] and ours["paired"]["greedy_b1_p50_ratio"] == 1.25
+
+
+def test_versus_runs_one_process_per_thread_count_and_the_report_says_each_point(monkeypatch):
+    """Our ONNX row against the CTranslate2 row of its compute type, once per thread count (both
+    engines in one process: pipeline.measurement.measure_versus); PyTorch rows are not compared.
+    The report gives one line per point and counts the points ours won."""
+    import pipeline.stages.benchmark as bench
+    from pipeline.measurement import versus_point
+    from pipeline.report_rows import versus_lines
+    from pipeline.stages.report import versus_summary
+
+    jobs = []
+
+    def fake_run_job(ctx, tag, job, threads):
+        jobs.append((tag, job, threads))
+        ratio = 1.5 if threads == 1 else 0.5
+        return {"threads": threads, "sentences": len(job["sentences"]), "rounds": job["rounds"],
+                "points": [versus_point(b, k, 100.0 * ratio, 100.0, len(job["sentences"])) for b, k in job["points"]]}
+
+    class Ctx:
+        log = staticmethod(lambda message: None)
+
+        @staticmethod
+        def progress(*args, **kwargs):
+            return contextlib.nullcontext(type("Bar", (), {"advance": lambda self, n=1: None})())
+
+    monkeypatch.setattr(bench, "run_job", fake_run_job)
+    common = {"device": "cpu", "skipped": None, "source": "pruned", "threads": 1, "folder": "x"}
+    ours = {**common, "name": "int8_dynamic", "runtime": "onnxruntime", "compute_type": "int8"}
+    torch_row = {**common, "name": "pruned", "runtime": "torch", "compute_type": "float32"}
+    peers = [{**common, "name": f"ctranslate2_pruned_{t}", "runtime": "ctranslate2", "compute_type": t}
+             for t in ("int8", "float32")]
+    cfg = BenchmarkNode(final_model="pruned", versus={"batches": [1, 32], "beams": [1, 4], "rounds": 2})
+    bench.versus_ctranslate2(Ctx(), [ours, torch_row, *peers], ["a b"] * 5, cfg, [1, 2])
+    assert [(job["kind"], job["threads"], job["ours"]["runtime"], job["theirs"]["compute_type"]) for _, job, _ in jobs] \
+        == [("versus", 1, "onnxruntime", "int8"), ("versus", 2, "onnxruntime", "int8")]
+    assert jobs[0][1]["points"] == [[1, 1], [1, 4], [32, 1], [32, 4]] and "versus" not in torch_row
+    summary = versus_summary(ours["versus"])
+    assert summary == {"peer": "ctranslate2_pruned_int8", "points": 8, "ours_faster": 4, "met": False,
+                       "lowest_ratio": 0.5}
+    lines = [line for line in versus_lines([ours]) if line.startswith("- ")]
+    assert len(lines) == 8 and lines[0].startswith("- 1 thread, 5 sentences, 2 rounds: greedy, batch 1: ours ")
+    assert sum("CTranslate2 faster" in line for line in lines) == 4 and lines[-1].startswith("- 2 threads")

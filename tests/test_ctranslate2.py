@@ -106,3 +106,30 @@ def test_uneven_heads_are_refused_or_padded_with_zero_heads(tmp_path, corpus):
     assert meta["heads"] == 13 and meta["heads_computed"] == 3 * 2 + 2 * 3 * 2
     check = compare_greedy(tmp_path / "pruned", tmp_path / "ct2", sentences[:6])
     assert check["identical"] == check["sentences"] == 6, check["mismatches"]
+
+
+def test_ours_and_ctranslate2_are_timed_in_one_process_point_by_point(tmp_path, corpus):
+    """benchmark.versus: our package and the converted model, same weights, same threads, each
+    translating the whole sample at every (batch, beam), interleaved; one verdict per point."""
+    from pipeline.measurement import measure_versus
+    from pipeline.package_builder import build_package
+
+    sentences, tokenizer = corpus
+    model, folder = tiny_model(tmp_path, tokenizer)
+    build_package(model, "fp32", tmp_path / "fp32", tokenizer=folder / "tokenizer.json", work=tmp_path / "work")
+    export_ctranslate2(folder, tmp_path / "ct2", "float32")
+    engine = {"device": "cpu", "compute_type": "float32", "threads": 1}
+    job = {"kind": "versus", "threads": 1, "sentences": sentences[:10], "points": [[1, 1], [4, 2]], "rounds": 2,
+           "ours": {**engine, "runtime": "onnxruntime", "folder": str(tmp_path / "fp32")},
+           "theirs": {**engine, "runtime": "ctranslate2", "folder": str(tmp_path / "ct2")}}
+    result = measure_versus(job)
+    assert result["search"] == {"one_sentence": "graph", "batches": "python"} and result["sentences"] == 10
+    greedy, beam = result["points"]
+    assert (greedy["batch"], greedy["beam"], beam["batch"], beam["beam"]) == (1, 1, 4, 2)
+    for point in (greedy, beam):
+        ours, theirs = point["ours_sent_per_s"], point["ctranslate2_sent_per_s"]
+        assert ours > 0 and theirs > 0 and point["ratio"] == pytest.approx(ours / theirs, abs=2e-3)
+        assert point["met"] == (point["ratio"] >= 1)
+        assert ("ours faster" if point["met"] else "CTranslate2 faster") in point["verdict"]
+    assert greedy["verdict"].startswith("greedy, batch 1: ours ") and " ms a sentence" in greedy["verdict"]
+    assert beam["verdict"].startswith("beam 2, batch 4: ours ") and "sentences/s" in beam["verdict"]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+
+from pipeline.machine import usable_cores
 
 from .conftest import cli
 
@@ -26,6 +29,9 @@ def test_translate_keeps_one_line_per_input_line_whatever_it_gets(smoke):
     assert out[0].strip()  # real input gets a translation
     assert "truncated" in err and "not valid UTF-8" in err
     assert "Traceback" not in err
+    # The last word on stderr: how fast, and how (all cores unless --threads says otherwise).
+    assert re.search(rf"^7 lines in [\d.]+ s: [\d.]+ sentences/s \([\d.]+ while translating; runtime torch, "
+                     rf"threads {usable_cores()}, beam 2, batch 32\)$", err, re.M), err
 
 
 def test_translate_accepts_a_folder_and_empty_input(smoke):

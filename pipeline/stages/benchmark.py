@@ -76,6 +76,8 @@ def run(ctx: StageContext) -> dict:
         if not row["skipped"]:
             pick_best(row)  # may find every measurement skipped (e.g. a runtime without CUDA)
     paired_rounds(ctx, rows, sample, cfg)
+    versus_sample = [s for s in src if s.strip()][: cfg.versus.sentences]
+    versus_ctranslate2(ctx, rows, versus_sample, cfg, threads)
     for row in rows:
         row.pop("folder")  # a path into the store (or this stage's temporary folder): not for readers
         ctx.log(f"{row['name']}: skipped: {row['skipped']}" if row["skipped"] else summary_line(row))
@@ -210,19 +212,29 @@ def imported_teacher_rows(ctx: StageContext, cfg: BenchmarkNode) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------ measuring
+def engine(row: dict, threads: int) -> dict:
+    """What a measurement process needs to open a row's translator."""
+    return {"runtime": row["runtime"], "device": row["device"], "compute_type": row["compute_type"],
+            "folder": row["folder"], "threads": threads}
+
+
 def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: BenchmarkNode, score: dict | None,
             latency_only: bool = False, tag: str = "") -> dict:
     """One measurement in a fresh process; a process that fails gives a skipped result, not a crash."""
-    tag = f"{row['name']}-t{threads}{'-' + tag if tag else ''}"
+    job = {**engine(row, threads), "sentences": sample, "batch_size": cfg.batch_size,
+           "throughput_beam": cfg.throughput_beam, "min_repeats": cfg.min_repeats,
+           "max_repeats": cfg.max_repeats, "stable_within": cfg.stable_within, "score": score,
+           "latency_only": latency_only}
+    return run_job(ctx, f"{row['name']}-t{threads}{'-' + tag if tag else ''}", job, threads)
+
+
+def run_job(ctx: StageContext, tag: str, job: dict, threads: int) -> dict:
+    """pipeline.measurement on `job` in a fresh process with `threads` for the math libraries."""
     jobs = ctx.work / "jobs"
     jobs.mkdir(parents=True, exist_ok=True)
     result_path, log_path = jobs / f"{tag}.result.json", jobs / f"{tag}.log"
     result_path.unlink(missing_ok=True)
-    job = {"runtime": row["runtime"], "device": row["device"], "compute_type": row["compute_type"],
-           "folder": row["folder"], "threads": threads, "sentences": sample, "batch_size": cfg.batch_size,
-           "throughput_beam": cfg.throughput_beam, "min_repeats": cfg.min_repeats,
-           "max_repeats": cfg.max_repeats, "stable_within": cfg.stable_within, "score": score,
-           "latency_only": latency_only, "result": str(result_path)}
+    job = {**job, "result": str(result_path)}
     (jobs / f"{tag}.json").write_text(json.dumps(job), encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
@@ -241,6 +253,42 @@ def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: 
                                            f"{lines[-1][:300] if lines else 'no output'}"}
 
 
+def peer_pairs(rows: list[dict], cfg: BenchmarkNode) -> list[tuple[dict, dict]]:
+    """(our row, the CTranslate2 row of the same compute type): the final model on the CPU."""
+    final = cfg.final_model
+    peers = {r["compute_type"]: r for r in rows
+             if r["runtime"] == "ctranslate2" and r["device"] == "cpu" and not r["skipped"] and r["source"] == final}
+    return [(r, peers[r["compute_type"]]) for r in rows
+            if r["runtime"] != "ctranslate2" and r["device"] == "cpu" and not r["skipped"]
+            and r["source"] == final and r["compute_type"] in peers]
+
+
+def versus_ctranslate2(ctx: StageContext, rows: list[dict], sample: list[str], cfg: BenchmarkNode,
+                       threads: list[int]) -> None:
+    """Each of our ONNX packages of the final model against CTranslate2 on the same weights and
+    compute type, at every (batch, beam) of `benchmark.versus` and every thread count: one
+    process per thread count holding both (pipeline.measurement.measure_versus). Stored as
+    row["versus"]: per thread count, the points with their one-line verdicts."""
+    pairs = [(ours, theirs) for ours, theirs in peer_pairs(rows, cfg) if ours["runtime"] == "onnxruntime"]
+    spec = cfg.versus
+    if not spec.rounds or not pairs or not sample:
+        return
+    points = [[batch, beam] for batch in spec.batches for beam in spec.beams]
+    with ctx.progress("ours vs CTranslate2, one process", total=len(pairs) * len(threads), unit="processes") as bar:
+        for ours, theirs in pairs:
+            ours["versus"] = {"peer": theirs["name"], "by_threads": {}}
+            for n in threads:
+                job = {"kind": "versus", "ours": engine(ours, n), "theirs": engine(theirs, n), "threads": n,
+                       "sentences": sample, "points": points, "rounds": spec.rounds}
+                result = run_job(ctx, f"versus-{ours['name']}-t{n}", job, n)
+                ours["versus"]["by_threads"][str(n)] = result
+                bar.advance(1)
+                for point in result.get("points", []):
+                    ctx.log(f"{ours['name']} vs {theirs['name']}, {n} thread{'s' if n > 1 else ''}: {point['verdict']}")
+                if result.get("skipped"):
+                    ctx.log(f"{ours['name']} vs {theirs['name']}, {n} threads: skipped: {result['skipped']}")
+
+
 def paired_rounds(ctx: StageContext, rows: list[dict], sample: list[str], cfg: BenchmarkNode) -> None:
     """Ours against CTranslate2, same weights, same compute type, on the CPU: `paired_rounds`
     rounds of one batch-1 latency measurement each, ours and theirs process after process (the
@@ -251,12 +299,7 @@ def paired_rounds(ctx: StageContext, rows: list[dict], sample: list[str], cfg: B
     (Each at its own row's thread count, one run put ours at 2 threads against theirs at 1 and
     read 1.41 / 2.12 where the rows read 1.09 / 1.30: two threads on two busy vCPUs wait on
     each other.)"""
-    final = cfg.final_model
-    peers = {r["compute_type"]: r for r in rows
-             if r["runtime"] == "ctranslate2" and r["device"] == "cpu" and not r["skipped"] and r["source"] == final}
-    pairs = [(r, peers[r["compute_type"]]) for r in rows
-             if r["runtime"] != "ctranslate2" and r["device"] == "cpu" and not r["skipped"]
-             and r["source"] == final and r["compute_type"] in peers]
+    pairs = peer_pairs(rows, cfg)
     if not cfg.paired_rounds or not pairs:
         return
     once = cfg.model_copy(update={"min_repeats": 1, "max_repeats": 1})

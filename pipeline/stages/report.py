@@ -21,7 +21,7 @@ from ..context import StageContext
 from ..corpus import read_split
 from ..errors import StageFailed
 from ..recipe import ReportNode, ReportTargets
-from ..report_rows import ReportRow, missing_keys
+from ..report_rows import ReportRow, missing_keys, versus_lines
 from ..scoring import paired_bootstrap
 
 TEACHER = "teacher"  # the row every ratio is taken against: the teacher in PyTorch on the CPU
@@ -224,7 +224,8 @@ def report_row(row: dict, evaluations: dict) -> ReportRow:
     """A benchmark row with its quality figures and the keys report.json promises."""
     out = {k: row.get(k) for k in ("name", "variant", "runtime", "device", "compute_type", "threads", "params",
                                    "heads", "bytes", "latency_ms", "throughput", "peak_rss_mb", "gpu_mem_mb",
-                                   "breakdown", "skipped", "note", "source", "artifact", "paired")}
+                                   "breakdown", "skipped", "note", "source", "artifact", "paired",
+                                   "versus")}
     out.update(bleu=None, chrf=None, bleu_greedy=None, chrf_greedy=None, bleu_beam=None, bleu_source=None)
     if row.get("latency_ms"):
         out["latency_ms"] = {k: row["latency_ms"][k] for k in ("greedy_b1", "beam4_b1")}
@@ -383,8 +384,20 @@ def targets(rows: list[dict], goals: ReportTargets = ReportTargets()) -> dict:
                     k: paired[k] for k in ("greedy_b1_p50_ratio", "beam4_b1_p50_ratio", "threads")}
                 entry["vs_ctranslate2_int8"]["paired"]["rounds"] = len(paired["rounds"])
             entry["vs_ctranslate2_int8"]["verdict"] = _peer_verdict(entry["vs_ctranslate2_int8"])
+        if r.get("versus"):
+            entry["vs_ctranslate2_one_process"] = versus_summary(r["versus"])
         out[r["name"]] = entry
     return out
+
+
+def versus_summary(versus: dict) -> dict:
+    """How many of the one-process points (batch x beam x threads) ours won: throughput ours /
+    CTranslate2's >= 1."""
+    points = [{"threads": int(n), **p} for n, result in versus["by_threads"].items() for p in result.get("points", [])]
+    won = sum(1 for p in points if p["met"])
+    return {"peer": versus["peer"], "points": len(points), "ours_faster": won,
+            "met": None if not points else won == len(points),
+            "lowest_ratio": min((p["ratio"] for p in points if p["ratio"] is not None), default=None)}
 
 
 def _peer_verdict(peer: dict) -> dict:
@@ -517,6 +530,7 @@ def markdown(report: dict) -> str:
                                 f": encoder {bd['encode_ms']:.2f} ms, "
                                 f"{bd['steps_per_sentence']:.1f} decoder steps {bd['decode_steps_ms']:.2f} ms, "
                                 f"search and tokenization {bd['other_ms']:.2f} ms" if bd else ""))
+    lines += versus_lines(report["rows"])
     measured = [r for r in report["rows"] if not r["skipped"]]
     notes = [f"- {r['name']}: BLEU {r['bleu_source']}" for r in measured if r.get("bleu_source") and
              ("benchmark" in r["bleu_source"] or "CPU" in r["bleu_source"])]
