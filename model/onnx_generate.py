@@ -43,7 +43,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .onnx_graph import refer_to_bytes_in, unfuse_skip_layer_norm
+from .onnx_graph import refer_to_bytes_in, replace_node, unfuse_skip_layer_norm
 
 EXTERNAL_MIN_BYTES = 128  # below this a tensor's bytes cost less than a reference to them
 # Ops that only reshape or retype the source mask on its way to an attention's key_padding_mask.
@@ -284,10 +284,7 @@ def _many_rows_matmuls(graph: onnx.GraphProto) -> int:
             make("Transpose", [f"{p}/int8"], [f"{p}/weight"], perm=[1, 0], name=f"{p}/transpose"),
             make("DynamicQuantizeMatMul", [node.input[0], f"{p}/weight", f"{p}/scales", f"{p}/zero_points", *bias],
                  list(node.output), name=f"{p}/matmul", domain="com.microsoft")]
-        index = list(graph.node).index(node)
-        graph.node.remove(node)
-        for offset, new_node in enumerate(convert):
-            graph.node.insert(index + offset, new_node)
+        replace_node(graph, node, convert)
         converted += 1
     return converted
 

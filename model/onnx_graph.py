@@ -75,9 +75,14 @@ def unfuse_skip_layer_norm(graph: onnx.GraphProto) -> int:
             nodes.append(onnx.helper.make_node("Add", [summed, bias], [total], name=f"{node.name}/bias"))
         nodes.append(onnx.helper.make_node("LayerNormalization", [total, gamma] + ([beta] if beta else []),
                                            [node.output[0]], axis=-1, epsilon=epsilon, name=f"{node.name}/norm"))
-        index = list(graph.node).index(node)
-        graph.node.remove(node)
-        for offset, new in enumerate(nodes):
-            graph.node.insert(index + offset, new)
+        replace_node(graph, node, nodes)
         done += 1
     return done
+
+
+def replace_node(graph: onnx.GraphProto, node: onnx.NodeProto, nodes: list[onnx.NodeProto]) -> None:
+    """`nodes` where `node` was, in order (so the graph stays topologically sorted)."""
+    index = list(graph.node).index(node)
+    graph.node.remove(node)
+    for offset, new in enumerate(nodes):
+        graph.node.insert(index + offset, new)

@@ -386,6 +386,16 @@ def test_the_smoke_report_says_how_far_greedy_is_from_beam(built):
     assert gap["ci95"][0] <= gap["delta"] <= gap["ci95"][1] and gap["samples"] == 1000
 
 
+class QuietContext:
+    """The part of a StageContext that the benchmark's comparison functions use, silent."""
+
+    log = staticmethod(lambda message: None)
+
+    @staticmethod
+    def progress(*args, **kwargs):
+        return contextlib.nullcontext(type("Bar", (), {"advance": lambda self, n=1: None})())
+
+
 def test_paired_rounds_time_both_at_the_peers_thread_count(monkeypatch):
     """Ours chose 2 threads, CTranslate2 1: the rounds run both at 1 (the peer's best setting), so
     the comparison is at the same threads and never favours us by them."""
@@ -398,19 +408,12 @@ def test_paired_rounds_time_both_at_the_peers_thread_count(monkeypatch):
         ms = {"ours": 2.0, "peer": 1.6}[row["name"]]
         return {"latency_ms": {"greedy_b1": {"p50": ms}, "beam4_b1": {"p50": 2 * ms}}}
 
-    class Ctx:
-        log = staticmethod(lambda message: None)
-
-        @staticmethod
-        def progress(*args, **kwargs):
-            return contextlib.nullcontext(type("Bar", (), {"advance": lambda self, n=1: None})())
-
     monkeypatch.setattr(bench, "measure", fake_measure)
     ours = {"name": "ours", "runtime": "onnxruntime", "device": "cpu", "skipped": None, "source": "pruned",
             "compute_type": "int8", "threads": 2}
     peer = {"name": "peer", "runtime": "ctranslate2", "device": "cpu", "skipped": None, "source": "pruned",
             "compute_type": "int8", "threads": 1}
-    bench.paired_rounds(Ctx(), [ours, peer], ["a b"], BenchmarkNode(final_model="pruned", paired_rounds=3))
+    bench.paired_rounds(QuietContext(), [ours, peer], ["a b"], BenchmarkNode(final_model="pruned", paired_rounds=3))
     assert {threads for _, threads, _ in calls} == {1} and len(calls) == 6 and all(only for *_, only in calls)
     assert [name for name, *_ in calls][:4] == ["ours", "peer", "peer", "ours"]  # alternating order
     assert ours["paired"]["threads"] == [1, 1] and ours["paired"]["greedy_b1_p50_ratio"] == 1.25
@@ -433,13 +436,6 @@ def test_versus_runs_one_process_per_thread_count_and_the_report_says_each_point
         return {"threads": threads, "sentences": len(job["sentences"]), "rounds": job["rounds"],
                 "points": [versus_point(b, k, 100.0 * ratio, 100.0, len(job["sentences"])) for b, k in job["points"]]}
 
-    class Ctx:
-        log = staticmethod(lambda message: None)
-
-        @staticmethod
-        def progress(*args, **kwargs):
-            return contextlib.nullcontext(type("Bar", (), {"advance": lambda self, n=1: None})())
-
     monkeypatch.setattr(bench, "run_job", fake_run_job)
     common = {"device": "cpu", "skipped": None, "source": "pruned", "threads": 1, "folder": "x"}
     ours = {**common, "name": "int8_dynamic", "runtime": "onnxruntime", "compute_type": "int8"}
@@ -447,7 +443,7 @@ def test_versus_runs_one_process_per_thread_count_and_the_report_says_each_point
     peers = [{**common, "name": f"ctranslate2_pruned_{t}", "runtime": "ctranslate2", "compute_type": t}
              for t in ("int8", "float32")]
     cfg = BenchmarkNode(final_model="pruned", versus={"batches": [1, 32], "beams": [1, 4], "rounds": 2})
-    bench.versus_ctranslate2(Ctx(), [ours, torch_row, *peers], ["a b"] * 5, cfg, [1, 2])
+    bench.versus_ctranslate2(QuietContext(), [ours, torch_row, *peers], ["a b"] * 5, cfg, [1, 2])
     assert [(job["kind"], job["threads"], job["ours"]["runtime"], job["theirs"]["compute_type"]) for _, job, _ in jobs] \
         == [("versus", 1, "onnxruntime", "int8"), ("versus", 2, "onnxruntime", "int8")]
     assert jobs[0][1]["points"] == [[1, 1], [1, 4], [32, 1], [32, 4]] and "versus" not in torch_row
