@@ -191,17 +191,20 @@ def time_breakdown(translator, sample: list[str], sync) -> dict | None:
         return None
     graph_search = getattr(translator, "graph_search", None)
     if graph_search:
+        from model.runtime import PackageSearch
+
         # generate.onnx is one opaque call too: its total, then the same sentences through the
         # step graphs and the Python loop, whose parts can be timed.
         start = time.perf_counter()
         for sentence in sample:
             translator.translate([sentence], beam=1, max_batch=1)
         graph_ms = round((time.perf_counter() - start) / len(sample) * 1000, 3)
-        translator.graph_search = None
+        searcher = translator.searcher
+        translator.graph_search, translator.searcher = None, PackageSearch(translator.decoder, None)
         try:
             steps = time_breakdown(translator, sample, sync)
         finally:
-            translator.graph_search = graph_search
+            translator.graph_search, translator.searcher = graph_search, searcher
         return {"search": "graph", "graph_total_ms": graph_ms, **(steps or {})}
     spent = {"encode": 0.0, "step": 0.0, "steps": 0}
 
