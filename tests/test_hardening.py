@@ -59,11 +59,14 @@ def test_sigkill_during_teacher_training_resumes_from_checkpoint(tmp_path):
     assert not list(store.work.glob("teacher-*"))  # scratch is dropped once the artifact is complete
 
 
+KILLS = 12  # 20 took 137 of the suite's 650 s; each kill lands at a random moment of a fresh run
+
+
 def test_sigkill_at_random_moments_never_leaves_a_usable_half_artifact(tmp_path):
     rng = random.Random(20261130)
     kills, runs, completed = 0, 0, 0
     store = Store(tmp_path / "store0")
-    while kills < 20 and runs < 60:
+    while kills < KILLS and runs < 3 * KILLS:
         runs += 1
         proc = _spawn(store.root, "--until", "evaluate")
         try:
@@ -88,8 +91,7 @@ def test_sigkill_at_random_moments_never_leaves_a_usable_half_artifact(tmp_path)
     count("SIGKILLs survived (random moments, smoke recipe)", kills)
     count("runs started by the kill test", runs)
     count("killed runs resumed to completion", completed + 1)
-    assert kills == 20
-    assert kills >= 5
+    assert kills == KILLS
 
 
 def test_ctrl_c_stops_cleanly_with_one_line(tmp_path):
