@@ -315,6 +315,7 @@ GENERATE = "generate.onnx"
 GENERATE_MANY_ROWS = "generate_batch.onnx"
 DECODER_MANY_ROWS = "decoder_batch.onnx"
 TOP_K_INPUT, TOP_K_OUTPUTS = "top_k", ("top_log_probs", "top_ids")
+NORMALIZE_INPUT = "normalize"
 
 
 def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto:
@@ -322,27 +323,52 @@ def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto:
     and instead of log_probs [rows, vocab] its `top_k` (an input, int64 [1]) best entries per row,
     best first: top_log_probs float [rows, top_k], top_ids int64 [rows, top_k]. The loop's own
     top-k over the whole distribution (NumPy) was 28% of batch 32 x beam 4 (915 of 3226 ms, one
-    thread, 256 sentences); onnxruntime's TopK reads it in place. Weights are read from
+    thread, 256 sentences); onnxruntime's TopK reads it in place. With `normalize` (bool [1])
+    false, the values are the raw logits, in the same order: greedy search without scores needs
+    no softmax over the vocabulary (CTranslate2 skips it likewise), and onnxruntime runs every
+    node of a graph whatever outputs are asked for, so the choice is an If. Weights are read from
     decoder.onnx's bytes, as the generate graphs do."""
     model = copy.deepcopy(decoder)
     g = model.graph
     _many_rows_matmuls(g)
     unfuse_skip_layer_norm(g)
+    _external(g, "decoder.onnx", blob)
+    _short_names(g)  # before the If: it renames the outer graph's values, not a branch's
     [log_probs] = [o for o in g.output if o.name == "log_probs"]
-    index = list(g.output).index(log_probs)
+    [softmax] = [n for n in g.node if "log_probs" in n.output]
+    value_type = log_probs.type.tensor_type.elem_type
     g.input.append(helper.make_tensor_value_info(TOP_K_INPUT, TensorProto.INT64, [1]))
-    g.node.append(helper.make_node("TopK", ["log_probs", TOP_K_INPUT], list(TOP_K_OUTPUTS), axis=-1, largest=1,
-                                   sorted=1, name="search/top_k"))
+    if softmax.op_type == "LogSoftmax":
+        g.node.remove(softmax)
+        g.node.append(_normalize_or_not(softmax, value_type))
+        g.input.append(helper.make_tensor_value_info(NORMALIZE_INPUT, TensorProto.BOOL, [1]))
+    else:  # a graph whose log-probabilities are not one LogSoftmax's: always normalized
+        g.node.append(helper.make_node("TopK", ["log_probs", TOP_K_INPUT], list(TOP_K_OUTPUTS), axis=-1,
+                                       largest=1, sorted=1))
+    index = list(g.output).index(log_probs)
     g.output.remove(log_probs)
     g.output.insert(index, helper.make_tensor_value_info(TOP_K_OUTPUTS[1], TensorProto.INT64, ["batch", "k"]))
-    g.output.insert(index, helper.make_tensor_value_info(TOP_K_OUTPUTS[0], log_probs.type.tensor_type.elem_type,
-                                                         ["batch", "k"]))
-    _external(g, "decoder.onnx", blob)
-    _short_names(g)
+    g.output.insert(index, helper.make_tensor_value_info(TOP_K_OUTPUTS[0], value_type, ["batch", "k"]))
     del g.value_info[:]
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return model
+
+
+def _normalize_or_not(softmax: onnx.NodeProto, value_type: int) -> onnx.NodeProto:
+    """If(normalize): the top k of the decoder's LogSoftmax, else of its input, the logits."""
+    def branch(name: str, nodes: list[onnx.NodeProto], values: str) -> onnx.GraphProto:
+        nodes.append(helper.make_node("TopK", [values, TOP_K_INPUT], [f"{name}/values", f"{name}/ids"],
+                                      axis=-1, largest=1, sorted=1))
+        return helper.make_graph(nodes, name, [], [
+            helper.make_tensor_value_info(f"{name}/values", value_type, ["batch", "k"]),
+            helper.make_tensor_value_info(f"{name}/ids", TensorProto.INT64, ["batch", "k"])])
+
+    softmax = copy.deepcopy(softmax)
+    softmax.output[0] = "log_probabilities/all"
+    return helper.make_node("If", [NORMALIZE_INPUT], list(TOP_K_OUTPUTS),
+                            then_branch=branch("log_probabilities", [softmax], softmax.output[0]),
+                            else_branch=branch("logits", [], softmax.input[0]))
 
 
 def write_generate_graph(folder: Path, generation: dict) -> list[Path]:

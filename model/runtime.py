@@ -51,6 +51,8 @@ class OnnxDecoder:
         if self.many_rows is not None:
             self.many_rows_outputs = [o.name for o in self.many_rows.get_outputs()]
             self.vocab = decoder.get_outputs()[0].shape[-1]
+            # Packages from before the `normalize` input always return log-probabilities.
+            self.can_skip_softmax = any(i.name == "normalize" for i in self.many_rows.get_inputs())
         if device == "cpu":  # `keep` (model/search.py) only where rows are NumPy arrays to slice
             self.keep = self._keep
         self.device, self.device_id = device, device_id
@@ -96,15 +98,19 @@ class OnnxDecoder:
         feed.update(zip(self.past_names, out[1:]))
         return out[0]
 
-    def step_top_k(self, tokens: np.ndarray, parents: np.ndarray | None, m: int):
-        """The m best words per row, best first, from decoder_batch.onnx (None without it)."""
+    def step_top_k(self, tokens: np.ndarray, parents: np.ndarray | None, m: int, scores: bool = True):
+        """The m best words per row, best first, from decoder_batch.onnx (None without it);
+        with scores=False their values may be logits instead of log-probabilities."""
         if self.many_rows is None:
             return None
         feed = self.feed
         feed["tokens"] = tokens.reshape(-1, 1)
         feed["cache_index"] = self.arange if parents is None else parents
         top_k = min(m, self.vocab) if isinstance(self.vocab, int) else m
-        out = self.many_rows.run(self.many_rows_outputs, {**feed, "top_k": np.array([top_k], dtype=np.int64)})
+        extra = {"top_k": np.array([top_k], dtype=np.int64)}
+        if self.can_skip_softmax:
+            extra["normalize"] = np.array([scores])
+        out = self.many_rows.run(self.many_rows_outputs, {**feed, **extra})
         feed.update(zip(self.past_names, out[2:]))
         return out[0], out[1]
 

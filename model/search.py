@@ -24,19 +24,21 @@ class IncrementalDecoder(Protocol):
         Returns log-probabilities [rows, vocab] as float32."""
 
     # Optional, for many rows (see step_top_k and the searches below):
-    #   step_top_k(tokens, parents, m) -> (log-probabilities [rows, m], ids [rows, m]), best first,
-    #       or None where it cannot (then step() is used);
+    #   step_top_k(tokens, parents, m, scores) -> (log-probabilities [rows, m], ids [rows, m]),
+    #       best first, or None where it cannot (then step() is used); with scores=False the
+    #       values need only rank the words (logits will do: no softmax over the vocabulary);
     #   keep(rows): from now on only these rows of the encoder state (the sentences still being
     #       searched); the cache follows `parents` of the next step, which index the old rows.
 
 
 def step_top_k(decoder: IncrementalDecoder, tokens: np.ndarray, parents: np.ndarray | None,
-               m: int) -> tuple[np.ndarray, np.ndarray]:
+               m: int, scores: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """One decoder step's m best words per row, best first: (log-probabilities, ids), [rows, m].
     From the decoder itself where it can (onnxruntime's TopK inside the graph, torch.topk),
-    else from the whole distribution here."""
+    else from the whole distribution here. scores=False: the values may be anything in the
+    same order (the logits), for a search that keeps only the ids."""
     direct = getattr(decoder, "step_top_k", None)
-    got = direct(tokens, parents, m) if direct else None
+    got = direct(tokens, parents, m, scores) if direct else None
     if got is not None:
         return got
     logp = decoder.step(tokens, parents)
@@ -96,7 +98,7 @@ def _greedy_batch(decoder: IncrementalDecoder, src: list[list[int]], gen: Genera
     tokens = np.full(n, gen.bos_id, dtype=np.int64)
     parents = None
     for t in range(width):
-        values, ids = step_top_k(decoder, tokens, parents, max(k, 1))
+        values, ids = step_top_k(decoder, tokens, parents, max(k, 1), scores=k > 0)
         nxt = ids[:, 0].astype(np.int64)
         if k:
             top_ids[alive, t], top_logp[alive, t] = ids[:, :k], values[:, :k]

@@ -49,8 +49,10 @@ class TorchDecoder:
         return self._step(tokens, parents).cpu().numpy()
 
     @torch.inference_mode()
-    def step_top_k(self, tokens: np.ndarray, parents: np.ndarray | None, m: int) -> tuple[np.ndarray, np.ndarray]:
-        """The m best words per row, best first: only [rows, m] leaves the device."""
+    def step_top_k(self, tokens: np.ndarray, parents: np.ndarray | None, m: int,
+                   scores: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """The m best words per row, best first: only [rows, m] leaves the device (always
+        log-probabilities: the model's step normalizes)."""
         logp = self._step(tokens, parents)
         values, ids = logp.topk(min(m, logp.shape[-1]), dim=-1)
         return values.cpu().numpy(), ids.cpu().numpy()

@@ -472,3 +472,10 @@ def test_int8_package_gets_a_many_rows_search_graph(tiny, tmp_path):
     assert (np.diff(values, axis=1) <= 0).all()  # best first
     assert np.abs(np.take_along_axis(full, ids, 1) - values).max() < 0.1
     assert np.mean(ids[:, 0] == full.argmax(axis=1)) >= 0.75
+    # Without scores (greedy search) the graph skips the softmax: the same words, and the values
+    # are logits, so they differ from the log-probabilities by one constant per row.
+    fast.encode(src, 1)
+    logits, raw_ids = fast.step_top_k(tokens, None, 5, scores=False)
+    assert (raw_ids == ids).all()
+    shift = logits - values
+    assert np.abs(shift - shift[:, :1]).max() < 1e-3 and np.abs(shift).max() > 1e-2
