@@ -24,10 +24,17 @@ from pipeline.store import Store
 from .conftest import REPO, SMOKE, cli, count
 
 
+def _default_sigint() -> None:
+    # A suite started in the background by a script (`cmd &`) inherits SIGINT ignored, and a
+    # Python started with it ignored never turns it into KeyboardInterrupt: the Ctrl-C test
+    # would then test the shell, not the pipeline.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(store: Path, *args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "pipeline.cli", "run", str(SMOKE), "--store", str(store), *args]
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=_default_sigint)
 
 
 def _assert_store_sound(store: Store) -> None:
@@ -39,7 +46,8 @@ def _assert_store_sound(store: Store) -> None:
 def test_sigkill_during_teacher_training_resumes_from_checkpoint(tmp_path):
     store = Store(tmp_path / "store")
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store.root).returncode == 0
-    proc = _spawn(store.root, "--until", "teacher", "--set", "teacher.train.max_epochs=12")
+    budget = ("--set", "teacher.train.max_epochs=6", "--set", "teacher.train.checkpoint_every_minutes=0.02")
+    proc = _spawn(store.root, "--until", "teacher", *budget)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list(store.work.glob("teacher-*/checkpoint/state.json")):
         time.sleep(0.05)
@@ -49,7 +57,7 @@ def test_sigkill_during_teacher_training_resumes_from_checkpoint(tmp_path):
     state = json.loads(next(store.work.glob("teacher-*/checkpoint/state.json")).read_text())
     assert state["step"] > 0
     _assert_store_sound(store)
-    again = cli("run", str(SMOKE), "--until", "teacher", "--set", "teacher.train.max_epochs=12", store=store.root)
+    again = cli("run", str(SMOKE), "--until", "teacher", *budget, store=store.root)
     err = again.stderr.decode()
     assert again.returncode == 0, err
     assert "resumed from checkpoint at step" in err
@@ -60,6 +68,9 @@ def test_sigkill_during_teacher_training_resumes_from_checkpoint(tmp_path):
 
 
 KILLS = 6  # 8 took 74 s of an 897 s suite on a slow day; each kill lands at a random moment of a fresh run
+# Kills 1.5 to 5 s after a start land in the first stages (a start takes 2 to 3 s): a run to
+# evaluate after them trained and exported for half a minute that no kill could reach.
+UNTIL = "kd_corpus"
 
 
 def test_sigkill_at_random_moments_never_leaves_a_usable_half_artifact(tmp_path):
@@ -68,7 +79,7 @@ def test_sigkill_at_random_moments_never_leaves_a_usable_half_artifact(tmp_path)
     store = Store(tmp_path / "store0")
     while kills < KILLS and runs < 3 * KILLS:
         runs += 1
-        proc = _spawn(store.root, "--until", "evaluate")
+        proc = _spawn(store.root, "--until", UNTIL)
         try:
             proc.wait(timeout=rng.uniform(1.5, 5.0))
             assert proc.returncode == 0, proc.stderr.read().decode()[-2000:]
@@ -84,7 +95,7 @@ def test_sigkill_at_random_moments_never_leaves_a_usable_half_artifact(tmp_path)
             proc.wait(30)
             kills += 1
         _assert_store_sound(store)
-    final = cli("run", str(SMOKE), "--until", "evaluate", store=store.root)
+    final = cli("run", str(SMOKE), "--until", UNTIL, store=store.root)
     assert final.returncode == 0, final.stderr.decode()[-2000:]
     _assert_store_sound(store)
     assert cli("artifacts", "verify", store=store.root).returncode == 0
