@@ -30,6 +30,18 @@ def count(name: str, amount: int = 1) -> None:
     SUMMARY[name] = SUMMARY.get(name, 0) + amount
 
 
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: its counts go to the controller
+        workeroutput["fault_and_fuzz_counts"] = dict(SUMMARY)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):  # pytest-xdist's controller, as each worker ends
+    for name, value in getattr(node, "workeroutput", {}).get("fault_and_fuzz_counts", {}).items():
+        count(name, value)
+
+
 def pytest_terminal_summary(terminalreporter):
     if SUMMARY:
         terminalreporter.section("fault and fuzz counts")
