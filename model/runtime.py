@@ -27,7 +27,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .files import PACKAGE_JSON, PackageError, sha256_file, verify_package  # noqa: F401 (re-exported)
-from .search import GenerationConfig, search, translate_sentences
+from .search import GenerationConfig, best_of, search, translate_sentences
 from .subword import SubwordTokenizer
 
 _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -100,7 +100,8 @@ class OnnxDecoder:
 
     def step_top_k(self, tokens: np.ndarray, parents: np.ndarray | None, m: int, scores: bool = True):
         """The m best words per row, best first, from decoder_batch.onnx (None without it);
-        with scores=False their values may be logits instead of log-probabilities."""
+        with scores=False their values may be logits instead of log-probabilities (the graph
+        returns all the logits; the best are taken here)."""
         if self.many_rows is None:
             return None
         feed = self.feed
@@ -110,9 +111,11 @@ class OnnxDecoder:
         extra = {"top_k": np.array([top_k], dtype=np.int64)}
         if self.can_skip_softmax:
             extra["normalize"] = np.array([scores])
-        out = self.many_rows.run(self.many_rows_outputs, {**feed, **extra})
-        feed.update(zip(self.past_names, out[2:]))
-        return out[0], out[1]
+        values, ids, *present = self.many_rows.run(self.many_rows_outputs, {**feed, **extra})
+        feed.update(zip(self.past_names, present))
+        if ids.shape[1] == 0:  # normalize false: the logits of the whole vocabulary
+            return best_of(values, m)
+        return values, ids
 
     def _keep(self, rows: np.ndarray) -> None:
         """Only these rows of the encoder state from now on (the searches drop finished sentences);

@@ -41,13 +41,17 @@ def step_top_k(decoder: IncrementalDecoder, tokens: np.ndarray, parents: np.ndar
     got = direct(tokens, parents, m, scores) if direct else None
     if got is not None:
         return got
-    logp = decoder.step(tokens, parents)
-    m = min(m, logp.shape[-1])
+    return best_of(decoder.step(tokens, parents), m)
+
+
+def best_of(scores: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """The m highest entries of each row of [rows, vocab], best first: (values, ids)."""
+    m = min(m, scores.shape[-1])
     if m == 1:
-        ids = logp.argmax(axis=-1)[:, None]
-        return np.take_along_axis(logp, ids, 1), ids
-    ids = top_k_indices(logp, m)
-    values = np.take_along_axis(logp, ids, 1)
+        ids = scores.argmax(axis=-1)[:, None]
+        return np.take_along_axis(scores, ids, 1), ids
+    ids = top_k_indices(scores, m)
+    values = np.take_along_axis(scores, ids, 1)
     order = np.argsort(-values, axis=1, kind="stable")
     return np.take_along_axis(values, order, 1), np.take_along_axis(ids, order, 1)
 

@@ -184,8 +184,8 @@ instead of per block of a row): `Translator` uses it for one sentence at beam > 
 _DECODER_MANY_ROWS = """`decoder_batch.onnx` is `decoder.onnx` for a search loop over many rows: more inputs, `top_k`
 int64 [1] and `normalize` bool [1], and instead of `log_probs` the `top_k` best entries of each
 row, best first (`top_log_probs` float, `top_ids` int64 [batch, top_k]; with `normalize` false
-the values are the logits, the same words, without a softmax over the vocabulary: what greedy
-search needs); int8 matrices run as in
+`top_log_probs` is the logits of the whole vocabulary [batch, vocab] and `top_ids` [batch, 0]:
+greedy search takes the argmax itself, without a softmax over the vocabulary); int8 matrices run as in
 `generate_batch.onnx`. It reads its weights from `decoder.onnx`. `Translator` translates
 several sentences at once with it and the package's own search loop (`mt_runtime/search.py`),
 which stops computing a sentence's rows once it has finished.
