@@ -314,6 +314,8 @@ def _column_requantize(p: str, block_scales: str, graph: onnx.GraphProto) -> lis
 GENERATE = "generate.onnx"
 GENERATE_MANY_ROWS = "generate_batch.onnx"
 DECODER_MANY_ROWS = "decoder_batch.onnx"
+DECODER_GREEDY = "decoder_greedy.onnx"
+GREEDY_OUTPUT = "logits"
 TOP_K_INPUT, TOP_K_OUTPUTS = "top_k", ("top_log_probs", "top_ids")
 NORMALIZE_INPUT = "normalize"
 
@@ -329,11 +331,8 @@ def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto:
     likewise), and onnxruntime runs every node of a graph whatever outputs are asked for, so the
     choice is an If. Weights are read from
     decoder.onnx's bytes, as the generate graphs do."""
-    model = copy.deepcopy(decoder)
+    model = _many_rows_copy(decoder, blob)
     g = model.graph
-    _many_rows_matmuls(g)
-    unfuse_skip_layer_norm(g)
-    _external(g, "decoder.onnx", blob)
     _short_names(g)  # before the If: it renames the outer graph's values, not a branch's
     [log_probs] = [o for o in g.output if o.name == "log_probs"]
     [softmax] = [n for n in g.node if "log_probs" in n.output]
@@ -353,6 +352,41 @@ def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto:
     del g.value_info[:]
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
+def _many_rows_copy(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto:
+    """decoder.onnx with the int8 matrices as in generate_batch.onnx and layer norms unfused,
+    its weights read from decoder.onnx's bytes (`blob`)."""
+    model = copy.deepcopy(decoder)
+    _many_rows_matmuls(model.graph)
+    unfuse_skip_layer_norm(model.graph)
+    _external(model.graph, "decoder.onnx", blob)
+    return model
+
+
+def _greedy_decoder(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto | None:
+    """decoder_batch.onnx for the greedy steps where every row continues its own: no cache_index
+    input and no reorder (the cache Gathers copied every past_* each step), and the logits
+    [rows, vocab] out instead of log_probs (no softmax; the loop takes the argmax). At 64 rows,
+    one thread, a step took 0.81-0.89 of decoder_batch.onnx's (student, teacher int8)."""
+    model = _many_rows_copy(decoder, blob)
+    g = model.graph
+    for node in [n for n in g.node if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] == "cache_index"]:
+        g.node.remove(node)
+        _rename(g, node.output[0], node.input[0])
+    producer = {o: n for n in g.node for o in n.output}
+    softmax = producer.get("log_probs")
+    if softmax is None or softmax.op_type != "LogSoftmax":
+        return None  # log-probabilities that are not one LogSoftmax's: decoder_batch.onnx serves
+    g.node.remove(softmax)
+    [output] = [o for o in g.output if o.name == "log_probs"]
+    _rename(g, softmax.input[0], GREEDY_OUTPUT)
+    output.name = GREEDY_OUTPUT
+    g.input.remove(next(i for i in g.input if i.name == "cache_index"))
+    _prune_dead_nodes(g)
+    _short_names(g)
+    del g.value_info[:]
     return model
 
 
@@ -417,14 +451,18 @@ def write_generate_graph(folder: Path, generation: dict) -> list[Path]:
 
 
 def write_many_rows_decoder(folder: Path) -> Path | None:
-    """Write folder/decoder_batch.onnx beside folder/decoder.onnx (see _top_k_decoder); None, and
-    nothing written, for float16 graphs (GPUs, where the runtime drives decoder.onnx itself)."""
+    """Write folder/decoder_batch.onnx (see _top_k_decoder) and folder/decoder_greedy.onnx (see
+    _greedy_decoder) beside folder/decoder.onnx; returns the first. None, and nothing written, for
+    float16 graphs (GPUs, where the runtime drives decoder.onnx itself)."""
     blob = (folder / "decoder.onnx").read_bytes()
     decoder = onnx.load_from_string(blob)
     cache_type = next(i for i in decoder.graph.input if i.name == "past_k_0").type.tensor_type.elem_type
     if cache_type != TensorProto.FLOAT:
         return None
     onnx.save(_top_k_decoder(decoder, blob), str(folder / DECODER_MANY_ROWS))
+    greedy = _greedy_decoder(decoder, blob)
+    if greedy is not None:
+        onnx.save(greedy, str(folder / DECODER_GREEDY))
     return folder / DECODER_MANY_ROWS
 
 

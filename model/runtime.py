@@ -32,6 +32,7 @@ from .subword import SubwordTokenizer
 
 _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 MANY_ROWS_DECODER = "decoder_batch.onnx"  # see model/onnx_generate.py (not imported: it needs onnx)
+GREEDY_DECODER = "decoder_greedy.onnx"
 
 
 class OnnxDecoder:
@@ -43,11 +44,19 @@ class OnnxDecoder:
     and the log-probabilities come out each step."""
 
     def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, pad_id: int,
-                 device: str = "cpu", device_id: int = 0, many_rows: ort.InferenceSession | None = None):
+                 device: str = "cpu", device_id: int = 0, many_rows: ort.InferenceSession | None = None,
+                 greedy: ort.InferenceSession | None = None):
         self.encoder, self.decoder, self.pad_id = encoder, decoder, pad_id
         # decoder_batch.onnx: the same step with int8 kernels for many rows and the top k words
         # per row instead of the whole distribution (model/onnx_generate.py); CPU only.
         self.many_rows = many_rows if device == "cpu" else None
+        # decoder_greedy.onnx: decoder_batch.onnx without the cache reorder, logits out: greedy
+        # steps where every row continues its own (most of them).
+        self.greedy = greedy if self.many_rows is not None else None
+        if self.greedy is not None:
+            self.greedy_inputs = [i.name for i in greedy.get_inputs()]
+            self.greedy_outputs = [o.name for o in greedy.get_outputs()]
+            self.greedy_past = [n.replace("present_", "past_") for n in self.greedy_outputs[1:]]
         if self.many_rows is not None:
             self.many_rows_outputs = [o.name for o in self.many_rows.get_outputs()]
             self.vocab = decoder.get_outputs()[0].shape[-1]
@@ -99,13 +108,18 @@ class OnnxDecoder:
         return out[0]
 
     def step_top_k(self, tokens: np.ndarray, parents: np.ndarray | None, m: int, scores: bool = True):
-        """The m best words per row, best first, from decoder_batch.onnx (None without it);
-        with scores=False their values may be logits instead of log-probabilities (the graph
-        returns all the logits; the best are taken here)."""
+        """The m best words per row, best first, from decoder_batch.onnx (None without it), or
+        from decoder_greedy.onnx where no row changes place and no scores are wanted; with
+        scores=False their values may be logits instead of log-probabilities (the graphs then
+        return all the logits; the best are taken here)."""
         if self.many_rows is None:
             return None
         feed = self.feed
         feed["tokens"] = tokens.reshape(-1, 1)
+        if self.greedy is not None and parents is None and not scores:
+            logits, *present = self.greedy.run(self.greedy_outputs, {n: feed[n] for n in self.greedy_inputs})
+            feed.update(zip(self.greedy_past, present))
+            return best_of(logits, m)
         feed["cache_index"] = self.arange if parents is None else parents
         top_k = min(m, self.vocab) if isinstance(self.vocab, int) else m
         extra = {"top_k": np.array([top_k], dtype=np.int64)}
@@ -258,11 +272,10 @@ class Translator:
         if device == "cuda" and self.device != "cuda":
             warnings.warn(f"{self.folder}: CUDA execution provider unavailable; running on the CPU", stacklevel=2)
         listed = self.package["files"]
-        many_rows = None
-        if self.device == "cpu" and MANY_ROWS_DECODER in listed:
-            many_rows = ort.InferenceSession(str(self.folder / MANY_ROWS_DECODER), options,
-                                             providers=["CPUExecutionProvider"])
-        self.decoder = OnnxDecoder(encoder, decoder, self.generation.pad_id, self.device, device_id, many_rows)
+        many_rows, greedy = (ort.InferenceSession(str(self.folder / name), options, providers=["CPUExecutionProvider"])
+                             if self.device == "cpu" and name in listed else None
+                             for name in (MANY_ROWS_DECODER, GREEDY_DECODER))
+        self.decoder = OnnxDecoder(encoder, decoder, self.generation.pad_id, self.device, device_id, many_rows, greedy)
         if search not in ("auto", "graph", "python"):
             raise ValueError(f"search must be 'auto', 'graph' or 'python', got {search!r}")
         # On CUDA the step graphs with I/O binding stay the path (the op's CUDA kernel is untested here).

@@ -7,6 +7,7 @@
     generate_batch.onnx          int8 packages: the same with kernels for many rows (beam at batch 1)
     decoder_batch.onnx           float32 packages: decoder.onnx for many rows (batches): the top k
                                  words per row instead of the distribution; int8 kernels for many rows
+    decoder_greedy.onnx          float32 packages: decoder_batch.onnx for greedy steps, no cache reorder
     tokenizer.json               the subword tokenizer (HF tokenizers)
     generation.json              beam, length penalty, length limits, special ids, max positions
     mt_runtime/                  the torch-free runtime (onnxruntime + tokenizers + numpy)
@@ -24,8 +25,8 @@ import shutil
 from pathlib import Path
 
 from model.files import PackageError, UnsafeFile, open_regular, verify_package, walk
-from model.onnx_generate import (DECODER_MANY_ROWS, GENERATE, GENERATE_MANY_ROWS, write_generate_graph,
-                                 write_many_rows_decoder)
+from model.onnx_generate import (DECODER_GREEDY, DECODER_MANY_ROWS, GENERATE, GENERATE_MANY_ROWS,
+                                 write_generate_graph, write_many_rows_decoder)
 
 from .errors import IntegrityError, UserInputError
 from .store import Artifact, now_iso, sha256_file
@@ -33,7 +34,7 @@ from .store import Artifact, now_iso, sha256_file
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
 RUNTIME_FILES = ("runtime.py", "search.py", "subword.py", "files.py")
 PACKAGE_JSON = "package.json"
-GRAPHS = ("encoder.onnx", "decoder.onnx", GENERATE, GENERATE_MANY_ROWS, DECODER_MANY_ROWS)
+GRAPHS = ("encoder.onnx", "decoder.onnx", GENERATE, GENERATE_MANY_ROWS, DECODER_MANY_ROWS, DECODER_GREEDY)
 FORMAT = "mt-onnx-package/1"
 _INIT = '''"""Torch-free runtime for this package: `from mt_runtime import Translator`."""
 from .runtime import PackageError, Translator, verify_package
@@ -52,7 +53,7 @@ def write_package(dest: Path, encoder: Path, decoder: Path, tokenizer: Path, gen
         if src.resolve() != (dest / name).resolve():
             shutil.copyfile(src, dest / name)
     (dest / "generation.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    for name in (GENERATE, GENERATE_MANY_ROWS, DECODER_MANY_ROWS):
+    for name in (GENERATE, GENERATE_MANY_ROWS, DECODER_MANY_ROWS, DECODER_GREEDY):
         (dest / name).unlink(missing_ok=True)
     write_generate_graph(dest, generation)
     write_many_rows_decoder(dest)
@@ -81,7 +82,7 @@ def _write_card_and_manifest(dest: Path, about: dict, figures: dict, generation:
     they were listed (all but the card), so that adding figures does not hash the graphs again."""
     io = {"encoder": graph_io(dest / "encoder.onnx"), "decoder": graph_io(dest / "decoder.onnx")}
     for name, key in ((GENERATE, "generate"), (GENERATE_MANY_ROWS, "generate_batch"),
-                      (DECODER_MANY_ROWS, "decoder_batch")):
+                      (DECODER_MANY_ROWS, "decoder_batch"), (DECODER_GREEDY, "decoder_greedy")):
         if (dest / name).is_file():
             io[key] = graph_io(dest / name)
     (dest / "MODEL_CARD.md").write_text(model_card(about, figures, io, generation), encoding="utf-8")
@@ -173,7 +174,8 @@ onnxruntime call per batch. Inputs: `input_ids` int32 [batch, src_len] (as `src_
 `length_penalty` float [1]; output `sequences` int32 [batch, 1, length]: the start token
 (id {generation['bos_id']}), the translation, then EOS (id {generation['eos_id']}) and PAD.
 `Translator(folder, search="python")` drives the two step graphs from Python instead.
-{_MANY_ROWS if "generate_batch" in io else ""}{_DECODER_MANY_ROWS if "decoder_batch" in io else ""}"""
+{_MANY_ROWS if "generate_batch" in io else ""}{_DECODER_MANY_ROWS if "decoder_batch" in io else ""}\
+{_DECODER_GREEDY if "decoder_greedy" in io else ""}"""
 
 
 _MANY_ROWS = """`generate_batch.onnx` (same inputs and output) runs the decoder's int8 matrices with a kernel
@@ -189,6 +191,12 @@ greedy search takes the argmax itself, without a softmax over the vocabulary); i
 `generate_batch.onnx`. It reads its weights from `decoder.onnx`. `Translator` translates
 several sentences at once with it and the package's own search loop (`mt_runtime/search.py`),
 which stops computing a sentence's rows once it has finished.
+"""
+
+_DECODER_GREEDY = """`decoder_greedy.onnx` is `decoder_batch.onnx` for the greedy steps where every row continues
+its own: no `cache_index` (row i of `past_*` is row i of the batch), no `top_k` or `normalize`,
+and `logits` float [batch, vocab] out instead of the top entries. It saves the copy of every
+cache tensor that the reorder makes each step; the loop takes the argmax.
 """
 
 

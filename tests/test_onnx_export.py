@@ -170,7 +170,7 @@ def test_export_stage_parity_and_packages(export_artifact):
     files = package["files"]
     assert files["generate.onnx"]["bytes"] < 0.5 * (files["encoder.onnx"]["bytes"] + files["decoder.onnx"]["bytes"])
     assert package["onnx_bytes"] == sum(files[g]["bytes"] for g in ("encoder.onnx", "decoder.onnx", "generate.onnx",
-                                                                     "decoder_batch.onnx"))
+                                                                     "decoder_batch.onnx", "decoder_greedy.onnx"))
     assert "generate.onnx" not in json.loads((art.path / "fp16" / "package.json").read_text())["files"]
     assert Translator(art.path / "fp32").search == "graph" and Translator(art.path / "fp16").search == "python"
     card = (art.path / "fp32" / "MODEL_CARD.md").read_text()

@@ -59,7 +59,16 @@ def test_fp32_package_decodes_as_pytorch_does(built):
     # Several sentences at once: the search loop over decoder_batch.onnx (top k in the graph,
     # finished sentences dropped) gives what PyTorch gives, greedy and beam.
     assert translator.batch_search == "python" and translator.decoder.many_rows is not None
+    # Greedy steps where every row continues its own run decoder_greedy.onnx (no cache reorder,
+    # logits out); a step after a sentence has ended reorders through decoder_batch.onnx.
+    calls = {"greedy": 0, "batch": 0}
+    for name, session in (("greedy", translator.decoder.greedy), ("batch", translator.decoder.many_rows)):
+        def counted(*args, _run=session.run, _name=name, **kwargs):
+            calls[_name] += 1
+            return _run(*args, **kwargs)
+        session.run = counted
     assert translator.searcher(sources, gen) == greedy_search(TorchDecoder(model), sources, gen)
+    assert calls["greedy"] > 0 and calls["batch"] > 0, calls
     beam = dataclasses.replace(gen, beam=4)
     assert translator.searcher(sources, beam) == beam_search(TorchDecoder(model), sources, beam)
 

@@ -399,7 +399,7 @@ def test_quantize_stage_writes_guarded_packages(quantized):
         assert report["attempts"][0]["float_groups"] == [] and report["bleu"] == report["attempts"][-1]["bleu"]
         package = json.loads((art.path / variant / "package.json").read_text())
         files, fp32_files = package["files"], fp32.package["files"]
-        graphs = ["encoder.onnx", "decoder.onnx", "generate.onnx", "decoder_batch.onnx"] + \
+        graphs = ["encoder.onnx", "decoder.onnx", "generate.onnx", "decoder_batch.onnx", "decoder_greedy.onnx"] + \
             ["generate_batch.onnx"] * (variant == "int8_dynamic")
         assert report["onnx_bytes"] == package["onnx_bytes"] == sum(files[g]["bytes"] for g in graphs)
         assert set(graphs) == {f for f in files if f.endswith(".onnx")}  # the many-rows graph: int8 MatMulNBits only

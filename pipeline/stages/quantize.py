@@ -19,7 +19,7 @@ import onnxruntime as ort
 
 from model.onnx_quantize import (RecordingDecoder, node_groups, quantize_blockwise, quantize_dynamic,
                                  quantize_static)
-from model.onnx_generate import write_generate_graph, write_many_rows_decoder
+from model.onnx_generate import DECODER_GREEDY, write_generate_graph, write_many_rows_decoder
 from model.runtime import GraphSearch, OnnxDecoder, PackageSearch, Translator
 from model.search import greedy_search, prepare_sources, translate_sentences
 
@@ -132,9 +132,12 @@ def _quiet_options() -> ort.SessionOptions:
 
 def _decoder(graphs: dict[str, Path], pad_id: int, many_rows: Path | None = None) -> OnnxDecoder:
     options = _quiet_options()
-    sessions = [ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-                for path in (graphs["encoder"], graphs["decoder"], many_rows) if path is not None]
-    return OnnxDecoder(*sessions[:2], pad_id=pad_id, many_rows=sessions[2] if many_rows else None)
+    greedy = many_rows.with_name(DECODER_GREEDY) if many_rows is not None else None
+    encoder, decoder, many_rows, greedy = (
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        if path is not None and path.is_file() else None
+        for path in (graphs["encoder"], graphs["decoder"], many_rows, greedy))
+    return OnnxDecoder(encoder, decoder, pad_id=pad_id, many_rows=many_rows, greedy=greedy)
 
 
 # ------------------------------------------------------------------------------ the guard
