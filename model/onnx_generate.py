@@ -318,6 +318,7 @@ DECODER_GREEDY = "decoder_greedy.onnx"
 GREEDY_OUTPUT = "logits"
 TOP_K_INPUT, TOP_K_OUTPUTS = "top_k", ("top_log_probs", "top_ids")
 NORMALIZE_INPUT = "normalize"
+GROUP_INPUT = "group"
 
 
 def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto:
@@ -333,6 +334,7 @@ def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto:
     decoder.onnx's bytes, as the generate graphs do."""
     model = _many_rows_copy(decoder, blob)
     g = model.graph
+    _group_cross_attention(g)
     _short_names(g)  # before the If: it renames the outer graph's values, not a branch's
     [log_probs] = [o for o in g.output if o.name == "log_probs"]
     [softmax] = [n for n in g.node if "log_probs" in n.output]
@@ -353,6 +355,40 @@ def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto:
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return model
+
+
+def _group_cross_attention(g: onnx.GraphProto) -> int:
+    """Input `group` (int64 [1]): the rows come in groups of that many consecutive rows of one
+    sentence (its beams), and cross_k_*, cross_v_* and src_mask have one row per group. Each
+    cross-attention then runs with the group's rows as its query positions: one (sentence, head)
+    product of `group` rows instead of `group` products of one row. At 32 sentences x beam 4,
+    one thread, a cross-attention took 347 instead of 780 us (`/tmp/s34/xgroup.py`), and the
+    encoder's output is no longer repeated per beam. Returns how many attentions it grouped."""
+    inputs = {i.name for i in g.input}
+    crosses = [n for n in g.node if n.op_type == "MultiHeadAttention" and len(n.input) > 1
+               and n.input[1] in inputs and n.input[1].startswith("cross_k_")]
+    if not crosses:
+        return 0
+    g.initializer.extend([numpy_helper.from_array(np.array([-1], np.int64), "group/minus_one"),
+                          numpy_helper.from_array(np.array([0], np.int64), "group/same"),
+                          numpy_helper.from_array(np.array([-1, 1, 0], np.int64), "group/rows")])
+    g.node.insert(0, helper.make_node("Concat", ["group/minus_one", GROUP_INPUT, "group/same"], ["group/queries"],
+                                      axis=0, name="group/queries"))
+    g.input.append(helper.make_tensor_value_info(GROUP_INPUT, TensorProto.INT64, [1]))
+    for value in g.input:  # one row per sentence, not per row
+        if value.name == "src_mask" or value.name.startswith(("cross_k_", "cross_v_")):
+            value.type.tensor_type.shape.dim[0].dim_param = "sentences"
+    for node in crosses:
+        at = list(g.node).index(node)
+        query, out = node.input[0], node.output[0]
+        # [rows, 1, width] -> [sentences, group, width] (0: keep the width) and back
+        g.node.insert(at, helper.make_node("Reshape", [query, "group/queries"], [f"{query}/grouped"],
+                                           name=f"{node.name or out}/group"))
+        node.input[0] = f"{query}/grouped"
+        node.output[0] = f"{out}/grouped"
+        g.node.insert(at + 2, helper.make_node("Reshape", [f"{out}/grouped", "group/rows"], [out],
+                                               name=f"{node.name or out}/ungroup"))
+    return len(crosses)
 
 
 def _many_rows_copy(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto:

@@ -62,6 +62,9 @@ class OnnxDecoder:
             self.vocab = decoder.get_outputs()[0].shape[-1]
             # Packages from before the `normalize` input always return log-probabilities.
             self.can_skip_softmax = any(i.name == "normalize" for i in self.many_rows.get_inputs())
+            # Packages from before the `group` input take the encoder's output once per beam.
+            self.can_group = any(i.name == "group" for i in self.many_rows.get_inputs())
+        self.group = 1  # rows per sentence in the feed's cross_* and src_mask (see encode)
         if device == "cpu":  # `keep` (model/search.py) only where rows are NumPy arrays to slice
             self.keep = self._keep
         self.device, self.device_id = device, device_id
@@ -92,10 +95,19 @@ class OnnxDecoder:
             return self._encode_cuda(ids, beam)
         cross = self.encoder.run(self.cross_names, {"src_ids": ids})
         mask = ids != self.pad_id
-        if beam > 1:  # beam k of sentence b is row b * beam + k
+        # Beam k of sentence b is row b * beam + k. decoder_batch.onnx with `group` reads the
+        # sentence's row of cross_* and src_mask for all its beams; decoder.onnx wants a copy per beam.
+        self.group = beam if beam > 1 and self.many_rows is not None and self.can_group else 1
+        if beam > 1 and self.group == 1:
             cross = [np.repeat(c, beam, axis=0) for c in cross]
             mask = np.repeat(mask, beam, axis=0)
         self.feed = {"src_mask": mask, **dict(zip(self.cross_names, cross)), **self._empty_past(self.rows)}
+
+    def _per_row(self, feed: dict) -> dict:
+        """The feed with a row of cross_* and src_mask per decoder row, as decoder.onnx takes it."""
+        if self.group == 1:
+            return feed
+        return {**feed, **{n: np.repeat(feed[n], self.group, axis=0) for n in ("src_mask", *self.cross_names)}}
 
     def step(self, tokens: np.ndarray, parents: np.ndarray | None) -> np.ndarray:
         if self.device == "cuda":
@@ -103,7 +115,7 @@ class OnnxDecoder:
         feed = self.feed
         feed["tokens"] = tokens.reshape(-1, 1)
         feed["cache_index"] = self.arange if parents is None else parents
-        out = self.decoder.run(self.output_names, feed)
+        out = self.decoder.run(self.output_names, self._per_row(feed))
         feed.update(zip(self.past_names, out[1:]))
         return out[0]
 
@@ -125,6 +137,8 @@ class OnnxDecoder:
         extra = {"top_k": np.array([top_k], dtype=np.int64)}
         if self.can_skip_softmax:
             extra["normalize"] = np.array([scores])
+        if self.can_group:
+            extra["group"] = np.array([self.group], dtype=np.int64)
         values, ids, *present = self.many_rows.run(self.many_rows_outputs, {**feed, **extra})
         feed.update(zip(self.past_names, present))
         if ids.shape[1] == 0:  # normalize false: the logits of the whole vocabulary
@@ -135,11 +149,16 @@ class OnnxDecoder:
         """Only these rows of the encoder state from now on (the searches drop finished sentences);
         the cache rows follow the next step's parents."""
         rows = np.asarray(rows, dtype=np.int64)
+        self.rows = len(rows)
+        if self.group > 1:  # the searches keep or drop a sentence's beams together
+            groups = rows.reshape(-1, self.group) if len(rows) % self.group == 0 else None
+            if groups is None or np.any(groups != groups[:, :1] + np.arange(self.group)) or np.any(groups[:, 0] % self.group):
+                raise ValueError(f"keep: rows must be whole groups of {self.group} (a sentence's beams)")
+            rows = groups[:, 0] // self.group
         feed = self.feed
         feed["src_mask"] = feed["src_mask"][rows]
         for name in self.cross_names:
             feed[name] = feed[name][rows]
-        self.rows = len(rows)
         self.arange = np.arange(self.rows, dtype=np.int64)
 
     # ------------------------------------------------------------------ CUDA, I/O binding
