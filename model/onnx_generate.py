@@ -125,6 +125,13 @@ def _last_position_gather(graph: onnx.GraphProto, logits: str, producer: dict) -
     return None
 
 
+def _drop_cache_reorder(g: onnx.GraphProto) -> None:
+    """Remove the Gathers by cache_index: each row's past_* is then its own row's."""
+    for node in [n for n in g.node if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] == "cache_index"]:
+        g.node.remove(node)
+        _rename(g, node.output[0], node.input[0])
+
+
 def _encoder_subgraph(encoder: onnx.ModelProto, layers: int) -> onnx.GraphProto:
     g = copy.deepcopy(encoder.graph)
     g.name = "encoder"
@@ -156,11 +163,7 @@ def _decoder_subgraph(decoder: onnx.ModelProto, layers: int, first_cache_heads: 
     float_type = inputs["past_k_0"].type.tensor_type.elem_type
     head_dim = _shape(inputs["past_k_0"])[3]
 
-    # The op reorders the cache rows itself: our in-graph Gather by cache_index goes.
-    reorders = [n for n in g.node if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] == "cache_index"]
-    for node in reorders:
-        g.node.remove(node)
-        _rename(g, node.output[0], node.input[0])
+    _drop_cache_reorder(g)  # the op reorders the cache rows itself
     # Attention masks straight from the op's int32 mask instead of bool -> unsqueezes -> int32.
     for node in g.node:
         if node.op_type != "MultiHeadAttention" or len(node.input) <= KEY_PADDING_SLOT or not node.input[KEY_PADDING_SLOT]:
@@ -330,8 +333,7 @@ def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto:
     false, top_log_probs holds the raw logits of the whole vocabulary and top_ids no column:
     greedy search without scores needs no softmax over the vocabulary (CTranslate2 skips it
     likewise), and onnxruntime runs every node of a graph whatever outputs are asked for, so the
-    choice is an If. Weights are read from
-    decoder.onnx's bytes, as the generate graphs do."""
+    choice is an If. Weights are read from decoder.onnx's bytes, as the generate graphs do."""
     model = _many_rows_copy(decoder, blob)
     g = model.graph
     _group_cross_attention(g)
@@ -408,9 +410,7 @@ def _greedy_decoder(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto | 
     one thread, a step took 0.81-0.89 of decoder_batch.onnx's (student, teacher int8)."""
     model = _many_rows_copy(decoder, blob)
     g = model.graph
-    for node in [n for n in g.node if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] == "cache_index"]:
-        g.node.remove(node)
-        _rename(g, node.output[0], node.input[0])
+    _drop_cache_reorder(g)
     producer = {o: n for n in g.node for o in n.output}
     softmax = producer.get("log_probs")
     if softmax is None or softmax.op_type != "LogSoftmax":

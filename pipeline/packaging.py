@@ -187,11 +187,12 @@ _DECODER_MANY_ROWS = """`decoder_batch.onnx` is `decoder.onnx` for a search loop
 int64 [1] and `normalize` bool [1], and instead of `log_probs` the `top_k` best entries of each
 row, best first (`top_log_probs` float, `top_ids` int64 [batch, top_k]; with `normalize` false
 `top_log_probs` is the logits of the whole vocabulary [batch, vocab] and `top_ids` [batch, 0]:
-greedy search takes the argmax itself, without a softmax over the vocabulary); int8 matrices run as in
-`generate_batch.onnx`; `group` int64 [1] says how many consecutive rows are one sentence's
-beams, and `cross_*` and `src_mask` then have one row per sentence. It reads its weights from `decoder.onnx`. `Translator` translates
-several sentences at once with it and the package's own search loop (`mt_runtime/search.py`),
-which stops computing a sentence's rows once it has finished.
+greedy search takes the argmax itself, without a softmax over the vocabulary); int8 matrices
+run as in `generate_batch.onnx`; `group` int64 [1] says how many consecutive rows are one
+sentence's beams, and `cross_*` and `src_mask` then have one row per sentence. It reads its
+weights from `decoder.onnx`. `Translator` translates several sentences at once with it and the
+package's own search loop (`mt_runtime/search.py`), which stops computing a sentence's rows
+once it has finished.
 """
 
 _DECODER_GREEDY = """`decoder_greedy.onnx` is `decoder_batch.onnx` for the greedy steps where every row continues
