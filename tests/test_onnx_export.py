@@ -309,5 +309,5 @@ def test_the_float32_encoder_runs_layer_norm_unfused_with_the_same_outputs(tmp_p
         want = [t.numpy() for t in EncoderGraph(model)(src)]
     for path in (fused["encoder"], fp32["encoder"]):
         got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"src_ids": src.numpy()})
-        for a, b in zip(got, want):
-            np.testing.assert_allclose(a, b, atol=2e-5)
+        for a, b in zip(got, want):  # values up to ~7: float32 rounding differs by CPU (2.03e-5 on an EPYC)
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-5)
