@@ -63,6 +63,17 @@ def _shape(value: onnx.ValueInfoProto) -> list:
     return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in value.type.tensor_type.shape.dim]
 
 
+def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
+    """The names a node's subgraphs (an If's branches) read, outer-scope values among them."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        for graph in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+            for inner in graph.node:
+                names.update(inner.input)
+                names |= _subgraph_inputs(inner)
+    return names
+
+
 def _prune_dead_nodes(graph: onnx.GraphProto) -> None:
     needed = {o.name for o in graph.output}
     keep = []
@@ -70,6 +81,7 @@ def _prune_dead_nodes(graph: onnx.GraphProto) -> None:
         if any(o in needed for o in node.output):
             keep.append(node)
             needed.update(node.input)
+            needed |= _subgraph_inputs(node)
     del graph.node[:]
     graph.node.extend(reversed(keep))
     inits = [t for t in graph.initializer if t.name in needed]
@@ -90,14 +102,22 @@ def _short_names(graph: onnx.GraphProto) -> None:
             mapping[name] = np.base_repr(len(mapping), 36).lower()
         return mapping[name]
 
+    def rename(g: onnx.GraphProto) -> None:
+        for node in g.node:
+            node.name = ""
+            node.doc_string = ""
+            for field in (node.input, node.output):
+                for i, name in enumerate(field):
+                    field[i] = short(name)
+            for attr in node.attribute:  # a branch reads outer values by name: rename it alike
+                for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
+                    rename(sub)
+                    for value in sub.output:
+                        value.name = short(value.name)
+
     for tensor in graph.initializer:
         tensor.name = short(tensor.name)
-    for node in graph.node:
-        node.name = ""
-        node.doc_string = ""
-        for field in (node.input, node.output):
-            for i, name in enumerate(field):
-                field[i] = short(name)
+    rename(graph)
 
 
 def _external(graph: onnx.GraphProto, source: str, blob: bytes) -> int:
@@ -322,9 +342,16 @@ GREEDY_OUTPUT = "logits"
 TOP_K_INPUT, TOP_K_OUTPUTS = "top_k", ("top_log_probs", "top_ids")
 NORMALIZE_INPUT = "normalize"
 GROUP_INPUT = "group"
+SHORTLIST_GRAPH = "shortlist.onnx"
+SHORTLIST_FLAG, SHORTLIST_WORDS = "shortlisted", "words"
+# The output projection's inputs that have one entry per word, by op and input slot, under the
+# names the step graphs take them by when a batch's words are shortlisted (model/shortlist.py).
+_PER_WORD_SLOTS = {"DynamicQuantizeMatMul": {1: "shortlist_weight", 2: "shortlist_scale", 3: "shortlist_zero_point",
+                                             4: "shortlist_bias"},
+                   "MatMul": {1: "shortlist_weight"}}
 
 
-def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto:
+def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = False) -> onnx.ModelProto:
     """decoder.onnx for a search loop over many rows: the int8 matrices as in generate_batch.onnx,
     and instead of log_probs [rows, vocab] its `top_k` (an input, int64 [1]) best entries per row,
     best first: top_log_probs float [rows, top_k], top_ids int64 [rows, top_k]. The loop's own
@@ -334,10 +361,10 @@ def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto:
     greedy search without scores needs no softmax over the vocabulary (CTranslate2 skips it
     likewise), and onnxruntime runs every node of a graph whatever outputs are asked for, so the
     choice is an If. Weights are read from decoder.onnx's bytes, as the generate graphs do."""
-    model = _many_rows_copy(decoder, blob)
+    model = _many_rows_copy(decoder, blob, shortlist)
     g = model.graph
     _group_cross_attention(g)
-    _short_names(g)  # before the If: it renames the outer graph's values, not a branch's
+    _short_names(g)
     [log_probs] = [o for o in g.output if o.name == "log_probs"]
     [softmax] = [n for n in g.node if "log_probs" in n.output]
     value_type = log_probs.type.tensor_type.elem_type
@@ -393,22 +420,136 @@ def _group_cross_attention(g: onnx.GraphProto) -> int:
     return len(crosses)
 
 
-def _many_rows_copy(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto:
+def _many_rows_copy(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = False) -> onnx.ModelProto:
     """decoder.onnx with the int8 matrices as in generate_batch.onnx and layer norms unfused,
-    its weights read from decoder.onnx's bytes (`blob`)."""
+    its weights read from decoder.onnx's bytes (`blob`); with `shortlist`, its output projection
+    may be restricted to a batch's words (see _shortlist_projection)."""
     model = copy.deepcopy(decoder)
     _many_rows_matmuls(model.graph)
     unfuse_skip_layer_norm(model.graph)
+    if shortlist:
+        _shortlist_projection(model.graph)
     _external(model.graph, "decoder.onnx", blob)
     return model
 
 
-def _greedy_decoder(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto | None:
+def _vocabulary_projection(g: onnx.GraphProto) -> onnx.NodeProto | None:
+    """The node whose output the decoder's LogSoftmax normalises (the logits [rows, vocab]), where
+    it is one whose per-word inputs (_PER_WORD_SLOTS) are computed from initializers alone."""
+    producer = {o: n for n in g.node for o in n.output}
+    softmax = producer.get("log_probs")
+    if softmax is None or softmax.op_type != "LogSoftmax":
+        return None
+    node = producer.get(softmax.input[0])
+    if node is None or node.op_type not in _PER_WORD_SLOTS:
+        return None
+    initializers = {t.name for t in g.initializer}
+
+    known: dict[str, bool] = {}
+
+    def constant(name: str) -> bool:
+        if name in initializers or name == "":
+            return True
+        if name not in known:
+            source = producer.get(name)  # None: a graph input; an If: something chosen per call
+            known[name] = source is not None and source.op_type != "If" and all(constant(i) for i in source.input)
+        return known[name]
+
+    slots = _PER_WORD_SLOTS[node.op_type]
+    if any(len(node.input) > j and node.input[j] and not constant(node.input[j]) for j in slots):
+        return None
+    return node
+
+
+def _shortlist_projection(g: onnx.GraphProto) -> bool:
+    """The output projection as If(shortlisted): then the same op over the inputs
+    shortlist_weight [d, words] (and its per-word scale, zero point, bias), which shortlist.onnx
+    makes once per batch; else the op over the whole vocabulary as before. An If, not the
+    shortlist inputs alone, because onnxruntime prepacks a constant weight (the whole vocabulary)
+    and not a fed one. Returns False, changing nothing, where the projection is not one of these."""
+    node = _vocabulary_projection(g)
+    if node is None:
+        return False
+    fed = copy.deepcopy(node)
+    value_type = next((i.type.tensor_type.elem_type for i in g.input if i.name.startswith("past_")), TensorProto.FLOAT)
+    weight_type = TensorProto.INT8 if node.op_type == "DynamicQuantizeMatMul" else value_type
+    g.input.append(helper.make_tensor_value_info(SHORTLIST_FLAG, TensorProto.BOOL, [1]))
+    for j, name in _PER_WORD_SLOTS[node.op_type].items():
+        if len(node.input) > j and node.input[j]:
+            fed.input[j] = name
+            shape, elem = ([None, "words"], weight_type) if j == 1 else (["words"], value_type)
+            if j == 3:  # DynamicQuantizeMatMul's zero point has the weight's type
+                elem = weight_type
+            g.input.append(helper.make_tensor_value_info(name, elem, shape))
+    out = node.output[0]
+
+    def branch(name: str, op: onnx.NodeProto) -> onnx.GraphProto:
+        op = copy.deepcopy(op)
+        op.name, op.output[0] = f"{name}/projection", f"{name}/logits"
+        return helper.make_graph([op], name, [], [helper.make_tensor_value_info(op.output[0], value_type,
+                                                                                ["batch", None])])
+
+    replace_node(g, node, [helper.make_node("If", [SHORTLIST_FLAG], [out], name="shortlist/if",
+                                            then_branch=branch("shortlisted", fed),
+                                            else_branch=branch("vocabulary", node))])
+    return True
+
+
+def _shortlist_selector(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto | None:
+    """shortlist.onnx: input `words` (int64 [words], target ids) -> the output projection's
+    per-word inputs restricted to those words, in the order of `words`, named as
+    decoder_batch.onnx and decoder_greedy.onnx take them. Its weights are decoder.onnx's bytes
+    through the same conversions as theirs (folded when the session loads): a [d, vocab] weight
+    is transposed once at load, so that a batch's words are whole rows to gather."""
+    model = _many_rows_copy(decoder, blob, shortlist=False)
+    g = model.graph
+    node = _vocabulary_projection(g)
+    if node is None:
+        return None
+    make = helper.make_node
+    value_type = next((i.type.tensor_type.elem_type for i in g.input if i.name.startswith("past_")), TensorProto.FLOAT)
+    weight_type = TensorProto.INT8 if node.op_type == "DynamicQuantizeMatMul" else value_type
+    nodes, outputs = [], []
+    for j, name in _PER_WORD_SLOTS[node.op_type].items():
+        if len(node.input) <= j or not node.input[j]:
+            continue
+        source = node.input[j]
+        if j == 1:
+            nodes += [make("Transpose", [source], [f"{name}/by_word"], perm=[1, 0], name=f"{name}/by_word"),
+                      make("Gather", [f"{name}/by_word", SHORTLIST_WORDS], [f"{name}/rows"], axis=0, name=f"{name}/rows"),
+                      make("Transpose", [f"{name}/rows"], [name], perm=[1, 0], name=name)]
+            outputs.append(helper.make_tensor_value_info(name, weight_type, [None, "words"]))
+        else:
+            nodes.append(make("Gather", [source, SHORTLIST_WORDS], [name], axis=0, name=name))
+            outputs.append(helper.make_tensor_value_info(name, weight_type if j == 3 else value_type, ["words"]))
+    producer = {o: n for n in g.node for o in n.output}
+    needed = [node.input[j] for j in _PER_WORD_SLOTS[node.op_type] if len(node.input) > j and node.input[j]]
+    closure = []
+    seen: set[int] = set()
+    while needed:  # the nodes that compute the weights from initializers, in graph order below
+        source = producer.get(needed.pop())
+        if source is not None and id(source) not in seen:
+            seen.add(id(source))
+            closure.append(source)
+            needed.extend(source.input)
+    order = {id(n): i for i, n in enumerate(g.node)}
+    closure.sort(key=lambda n: order[id(n)])
+    graph = helper.make_graph(closure + nodes, "shortlist",
+                              [helper.make_tensor_value_info(SHORTLIST_WORDS, TensorProto.INT64, ["words"])],
+                              outputs, initializer=list(g.initializer))
+    _prune_dead_nodes(graph)
+    _short_names(graph)
+    selector = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version,
+                                 producer_name="mt-pipeline")
+    return selector
+
+
+def _greedy_decoder(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = False) -> onnx.ModelProto | None:
     """decoder_batch.onnx for the greedy steps where every row continues its own: no cache_index
     input and no reorder (the cache Gathers copied every past_* each step), and the logits
     [rows, vocab] out instead of log_probs (no softmax; the loop takes the argmax). At 64 rows,
     one thread, a step took 0.81-0.89 of decoder_batch.onnx's (student, teacher int8)."""
-    model = _many_rows_copy(decoder, blob)
+    model = _many_rows_copy(decoder, blob, shortlist)
     g = model.graph
     _drop_cache_reorder(g)
     producer = {o: n for n in g.node for o in n.output}
@@ -486,19 +627,24 @@ def write_generate_graph(folder: Path, generation: dict) -> list[Path]:
     return paths
 
 
-def write_many_rows_decoder(folder: Path) -> Path | None:
+def write_many_rows_decoder(folder: Path, shortlist: bool = False) -> Path | None:
     """Write folder/decoder_batch.onnx (see _top_k_decoder) and folder/decoder_greedy.onnx (see
-    _greedy_decoder) beside folder/decoder.onnx; returns the first. None, and nothing written, for
-    float16 graphs (GPUs, where the runtime drives decoder.onnx itself)."""
+    _greedy_decoder) beside folder/decoder.onnx; returns the first. With `shortlist`, both take a
+    batch's shortlisted output projection where theirs allows, and folder/shortlist.onnx makes it
+    (see _shortlist_projection). None, and nothing written, for float16 graphs (GPUs, where the
+    runtime drives decoder.onnx itself)."""
     blob = (folder / "decoder.onnx").read_bytes()
     decoder = onnx.load_from_string(blob)
     cache_type = next(i for i in decoder.graph.input if i.name == "past_k_0").type.tensor_type.elem_type
     if cache_type != TensorProto.FLOAT:
         return None
-    onnx.save(_top_k_decoder(decoder, blob), str(folder / DECODER_MANY_ROWS))
-    greedy = _greedy_decoder(decoder, blob)
+    onnx.save(_top_k_decoder(decoder, blob, shortlist), str(folder / DECODER_MANY_ROWS))
+    greedy = _greedy_decoder(decoder, blob, shortlist)
     if greedy is not None:
         onnx.save(greedy, str(folder / DECODER_GREEDY))
+    selector = _shortlist_selector(decoder, blob) if shortlist else None
+    if selector is not None:
+        onnx.save(selector, str(folder / SHORTLIST_GRAPH))
     return folder / DECODER_MANY_ROWS
 
 

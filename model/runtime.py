@@ -28,11 +28,14 @@ import onnxruntime as ort
 
 from .files import PACKAGE_JSON, PackageError, sha256_file, verify_package  # noqa: F401 (re-exported)
 from .search import GenerationConfig, best_of, search, translate_sentences
+from .shortlist import SHORTLIST_FILE, Shortlist, ShortlistError
 from .subword import SubwordTokenizer
 
 _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 MANY_ROWS_DECODER = "decoder_batch.onnx"  # see model/onnx_generate.py (not imported: it needs onnx)
 GREEDY_DECODER = "decoder_greedy.onnx"
+SHORTLIST_SELECTOR = "shortlist.onnx"
+_ARRAY_TYPES = {**_DTYPES, "tensor(int8)": np.int8, "tensor(bool)": np.bool_}
 
 
 class OnnxDecoder:
@@ -45,7 +48,8 @@ class OnnxDecoder:
 
     def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, pad_id: int,
                  device: str = "cpu", device_id: int = 0, many_rows: ort.InferenceSession | None = None,
-                 greedy: ort.InferenceSession | None = None):
+                 greedy: ort.InferenceSession | None = None,
+                 shortlist: tuple[Shortlist, ort.InferenceSession] | None = None):
         self.encoder, self.decoder, self.pad_id = encoder, decoder, pad_id
         # decoder_batch.onnx: the same step with int8 kernels for many rows and the top k words
         # per row instead of the whole distribution (model/onnx_generate.py); CPU only.
@@ -65,6 +69,7 @@ class OnnxDecoder:
             # Packages from before the `group` input take the encoder's output once per beam.
             self.can_group = any(i.name == "group" for i in self.many_rows.get_inputs())
         self.group = 1  # rows per sentence in the feed's cross_* and src_mask (see encode)
+        self._setup_shortlist(shortlist)
         if device == "cpu":  # `keep` (model/search.py) only where rows are NumPy arrays to slice
             self.keep = self._keep
         self.device, self.device_id = device, device_id
@@ -102,6 +107,38 @@ class OnnxDecoder:
             cross = [np.repeat(c, beam, axis=0) for c in cross]
             mask = np.repeat(mask, beam, axis=0)
         self.feed = {"src_mask": mask, **dict(zip(self.cross_names, cross)), **self._empty_past(self.rows)}
+        self.words, self.shortlist_feed = None, self.no_shortlist_feed
+        if self.shortlist is not None and self.use_shortlist:
+            # The batch's words, and the output projection restricted to them, once per batch.
+            self.words = self.shortlist.for_sources(src)
+            self.shortlist_feed = {self.shortlist_flag: np.array([True]), **dict(zip(
+                self.selector_outputs, self.selector.run(self.selector_outputs, {"words": self.words})))}
+
+    def _setup_shortlist(self, shortlist) -> None:
+        """A package's lexical shortlist (model/shortlist.py), used by decoder_batch.onnx and
+        decoder_greedy.onnx where both take it; `use_shortlist` turns it off (the whole vocabulary)."""
+        self.shortlist = self.selector = self.words = None
+        self.use_shortlist = False
+        self.shortlist_flag = "shortlisted"
+        names = {i.name: i for i in self.many_rows.get_inputs()} if self.many_rows is not None else {}
+        # Without a shortlist the graphs still take its inputs: empty ones, and the flag off.
+        # Nothing for a package from before the shortlist, or one whose projection cannot take it.
+        self.no_shortlist_feed = {}
+        if self.shortlist_flag in names:
+            self.no_shortlist_feed[self.shortlist_flag] = np.array([False])
+            for name, value in names.items():
+                if name.startswith("shortlist_"):
+                    shape = [d if isinstance(d, int) else 0 for d in value.shape]
+                    self.no_shortlist_feed[name] = np.zeros(shape, _ARRAY_TYPES[value.type])
+        self.shortlist_feed = self.no_shortlist_feed
+        if shortlist is not None and self.no_shortlist_feed:
+            self.shortlist, self.selector = shortlist
+            self.selector_outputs = [o.name for o in self.selector.get_outputs()]
+            self.use_shortlist = True
+
+    def _whole_vocabulary(self, ids: np.ndarray) -> np.ndarray:
+        """Ids into the batch's shortlist -> vocabulary ids."""
+        return ids if self.words is None else self.words[ids]
 
     def _per_row(self, feed: dict) -> dict:
         """The feed with a row of cross_* and src_mask per decoder row, as decoder.onnx takes it."""
@@ -129,21 +166,25 @@ class OnnxDecoder:
         feed = self.feed
         feed["tokens"] = tokens.reshape(-1, 1)
         if self.greedy is not None and parents is None and not scores:
-            logits, *present = self.greedy.run(self.greedy_outputs, {n: feed[n] for n in self.greedy_inputs})
+            logits, *present = self.greedy.run(self.greedy_outputs, {
+                **{n: feed[n] for n in self.greedy_inputs if n in feed}, **self.shortlist_feed})
             feed.update(zip(self.greedy_past, present))
-            return best_of(logits, m)
+            values, ids = best_of(logits, m)
+            return values, self._whole_vocabulary(ids)
         feed["cache_index"] = self.arange if parents is None else parents
         top_k = min(m, self.vocab) if isinstance(self.vocab, int) else m
+        if self.words is not None:
+            top_k = min(top_k, len(self.words))
         extra = {"top_k": np.array([top_k], dtype=np.int64)}
         if self.can_skip_softmax:
             extra["normalize"] = np.array([scores])
         if self.can_group:
             extra["group"] = np.array([self.group], dtype=np.int64)
-        values, ids, *present = self.many_rows.run(self.many_rows_outputs, {**feed, **extra})
+        values, ids, *present = self.many_rows.run(self.many_rows_outputs, {**feed, **extra, **self.shortlist_feed})
         feed.update(zip(self.past_names, present))
-        if ids.shape[1] == 0:  # normalize false: the logits of the whole vocabulary
-            return best_of(values, m)
-        return values, ids
+        if ids.shape[1] == 0:  # normalize false: the logits of the whole vocabulary (or the shortlist)
+            values, ids = best_of(values, m)
+        return values, self._whole_vocabulary(ids)
 
     def _keep(self, rows: np.ndarray) -> None:
         """Only these rows of the encoder state from now on (the searches drop finished sentences);
@@ -259,7 +300,7 @@ class Translator:
     runtime = "onnxruntime"
 
     def __init__(self, folder: str | Path, device: str = "cpu", threads: int | None = None, device_id: int = 0,
-                 search: str = "auto"):
+                 search: str = "auto", shortlist: bool = True):
         self.folder = Path(folder)
         self.package = verify_package(self.folder)
         gen = json.loads((self.folder / "generation.json").read_text(encoding="utf-8"))
@@ -294,7 +335,17 @@ class Translator:
         many_rows, greedy = (ort.InferenceSession(str(self.folder / name), options, providers=["CPUExecutionProvider"])
                              if self.device == "cpu" and name in listed else None
                              for name in (MANY_ROWS_DECODER, GREEDY_DECODER))
-        self.decoder = OnnxDecoder(encoder, decoder, self.generation.pad_id, self.device, device_id, many_rows, greedy)
+        lexical = None
+        if shortlist and many_rows is not None and SHORTLIST_FILE in listed and SHORTLIST_SELECTOR in listed:
+            vocab = decoder.get_outputs()[0].shape[-1]
+            try:
+                table = Shortlist.load(self.folder / SHORTLIST_FILE, vocab if isinstance(vocab, int) else -1)
+            except ShortlistError as exc:
+                raise PackageError(str(exc)) from None
+            lexical = (table, ort.InferenceSession(str(self.folder / SHORTLIST_SELECTOR), options,
+                                                   providers=["CPUExecutionProvider"]))
+        self.decoder = OnnxDecoder(encoder, decoder, self.generation.pad_id, self.device, device_id, many_rows, greedy,
+                                   lexical)
         if search not in ("auto", "graph", "python"):
             raise ValueError(f"search must be 'auto', 'graph' or 'python', got {search!r}")
         # On CUDA the step graphs with I/O binding stay the path (the op's CUDA kernel is untested here).
@@ -329,5 +380,5 @@ class Translator:
     def describe(self) -> dict:
         return {"runtime": self.runtime, "device": self.device, "providers": self.providers,
                 "threads": self.threads, "variant": self.package.get("variant"), "search": self.search,
-                "batch_search": self.batch_search,
+                "batch_search": self.batch_search, "shortlist": self.decoder.use_shortlist,
                 "onnxruntime": ort.__version__}

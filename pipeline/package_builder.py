@@ -20,9 +20,11 @@ PRECISIONS = ("fp32", "fp16", "int8_dynamic")
 
 
 def build_package(model: Transformer, precision: str, dest: Path, *, tokenizer: Path, work: Path,
-                  options: GraphOptions = GraphOptions(), about: dict | None = None, beam: int = 4) -> dict:
+                  options: GraphOptions = GraphOptions(), about: dict | None = None, beam: int = 4,
+                  shortlist: Path | None = None) -> dict:
     """Export `model` at `precision` into a package folder at `dest`; intermediate graphs go
-    under `work`. Returns the package.json written."""
+    under `work`; `shortlist`: a shortlist.npz to ship (model/shortlist.py). Returns the
+    package.json written."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}: one of {', '.join(PRECISIONS)}")
     graphs, _ = float32_graphs(model, work, options)
@@ -31,4 +33,4 @@ def build_package(model: Transformer, precision: str, dest: Path, *, tokenizer: 
         graphs = quantize_blockwise(graphs, work / "int8_dynamic", node_groups(graphs), (), options.block_size,
                                     options.per_channel)
     return write_package(dest, graphs["encoder"], graphs["decoder"], tokenizer, generation_of(model.cfg, beam),
-                         about or {"variant": precision})
+                         about or {"variant": precision}, shortlist=shortlist)

@@ -8,6 +8,8 @@
     decoder_batch.onnx           float32 packages: decoder.onnx for many rows (batches): the top k
                                  words per row instead of the distribution; int8 kernels for many rows
     decoder_greedy.onnx          float32 packages: decoder_batch.onnx for greedy steps, no cache reorder
+    shortlist.npz, shortlist.onnx  where the export made one: the words each source word may become,
+                                 and the output projection restricted to a batch's (model/shortlist.py)
     tokenizer.json               the subword tokenizer (HF tokenizers)
     generation.json              beam, length penalty, length limits, special ids, max positions
     mt_runtime/                  the torch-free runtime (onnxruntime + tokenizers + numpy)
@@ -25,16 +27,17 @@ import shutil
 from pathlib import Path
 
 from model.files import PackageError, UnsafeFile, open_regular, verify_package, walk
-from model.onnx_generate import (DECODER_GREEDY, DECODER_MANY_ROWS, GENERATE, GENERATE_MANY_ROWS,
+from model.onnx_generate import (DECODER_GREEDY, DECODER_MANY_ROWS, GENERATE, GENERATE_MANY_ROWS, SHORTLIST_GRAPH,
                                  write_generate_graph, write_many_rows_decoder)
+from model.shortlist import SHORTLIST_FILE
 
 from .errors import IntegrityError, UserInputError
 from .store import Artifact, now_iso, sha256_file
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
-RUNTIME_FILES = ("runtime.py", "search.py", "subword.py", "files.py")
+RUNTIME_FILES = ("runtime.py", "search.py", "subword.py", "files.py", "shortlist.py")
 PACKAGE_JSON = "package.json"
-GRAPHS = ("encoder.onnx", "decoder.onnx", GENERATE, GENERATE_MANY_ROWS, DECODER_MANY_ROWS, DECODER_GREEDY)
+GRAPHS = ("encoder.onnx", "decoder.onnx", GENERATE, GENERATE_MANY_ROWS, DECODER_MANY_ROWS, DECODER_GREEDY, SHORTLIST_GRAPH)
 FORMAT = "mt-onnx-package/1"
 _INIT = '''"""Torch-free runtime for this package: `from mt_runtime import Translator`."""
 from .runtime import PackageError, Translator, verify_package
@@ -44,19 +47,23 @@ __all__ = ["Translator", "PackageError", "verify_package"]
 
 
 def write_package(dest: Path, encoder: Path, decoder: Path, tokenizer: Path, generation: dict,
-                  about: dict, figures: dict | None = None) -> dict:
+                  about: dict, figures: dict | None = None, shortlist: Path | None = None) -> dict:
     """Assemble a package folder from two graphs. `about` says what it is (variant, source model,
     precision, ...); `figures` are the measured numbers the card shows (or `set_figures` later,
-    once the package has been measured). Returns package.json."""
+    once the package has been measured); `shortlist`: a shortlist.npz for batches
+    (model/shortlist.py). Returns package.json."""
     dest.mkdir(parents=True, exist_ok=True)
-    for src, name in ((encoder, "encoder.onnx"), (decoder, "decoder.onnx"), (tokenizer, "tokenizer.json")):
+    sources = [(encoder, "encoder.onnx"), (decoder, "decoder.onnx"), (tokenizer, "tokenizer.json")]
+    for src, name in sources + ([(shortlist, SHORTLIST_FILE)] if shortlist is not None else []):
         if src.resolve() != (dest / name).resolve():
             shutil.copyfile(src, dest / name)
+    if shortlist is None:
+        (dest / SHORTLIST_FILE).unlink(missing_ok=True)
     (dest / "generation.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    for name in (GENERATE, GENERATE_MANY_ROWS, DECODER_MANY_ROWS, DECODER_GREEDY):
+    for name in (GENERATE, GENERATE_MANY_ROWS, DECODER_MANY_ROWS, DECODER_GREEDY, SHORTLIST_GRAPH):
         (dest / name).unlink(missing_ok=True)
     write_generate_graph(dest, generation)
-    write_many_rows_decoder(dest)
+    write_many_rows_decoder(dest, shortlist=shortlist is not None)
     runtime = dest / "mt_runtime"
     runtime.mkdir(exist_ok=True)
     for name in RUNTIME_FILES:

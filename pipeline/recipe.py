@@ -465,6 +465,14 @@ class ParityConfig(Strict):
     threads: PositiveInt = 1
 
 
+class ShortlistConfig(Strict):
+    # Every batch may produce the `frequent` most frequent target words, and for each of its
+    # source words the `per_word` target words most above their base rate beside it (model/shortlist.py).
+    frequent: Annotated[int, Field(ge=1, le=1_000_000)] = 300
+    per_word: Annotated[int, Field(ge=1, le=10_000)] = 50
+    max_pairs: Annotated[int, Field(ge=1, le=100_000_000)] = 2_000_000  # the first training pairs counted
+
+
 class ExportConfig(Strict):
     # Model artifacts to export besides the final one (the last of teacher, student, pruned),
     # which is always exported because quantization and shipping start from it.
@@ -476,6 +484,8 @@ class ExportConfig(Strict):
     optimize: bool = True
     fp16: bool = True
     parity: ParityConfig = ParityConfig()
+    # A lexical shortlist for batches (the output projection over a batch's likely words); null: none.
+    shortlist: ShortlistConfig | None = None
 
 
 class QuantizeConfig(Strict):

@@ -10,6 +10,7 @@ expected to match to 1e-4, so only non-finite outputs fail it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -19,16 +20,17 @@ import torch
 from model.onnx_export import DecoderGraph, EncoderGraph, decoder_input_names, example_inputs
 from model.runtime import Translator
 from model.search import prepare_sources, search
+from model.shortlist import SHORTLIST_FILE, build_shortlist
 from model.subword import SubwordTokenizer
 from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, load_model
 
 from ..context import StageContext
-from ..corpus import read_split
+from ..corpus import read_split, split_lines
 from ..errors import StageFailed
 from ..onnx_graphs import GraphOptions, float32_graphs, generation_of, variant_graphs
 from ..packaging import package_bytes, set_figures, write_package
-from ..recipe import ExportConfig, ParityConfig
+from ..recipe import ExportConfig, ParityConfig, ShortlistConfig
 from ..timing import interleaved
 
 
@@ -52,12 +54,19 @@ def run(ctx: StageContext) -> dict:
 
     generation = generation_of(model.cfg, parity_cfg.beam)
     data_metrics = ctx.input("data").metrics
+    shortlist = None
+    if cfg.shortlist is not None:
+        shortlist = ctx.work / SHORTLIST_FILE
+        metrics["shortlist"] = make_shortlist(cfg.shortlist, ctx.input("data").path, tokenizer, model.cfg, shortlist)
+        ctx.log(f"shortlist: {metrics['shortlist']['mean_words_batch_32']:.0f} words a batch of 32 validation "
+                f"sentences on average, {metrics['shortlist']['valid_reference_coverage']:.1%} of the reference tokens")
     for variant in ["fp32"] + (["fp16"] if cfg.fp16 else []):
         paths, done = variant_graphs(graphs, variant, ctx.work, model.cfg.d_model)
         metrics.update(done)
         folder = ctx.out / variant
         about = describe(model, source, variant, data_metrics)
-        write_package(folder, paths["encoder"], paths["decoder"], source.file("tokenizer.json"), generation, about)
+        write_package(folder, paths["encoder"], paths["decoder"], source.file("tokenizer.json"), generation, about,
+                      shortlist=shortlist if variant == "fp32" else None)
         report = check_parity(model, folder, tokenizer, sentences, parity_cfg, threads, ctx, variant)
         metrics["parity"][variant] = report
         figures = {"parity (max abs log-prob diff vs PyTorch, random inputs)": f"{report['max_abs_diff']:.2e}",
@@ -131,9 +140,38 @@ def _enforce(variant: str, report: dict, parity_cfg: ParityConfig) -> None:
 
 
 # ----------------------------------------------------------------------------- parity
+def make_shortlist(cfg: ShortlistConfig, data: Path, tokenizer: SubwordTokenizer, model_cfg, dest: Path) -> dict:
+    """Build the shortlist from the training pairs (the first cfg.max_pairs, encoded a block at a
+    time) and say how it covers the validation references in batches of 32 (length-sorted)."""
+    def pairs():
+        lines = itertools.islice(zip(split_lines(data, "train", "src"), split_lines(data, "train", "tgt")),
+                                 cfg.max_pairs)
+        while block := list(itertools.islice(lines, 10_000)):
+            src, tgt = zip(*block)
+            yield from zip(tokenizer.encode(list(src)), tokenizer.encode(list(tgt)))
+
+    specials = (model_cfg.pad_id, model_cfg.bos_id, model_cfg.eos_id, tokenizer.unk_id)
+    table, made = build_shortlist(pairs(), model_cfg.vocab_size, cfg.frequent, cfg.per_word, always=specials)
+    table.save(dest)
+    valid_src, valid_tgt = read_split(data, "valid")
+    src, tgt = tokenizer.encode(valid_src), tokenizer.encode(valid_tgt)
+    order = sorted(range(len(src)), key=lambda i: len(src[i]))
+    sizes, covered, total = [], 0, 0
+    for start in range(0, len(order), 32):
+        rows = order[start: start + 32]
+        words = table.for_sources([src[i] for i in rows])
+        sizes.append(len(words))
+        for i in rows:
+            covered += int(np.isin(tgt[i], words).sum())
+            total += len(tgt[i])
+    return {**made, "vocab_size": model_cfg.vocab_size, "mean_words_batch_32": round(float(np.mean(sizes)), 1),
+            "max_words_batch_32": int(max(sizes)), "valid_reference_coverage": round(covered / max(total, 1), 4)}
+
+
 def check_parity(model: Transformer, folder: Path, tokenizer: SubwordTokenizer, sentences: list[str],
                  parity_cfg: ParityConfig, threads: int, ctx: StageContext, variant: str) -> dict:
-    translator = Translator(folder, threads=threads)
+    # The graphs against PyTorch: the whole vocabulary (the shortlist is judged by BLEU, in evaluate).
+    translator = Translator(folder, threads=threads, shortlist=False)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -21,6 +21,7 @@ from model.onnx_quantize import (RecordingDecoder, node_groups, quantize_blockwi
                                  quantize_static)
 from model.onnx_generate import DECODER_GREEDY, write_generate_graph, write_many_rows_decoder
 from model.runtime import GraphSearch, OnnxDecoder, PackageSearch, Translator
+from model.shortlist import SHORTLIST_FILE
 from model.search import greedy_search, prepare_sources, translate_sentences
 
 from ..context import StageContext
@@ -104,8 +105,9 @@ def run(ctx: StageContext) -> dict:
         folder = ctx.out / variant
         about = _about(fp32.package, variant, result["float_groups"], metrics.get("calibration"), cfg,
                        graphs["decoder"])
+        shortlist = fp32_dir / SHORTLIST_FILE
         meta = write_package(folder, graphs["encoder"], graphs["decoder"], fp32_dir / "tokenizer.json",
-                             generation, about)
+                             generation, about, shortlist=shortlist if shortlist.is_file() else None)
         report["onnx_bytes"] = meta["onnx_bytes"]
         report["bytes_ratio"] = round(meta["onnx_bytes"] / metrics["fp32_onnx_bytes"], 4)
         if cfg.latency_sentences:

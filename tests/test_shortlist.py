@@ -1,0 +1,180 @@
+"""The lexical shortlist (model/shortlist.py): what it keeps, the files it refuses, the step graphs'
+shortlisted output projection, translations through it, and the export stage that makes it."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from model.runtime import PackageError, Translator
+from model.search import prepare_sources
+from model.shortlist import Shortlist, ShortlistError, build_shortlist
+from model.subword import SubwordTokenizer
+from model.transformer import Transformer, TransformerConfig
+from pipeline.corpus import read_split
+from pipeline.package_builder import build_package
+
+NO_PRUNE = "prune=null"
+
+
+def test_a_word_keeps_the_words_seen_with_it_more_than_by_chance():
+    # Source word 10 comes with target 20; 11 with 21 or 22; 5 and target 7 are everywhere.
+    pairs = [([5, 10], [7, 20])] * 6 + [([5, 11], [7, 21])] * 3 + [([5, 11], [7, 22])] * 2 + [([5, 12], [7])] * 4
+    table, made = build_shortlist(pairs, vocab_size=30, frequent=1, per_word=1, always=[0, 2])
+    assert made["pairs"] == 15 and made["per_word"] == 1
+    assert table.always.tolist() == [0, 2, 7]  # the most frequent target word and the special ids
+    assert table.for_sources([[10]]).tolist() == [0, 2, 7, 20]
+    assert table.for_sources([[11]]).tolist() == [0, 2, 7, 21]  # one per word: the more frequent partner
+    # 7 comes with 5 in every pair, no more than by chance: not a candidate of 5; 12 has none above chance.
+    assert table.for_sources([[5, 12]]).tolist() == [0, 2, 7]
+    assert table.for_sources([[10], [11, 29]]).tolist() == [0, 2, 7, 20, 21]  # a batch: the union
+    wider, _ = build_shortlist(pairs, vocab_size=30, frequent=1, per_word=5)
+    assert wider.for_sources([[11]]).tolist() == [7, 21, 22]
+
+
+def test_a_shortlist_file_is_checked_before_use(tmp_path):
+    table, _ = build_shortlist([([3, 4], [5, 6])] * 3, vocab_size=10, frequent=2, per_word=2)
+    table.save(tmp_path / "ok.npz")
+    again = Shortlist.load(tmp_path / "ok.npz", 10)
+    assert again.for_sources([[3]]).tolist() == table.for_sources([[3]]).tolist()
+    with pytest.raises(ShortlistError, match="made for 10 words, the model has 12"):
+        Shortlist.load(tmp_path / "ok.npz", 12)
+    bad = dataclasses.replace(table, words=np.array([4, 99], np.int32), offsets=np.array([0] * 4 + [2] * 7))
+    bad.save(tmp_path / "bad.npz")
+    with pytest.raises(ShortlistError, match="word ids outside the vocabulary"):
+        Shortlist.load(tmp_path / "bad.npz", 10)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(ShortlistError, match="not a shortlist"):
+        Shortlist.load(tmp_path / "junk.npz", 10)
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory, data_dir):
+    folder = tmp_path_factory.mktemp("shortlist")
+
+    def lines(lang):
+        with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            return [next(f).strip() for _ in range(300)]
+    en, fr = lines("en"), lines("fr")
+    tokenizer = SubwordTokenizer.train(en + fr, vocab_size=200)
+    tokenizer.save(folder / "tokenizer.json")
+    pairs = list(zip(tokenizer.encode(en), tokenizer.encode(fr)))
+    vocab = tokenizer.vocab_size
+    tables = {"narrow": build_shortlist(pairs, vocab, frequent=20, per_word=5, always=[0, 1, 2, 3])[0],
+              "everything": build_shortlist(pairs, vocab, frequent=1, per_word=1, always=range(vocab))[0]}
+    torch.manual_seed(5)
+    cfg = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, head_dim=8, enc_heads=[4, 2],
+                            dec_self_heads=[2, 2], dec_cross_heads=[4, 4], enc_ffn=[64, 48], dec_ffn=[48, 64],
+                            max_positions=64, dropout=0.0)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():  # sharper outputs than the init gives: fewer near-ties
+        for p in model.parameters():
+            p.mul_(1.5)
+    built = {}
+    for name, table in tables.items():
+        table.save(folder / f"{name}.npz")
+        for precision in ("fp32", "int8_dynamic"):
+            built[precision, name] = folder / f"{precision}-{name}"
+            build_package(model, precision, built[precision, name], tokenizer=folder / "tokenizer.json",
+                          work=folder / "work" / f"{precision}-{name}", shortlist=folder / f"{name}.npz")
+    built["int8_dynamic", None] = folder / "int8-none"
+    build_package(model, "int8_dynamic", built["int8_dynamic", None], tokenizer=folder / "tokenizer.json",
+                  work=folder / "work" / "int8-none")
+    return built, tables, tokenizer, en[:24]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8_dynamic"])
+def test_the_shortlisted_projection_gives_the_whole_ones_columns(packages, precision):
+    built, tables, tokenizer, sentences = packages
+    translator = Translator(built[precision, "narrow"], threads=1)
+    decoder = translator.decoder
+    src = prepare_sources(tokenizer, sentences[:6], 64)
+    decoder.encode(src, 1)
+    words = decoder.words
+    vocab = tokenizer.vocab_size
+    assert words.tolist() == tables["narrow"].for_sources(src).tolist() and 20 <= len(words) < vocab
+    feed = {n: decoder.feed[n] for n in decoder.greedy_inputs if n in decoder.feed}
+    feed["tokens"] = np.full((6, 1), translator.generation.bos_id, np.int64)
+    shortlisted = decoder.greedy.run(["logits"], {**feed, **decoder.shortlist_feed})[0]
+    whole = decoder.greedy.run(["logits"], {**feed, **decoder.no_shortlist_feed})[0]
+    assert whole.shape == (6, vocab) and shortlisted.shape == (6, len(words))
+    np.testing.assert_allclose(shortlisted, whole[:, words], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8_dynamic"])
+def test_batches_translate_into_the_shortlist_and_the_ids_map_back(packages, precision):
+    built, tables, tokenizer, sentences = packages
+    gen_sources = prepare_sources(tokenizer, sentences, 64)
+    narrow = Translator(built[precision, "narrow"], threads=1)
+    whole = Translator(built[precision, "narrow"], threads=1, shortlist=False)
+    assert narrow.describe()["shortlist"] and not whole.describe()["shortlist"]
+    for beam in (1, 3):
+        gen = dataclasses.replace(narrow.generation, beam=beam)
+        batches = [gen_sources[i: i + 8] for i in range(0, len(gen_sources), 8)]
+        for batch in batches:
+            allowed = set(tables["narrow"].for_sources(batch).tolist())
+            for out in narrow.searcher(batch, gen):
+                assert set(out) <= allowed
+        # A shortlist of every word: the same translations as the whole vocabulary, so the ids
+        # that come back through the shortlist are the right ones.
+        everything = Translator(built[precision, "everything"], threads=1)
+        assert everything.translate(sentences, beam=beam, max_batch=8) == \
+            whole.translate(sentences, beam=beam, max_batch=8)
+
+
+def test_a_package_without_a_shortlist_has_no_shortlist_inputs(packages):
+    built, _, _, sentences = packages
+    plain = Translator(built["int8_dynamic", None], threads=1)
+    files = plain.package["files"]
+    assert "shortlist.npz" not in files and "shortlist.onnx" not in files
+    assert not any(i.name.startswith("shortlist") for i in plain.decoder.many_rows.get_inputs())
+    assert not plain.describe()["shortlist"]
+    everything = Translator(built["int8_dynamic", "everything"], threads=1)
+    assert "mt_runtime/shortlist.py" in everything.package["files"]
+    assert plain.translate(sentences, beam=2, max_batch=8) == everything.translate(sentences, beam=2, max_batch=8)
+
+
+def test_a_damaged_shortlist_is_refused(packages, tmp_path):
+    import shutil
+
+    built, _, tokenizer, _ = packages
+    copy = tmp_path / "package"
+    shutil.copytree(built["int8_dynamic", "narrow"], copy)
+    table = Shortlist.load(copy / "shortlist.npz", tokenizer.vocab_size)
+    dataclasses.replace(table, always=np.array([0, tokenizer.vocab_size])).save(copy / "shortlist.npz")
+    meta = json.loads((copy / "package.json").read_text())
+    with pytest.raises(PackageError):  # its digest no longer matches
+        Translator(copy, threads=1)
+    from model.files import sha256_file
+    meta["files"]["shortlist.npz"] = {"sha256": sha256_file(copy / "shortlist.npz"),
+                                      "bytes": (copy / "shortlist.npz").stat().st_size}
+    (copy / "package.json").write_text(json.dumps(meta))
+    with pytest.raises(PackageError, match="word ids outside the vocabulary"):  # listed, but not this model's
+        Translator(copy, threads=1)
+
+
+def test_the_export_stage_ships_a_shortlist_where_the_recipe_asks(smoke):
+    store, arts = smoke.build("export", NO_PRUNE, "export.shortlist={frequent: 40, per_word: 8}")
+    art = arts["export.student"]
+    made = art.metrics["shortlist"]
+    assert 300 < made["pairs"] <= 400 and made["frequent"] >= 40
+    assert 40 <= made["mean_words_batch_32"] <= made["max_words_batch_32"] <= made["vocab_size"]
+    assert 0.5 < made["valid_reference_coverage"] <= 1.0
+    package = art.path / "fp32"
+    files = json.loads((package / "package.json").read_text())["files"]
+    assert {"shortlist.npz", "shortlist.onnx", "mt_runtime/shortlist.py"} <= set(files)
+    assert "shortlist.npz" not in json.loads((art.path / "fp16" / "package.json").read_text())["files"]
+    # Parity with PyTorch was judged on the whole vocabulary, as without a shortlist.
+    assert art.metrics["greedy_identical"] == art.metrics["beam_identical"] == "20/20"
+    src, _ = read_split(arts["data"].path, "valid")
+    translator = Translator(package, threads=1)
+    table = translator.decoder.shortlist
+    sources = prepare_sources(translator.tokenizer, src[:8], 128)
+    allowed = set(table.for_sources(sources).tolist())
+    for out in translator.searcher(sources, dataclasses.replace(translator.generation, beam=2)):
+        assert set(out) <= allowed
