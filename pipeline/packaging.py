@@ -89,7 +89,8 @@ def _write_card_and_manifest(dest: Path, about: dict, figures: dict, generation:
     they were listed (all but the card), so that adding figures does not hash the graphs again."""
     io = {"encoder": graph_io(dest / "encoder.onnx"), "decoder": graph_io(dest / "decoder.onnx")}
     for name, key in ((GENERATE, "generate"), (GENERATE_MANY_ROWS, "generate_batch"),
-                      (DECODER_MANY_ROWS, "decoder_batch"), (DECODER_GREEDY, "decoder_greedy")):
+                      (DECODER_MANY_ROWS, "decoder_batch"), (DECODER_GREEDY, "decoder_greedy"),
+                      (SHORTLIST_GRAPH, "shortlist")):
         if (dest / name).is_file():
             io[key] = graph_io(dest / name)
     (dest / "MODEL_CARD.md").write_text(model_card(about, figures, io, generation), encoding="utf-8")
@@ -182,7 +183,7 @@ onnxruntime call per batch. Inputs: `input_ids` int32 [batch, src_len] (as `src_
 (id {generation['bos_id']}), the translation, then EOS (id {generation['eos_id']}) and PAD.
 `Translator(folder, search="python")` drives the two step graphs from Python instead.
 {_MANY_ROWS if "generate_batch" in io else ""}{_DECODER_MANY_ROWS if "decoder_batch" in io else ""}\
-{_DECODER_GREEDY if "decoder_greedy" in io else ""}"""
+{_DECODER_GREEDY if "decoder_greedy" in io else ""}{_SHORTLIST if "shortlist" in io else ""}"""
 
 
 _MANY_ROWS = """`generate_batch.onnx` (same inputs and output) runs the decoder's int8 matrices with a kernel
@@ -206,6 +207,14 @@ _DECODER_GREEDY = """`decoder_greedy.onnx` is `decoder_batch.onnx` for the greed
 its own: no `cache_index` (row i of `past_*` is row i of the batch), no `top_k` or `normalize`,
 and `logits` float [batch, vocab] out instead of the top entries. It saves the copy of every
 cache tensor that the reorder makes each step; the loop takes the argmax.
+"""
+
+_SHORTLIST = """`shortlist.npz` lists the words each source word may become (and the most frequent words,
+always allowed); `shortlist.onnx` takes a batch's words (`words` int64 [n]) and gives the output
+projection over them (`shortlist_weight` [d, n] and its per-word scales), which
+`decoder_batch.onnx` and `decoder_greedy.onnx` take with `shortlisted` true: their logits are
+then [batch, n], indices into `words`. `Translator` uses it for greedy batches only (beam search
+compares scores across beams, and those want the whole vocabulary); `shortlist=False` turns it off.
 """
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import subprocess
 import sys
@@ -19,6 +20,12 @@ def _data_dir() -> Path:
     if not (path / "multi30k" / "train.en.gz").is_file():
         pytest.exit(f"Multi30k not found under {path}: set PIPELINE_DATA to the folder holding multi30k/", 2)
     return path
+
+
+def multi30k_head(data_dir: Path, lang: str, n: int = 300) -> list[str]:
+    """The first n training sentences of one language of the Multi30k copy."""
+    with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+        return [next(f).strip() for _ in range(n)]
 
 
 # Counts the fault and fuzz tests report (kills survived, inputs tried), printed after the run

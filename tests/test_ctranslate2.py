@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 
 import numpy as np
@@ -16,13 +15,12 @@ from model.ctranslate2_export import (CTranslate2Translator, NotConvertible, com
 from model.subword import SubwordTokenizer  # noqa: E402
 from model.transformer import Transformer, TransformerConfig, save_model  # noqa: E402
 
+from .conftest import multi30k_head  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def corpus(data_dir):
-    def lines(lang):
-        with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            return [next(f).strip() for _ in range(300)]
-    en, fr = lines("en"), lines("fr")
+    en, fr = multi30k_head(data_dir, "en"), multi30k_head(data_dir, "fr")
     return en, SubwordTokenizer.train(en + fr, vocab_size=200)
 
 

@@ -4,7 +4,6 @@ into a finished package, and the interleaved timer every in-process comparison u
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import hashlib
 import json
 import shutil
@@ -24,14 +23,13 @@ from pipeline.package_builder import build_package
 from pipeline.packaging import set_figures
 from pipeline.timing import interleaved
 
+from .conftest import multi30k_head
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, data_dir):
     folder = tmp_path_factory.mktemp("build")
-    def lines(lang):
-        with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            return [next(f).strip() for _ in range(300)]
-    en, fr = lines("en"), lines("fr")
+    en, fr = multi30k_head(data_dir, "en"), multi30k_head(data_dir, "fr")
     tokenizer = SubwordTokenizer.train(en[:300] + fr[:300], vocab_size=200)
     tokenizer.save(folder / "tokenizer.json")
     torch.manual_seed(3)

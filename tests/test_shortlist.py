@@ -4,7 +4,6 @@ shortlisted output projection, translations through it, and the export stage tha
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import json
 
 import numpy as np
@@ -18,6 +17,8 @@ from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
 from pipeline.corpus import read_split
 from pipeline.package_builder import build_package
+
+from .conftest import multi30k_head
 
 NO_PRUNE = "prune=null"
 
@@ -57,10 +58,7 @@ def test_a_shortlist_file_is_checked_before_use(tmp_path):
 def packages(tmp_path_factory, data_dir):
     folder = tmp_path_factory.mktemp("shortlist")
 
-    def lines(lang):
-        with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            return [next(f).strip() for _ in range(300)]
-    en, fr = lines("en"), lines("fr")
+    en, fr = multi30k_head(data_dir, "en"), multi30k_head(data_dir, "fr")
     tokenizer = SubwordTokenizer.train(en + fr, vocab_size=200)
     tokenizer.save(folder / "tokenizer.json")
     pairs = list(zip(tokenizer.encode(en), tokenizer.encode(fr)))
