@@ -63,14 +63,18 @@ def _shape(value: onnx.ValueInfoProto) -> list:
     return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in value.type.tensor_type.shape.dim]
 
 
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """A node's graph attributes: an If's branches."""
+    return [g for attr in node.attribute for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)]
+
+
 def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
-    """The names a node's subgraphs (an If's branches) read, outer-scope values among them."""
+    """The names a node's subgraphs read, outer-scope values among them."""
     names: set[str] = set()
-    for attr in node.attribute:
-        for graph in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
-            for inner in graph.node:
-                names.update(inner.input)
-                names |= _subgraph_inputs(inner)
+    for graph in _subgraphs(node):
+        for inner in graph.node:
+            names.update(inner.input)
+            names |= _subgraph_inputs(inner)
     return names
 
 
@@ -109,11 +113,10 @@ def _short_names(graph: onnx.GraphProto) -> None:
             for field in (node.input, node.output):
                 for i, name in enumerate(field):
                     field[i] = short(name)
-            for attr in node.attribute:  # a branch reads outer values by name: rename it alike
-                for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs):
-                    rename(sub)
-                    for value in sub.output:
-                        value.name = short(value.name)
+            for sub in _subgraphs(node):  # a branch reads outer values by name: rename it alike
+                rename(sub)
+                for value in sub.output:
+                    value.name = short(value.name)
 
     for tensor in graph.initializer:
         tensor.name = short(tensor.name)
@@ -433,6 +436,16 @@ def _many_rows_copy(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = Fal
     return model
 
 
+def _per_word_slots(node: onnx.NodeProto) -> dict[int, str]:
+    """Input slot -> shortlist input name, for the per-word inputs `node` has."""
+    return {j: name for j, name in _PER_WORD_SLOTS[node.op_type].items() if len(node.input) > j and node.input[j]}
+
+
+def _value_type(g: onnx.GraphProto) -> int:
+    """The decoder's float type (its cache's)."""
+    return next((i.type.tensor_type.elem_type for i in g.input if i.name.startswith("past_")), TensorProto.FLOAT)
+
+
 def _vocabulary_projection(g: onnx.GraphProto) -> onnx.NodeProto | None:
     """The node whose output the decoder's LogSoftmax normalises (the logits [rows, vocab]), where
     it is one whose per-word inputs (_PER_WORD_SLOTS) are computed from initializers alone."""
@@ -455,10 +468,20 @@ def _vocabulary_projection(g: onnx.GraphProto) -> onnx.NodeProto | None:
             known[name] = source is not None and source.op_type != "If" and all(constant(i) for i in source.input)
         return known[name]
 
-    slots = _PER_WORD_SLOTS[node.op_type]
-    if any(len(node.input) > j and node.input[j] and not constant(node.input[j]) for j in slots):
+    if not all(constant(node.input[j]) for j in _per_word_slots(node)):
         return None
     return node
+
+
+def _per_word_inputs(g: onnx.GraphProto, node: onnx.NodeProto) -> list[onnx.ValueInfoProto]:
+    """The projection's per-word inputs present on `node`, as the shortlisted step graphs take
+    them (and shortlist.onnx gives them): the weight [d, words], the rest [words]."""
+    value_type = _value_type(g)
+    weight_type = TensorProto.INT8 if node.op_type == "DynamicQuantizeMatMul" else value_type
+    # DynamicQuantizeMatMul's zero point (slot 3) has the weight's type.
+    return [helper.make_tensor_value_info(name, weight_type if j in (1, 3) else value_type,
+                                          [None, "words"] if j == 1 else ["words"])
+            for j, name in _per_word_slots(node).items()]
 
 
 def _shortlist_projection(g: onnx.GraphProto) -> bool:
@@ -471,16 +494,10 @@ def _shortlist_projection(g: onnx.GraphProto) -> bool:
     if node is None:
         return False
     fed = copy.deepcopy(node)
-    value_type = next((i.type.tensor_type.elem_type for i in g.input if i.name.startswith("past_")), TensorProto.FLOAT)
-    weight_type = TensorProto.INT8 if node.op_type == "DynamicQuantizeMatMul" else value_type
-    g.input.append(helper.make_tensor_value_info(SHORTLIST_FLAG, TensorProto.BOOL, [1]))
-    for j, name in _PER_WORD_SLOTS[node.op_type].items():
-        if len(node.input) > j and node.input[j]:
-            fed.input[j] = name
-            shape, elem = ([None, "words"], weight_type) if j == 1 else (["words"], value_type)
-            if j == 3:  # DynamicQuantizeMatMul's zero point has the weight's type
-                elem = weight_type
-            g.input.append(helper.make_tensor_value_info(name, elem, shape))
+    for j, name in _per_word_slots(node).items():
+        fed.input[j] = name
+    value_type = _value_type(g)
+    g.input.extend([helper.make_tensor_value_info(SHORTLIST_FLAG, TensorProto.BOOL, [1]), *_per_word_inputs(g, node)])
     out = node.output[0]
 
     def branch(name: str, op: onnx.NodeProto) -> onnx.GraphProto:
@@ -507,41 +524,23 @@ def _shortlist_selector(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProt
     if node is None:
         return None
     make = helper.make_node
-    value_type = next((i.type.tensor_type.elem_type for i in g.input if i.name.startswith("past_")), TensorProto.FLOAT)
-    weight_type = TensorProto.INT8 if node.op_type == "DynamicQuantizeMatMul" else value_type
-    nodes, outputs = [], []
-    for j, name in _PER_WORD_SLOTS[node.op_type].items():
-        if len(node.input) <= j or not node.input[j]:
-            continue
+    nodes = []
+    for j, name in _per_word_slots(node).items():
         source = node.input[j]
         if j == 1:
             nodes += [make("Transpose", [source], [f"{name}/by_word"], perm=[1, 0], name=f"{name}/by_word"),
                       make("Gather", [f"{name}/by_word", SHORTLIST_WORDS], [f"{name}/rows"], axis=0, name=f"{name}/rows"),
                       make("Transpose", [f"{name}/rows"], [name], perm=[1, 0], name=name)]
-            outputs.append(helper.make_tensor_value_info(name, weight_type, [None, "words"]))
         else:
             nodes.append(make("Gather", [source, SHORTLIST_WORDS], [name], axis=0, name=name))
-            outputs.append(helper.make_tensor_value_info(name, weight_type if j == 3 else value_type, ["words"]))
-    producer = {o: n for n in g.node for o in n.output}
-    needed = [node.input[j] for j in _PER_WORD_SLOTS[node.op_type] if len(node.input) > j and node.input[j]]
-    closure = []
-    seen: set[int] = set()
-    while needed:  # the nodes that compute the weights from initializers, in graph order below
-        source = producer.get(needed.pop())
-        if source is not None and id(source) not in seen:
-            seen.add(id(source))
-            closure.append(source)
-            needed.extend(source.input)
-    order = {id(n): i for i, n in enumerate(g.node)}
-    closure.sort(key=lambda n: order[id(n)])
-    graph = helper.make_graph(closure + nodes, "shortlist",
+    # The decoder's nodes, of which pruning keeps those that compute the weights from initializers.
+    graph = helper.make_graph([*g.node, *nodes], "shortlist",
                               [helper.make_tensor_value_info(SHORTLIST_WORDS, TensorProto.INT64, ["words"])],
-                              outputs, initializer=list(g.initializer))
+                              _per_word_inputs(g, node), initializer=list(g.initializer))
     _prune_dead_nodes(graph)
     _short_names(graph)
-    selector = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version,
-                                 producer_name="mt-pipeline")
-    return selector
+    return helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version,
+                             producer_name="mt-pipeline")
 
 
 def _greedy_decoder(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = False) -> onnx.ModelProto | None:
