@@ -9,10 +9,13 @@ import json
 import shutil
 import time
 
+import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 
+from model.onnx_generate import _chunked_top_k
 from model.runtime import Translator
 from model.search import beam_search, greedy_search
 from model.subword import SubwordTokenizer
@@ -69,6 +72,26 @@ def test_fp32_package_decodes_as_pytorch_does(built):
     assert calls["greedy"] > 0 and calls["batch"] > 0, calls
     beam = dataclasses.replace(gen, beam=4)
     assert translator.searcher(sources, beam) == beam_search(TorchDecoder(model), sources, beam)
+
+
+@pytest.mark.parametrize("k", [1, 8, 300])
+def test_chunked_top_k_is_top_k(k):
+    """decoder_batch.onnx's top k over chunk maxima (model/onnx_generate.py) against a full sort,
+    with k beyond the number of chunks too (300 > 125)."""
+    nodes = _chunked_top_k("x", 8000, "p")
+    graph = onnx.helper.make_graph(nodes, "g", [
+        onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["rows", 8000]),
+        onnx.helper.make_tensor_value_info("top_k", onnx.TensorProto.INT64, [1])], [
+        onnx.helper.make_tensor_value_info("p/values", onnx.TensorProto.FLOAT, None),
+        onnx.helper.make_tensor_value_info("p/ids", onnx.TensorProto.INT64, None)])
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(k).standard_normal((5, 8000)).astype(np.float32)
+    x[0, 7990:] += 10  # a row's best all in one chunk
+    values, ids = session.run(None, {"x": x, "top_k": np.array([k], np.int64)})
+    order = np.argsort(-x, axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(ids, order)
+    np.testing.assert_array_equal(values, np.take_along_axis(x, order, 1))
 
 
 def test_each_precision_is_what_its_name_says(built):
