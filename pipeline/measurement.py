@@ -258,29 +258,42 @@ def score_test_set(translator, spec: dict, batch: int) -> dict:
 
 def measure_versus(job: dict) -> dict:
     """Ours against CTranslate2 on the same weights, both in this process at the same thread
-    count: at each (batch, beam) point both translate the whole sample, pass after pass, the
-    order alternating (pipeline.timing.interleaved), so that the machine's drift slows both
-    alike. Batches as everywhere: length-sorted, `batch` sentences each, no token cap."""
+    count: at each (batch, beam) point both translate the sample batch by batch (sentence by
+    sentence at batch 1), taking turns at every batch and alternating who goes first
+    (pipeline.timing.interleaved), so that the machine's drift, which on a shared VM moves speed
+    10-30% between minutes, slows both alike. A round is one pass of each over the sample; the
+    point's ratio is the median of the rounds' own ratios, with their range beside it. Batches as
+    everywhere: length-sorted, `batch` sentences each, no token cap."""
     from .timing import interleaved
 
     sample: list[str] = job["sentences"]
     engines = {"ours": open_translator(job["ours"]), "ctranslate2": open_translator(job["theirs"])}
+    tokenizer = getattr(engines["ours"], "tokenizer", None)
+    lengths = [len(ids) for ids in tokenizer.encode(sample)] if tokenizer else [len(s.split()) for s in sample]
+    by_length = [s for _, s in sorted(zip(lengths, sample), key=lambda pair: pair[0])]
     points = []
     for batch, beam in job["points"]:
         kw = dict(beam=beam, max_batch=batch, batch_tokens=10 ** 9)
-        timed = interleaved({name: (lambda _, t=t: t.translate(sample, **kw)) for name, t in engines.items()},
-                            [None], repeats=job["rounds"], warmup=1)
-        ours, theirs = (len(sample) / timed.median_s(name) for name in ("ours", "ctranslate2"))
-        points.append(versus_point(batch, beam, ours, theirs, len(sample)))
+        items = [[s] for s in sample] if batch == 1 else [by_length[i: i + batch] for i in range(0, len(sample), batch)]
+        timed = interleaved({name: (lambda b, t=t: t.translate(b, **kw)) for name, t in engines.items()},
+                            items, repeats=job["rounds"], warmup=1)
+        ours, theirs = (len(sample) / (len(items) * timed.median_s(name)) for name in ("ours", "ctranslate2"))
+        rounds = [t / o for o, t in zip(timed.seconds["ours"], timed.seconds["ctranslate2"])]
+        points.append(versus_point(batch, beam, ours, theirs, len(sample), rounds))
     return {"threads": job["threads"], "sentences": len(sample), "rounds": job["rounds"], "points": points,
             "search": {"one_sentence": getattr(engines["ours"], "search", None),
                        "batches": getattr(engines["ours"], "batch_search", None)}}
 
 
-def versus_point(batch: int, beam: int, ours_per_s: float, theirs_per_s: float, sentences: int) -> dict:
+def versus_point(batch: int, beam: int, ours_per_s: float, theirs_per_s: float, sentences: int,
+                 round_ratios: list[float] | None = None) -> dict:
     """One point of the comparison with its one-line verdict (throughput: ours / theirs, above 1
-    is ours faster; at batch 1 the same figure is one over the time per sentence)."""
-    ratio = round(ours_per_s / theirs_per_s, 3) if theirs_per_s else None
+    is ours faster; at batch 1 the same figure is one over the time per sentence). With the
+    rounds' own ratios, the ratio is their median and their range is reported with it."""
+    if round_ratios:
+        ratio = round(statistics.median(round_ratios), 3)
+    else:
+        ratio = round(ours_per_s / theirs_per_s, 3) if theirs_per_s else None
     what = f"{'greedy' if beam == 1 else f'beam {beam}'}, batch {batch}"
     if batch == 1:
         figures = f"ours {1000 / ours_per_s:.2f} ms, CTranslate2 {1000 / theirs_per_s:.2f} ms a sentence"
@@ -288,9 +301,13 @@ def versus_point(batch: int, beam: int, ours_per_s: float, theirs_per_s: float, 
         figures = f"ours {ours_per_s:.1f}, CTranslate2 {theirs_per_s:.1f} sentences/s"
     verdict = "no figure" if ratio is None else (
         f"ours faster ({ratio:.2f}x its throughput)" if ratio >= 1 else f"CTranslate2 faster (ours {ratio:.2f}x)")
-    return {"batch": batch, "beam": beam, "ours_sent_per_s": round(ours_per_s, 2),
-            "ctranslate2_sent_per_s": round(theirs_per_s, 2), "ratio": ratio, "met": None if ratio is None else ratio >= 1,
-            "verdict": f"{what}: {figures}: {verdict}"}
+    spread = f" [rounds {min(round_ratios):.2f}-{max(round_ratios):.2f}]" if round_ratios else ""
+    point = {"batch": batch, "beam": beam, "ours_sent_per_s": round(ours_per_s, 2),
+             "ctranslate2_sent_per_s": round(theirs_per_s, 2), "ratio": ratio, "met": None if ratio is None else ratio >= 1,
+             "verdict": f"{what}: {figures}: {verdict}{spread}"}
+    if round_ratios:
+        point["round_ratios"] = [round(r, 3) for r in round_ratios]
+    return point
 
 
 def main() -> None:

@@ -91,8 +91,12 @@ def versus_lines(rows: list[dict]) -> list[str]:
         versus = r.get("versus")
         if not versus:
             continue
-        lines += ["", f"**{r['name']} against {versus['peer']}** (same weights, one process, the two interleaved "
-                      "pass after pass over the same sentences; throughput ours / theirs, above 1 is ours faster):", ""]
+        by_batch = any("round_ratios" in p for result in versus["by_threads"].values() for p in result.get("points", []))
+        how = ("taking turns batch by batch over the same sentences; throughput ours / theirs, the median of the "
+               "rounds' own ratios, their range in brackets" if by_batch else
+               "interleaved pass after pass over the same sentences; throughput ours / theirs")
+        lines += ["", f"**{r['name']} against {versus['peer']}** (same weights, one process, the two {how}; "
+                      "above 1 is ours faster):", ""]
         for n, result in versus["by_threads"].items():
             if result.get("skipped"):
                 lines.append(f"- {n} thread{'s' if int(n) > 1 else ''}: skipped: {result['skipped']}")

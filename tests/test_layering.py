@@ -23,3 +23,10 @@ def test_model_never_imports_pipeline():
     for path in sorted((PROJECT_ROOT / "model").glob("*.py")):
         reached = stage_code(f"model.{path.stem}")
         assert all(f.startswith("model/") for f in reached), f"model/{path.name} reaches {sorted(reached)}"
+
+
+def test_code_a_stage_runs_in_a_child_process_is_in_its_fingerprint():
+    # The benchmark measures in fresh processes (python -m pipeline.measurement): the runtime it
+    # times is code the stage runs, so a change to it must rebuild the benchmark.
+    reached = set(stage_code(STAGES["benchmark"].module))
+    assert {"pipeline/measurement.py", "model/runtime.py", "pipeline/model_loading.py"} <= reached

@@ -230,6 +230,8 @@ def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: 
 
 def run_job(ctx: StageContext, tag: str, job: dict, threads: int) -> dict:
     """pipeline.measurement on `job` in a fresh process with `threads` for the math libraries."""
+    from .. import measurement  # runs in the child; imported here so that its code is in this stage's fingerprint
+
     jobs = ctx.work / "jobs"
     jobs.mkdir(parents=True, exist_ok=True)
     result_path, log_path = jobs / f"{tag}.result.json", jobs / f"{tag}.log"
@@ -240,7 +242,7 @@ def run_job(ctx: StageContext, tag: str, job: dict, threads: int) -> dict:
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     with open(log_path, "w", encoding="utf-8") as log:
         try:
-            rc = subprocess.run([sys.executable, "-m", "pipeline.measurement", str(jobs / f"{tag}.json")],
+            rc = subprocess.run([sys.executable, "-m", measurement.__name__, str(jobs / f"{tag}.json")],
                                 env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                                 timeout=MEASURE_TIMEOUT_S).returncode
         except subprocess.TimeoutExpired:
