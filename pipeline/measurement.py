@@ -256,28 +256,38 @@ def score_test_set(translator, spec: dict, batch: int) -> dict:
     return out
 
 
-def measure_versus(job: dict) -> dict:
-    """Ours against CTranslate2 on the same weights, both in this process at the same thread
-    count: at each (batch, beam) point both translate the sample batch by batch (sentence by
-    sentence at batch 1), taking turns at every batch and alternating who goes first
-    (pipeline.timing.interleaved), so that the machine's drift, which on a shared VM moves speed
-    10-30% between minutes, slows both alike. A round is one pass of each over the sample; the
-    point's ratio is the median of the rounds' own ratios, with their range beside it. Batches as
-    everywhere: length-sorted, `batch` sentences each, no token cap."""
+def take_turns(engines: dict, sample: list[str], batch: int, beam: int, rounds: int, tokenizer=None):
+    """The engines translating `sample` batch by batch (sentence by sentence at batch 1), taking
+    turns at every batch and alternating who goes first (pipeline.timing.interleaved), so that the
+    machine's drift, which on a shared VM moves speed 10-30% between minutes, slows all alike. A
+    round is one pass of each over the sample. Batches as everywhere: length-sorted (by
+    `tokenizer`'s pieces, else words), `batch` sentences each, no token cap. Returns the timing
+    (seconds a batch, per round) and the number of batches a round holds."""
     from .timing import interleaved
 
+    if batch == 1:
+        items = [[s] for s in sample]
+    else:
+        lengths = [len(ids) for ids in tokenizer.encode(sample)] if tokenizer else [len(s.split()) for s in sample]
+        by_length = [s for _, s in sorted(zip(lengths, sample), key=lambda pair: pair[0])]
+        items = [by_length[i: i + batch] for i in range(0, len(sample), batch)]
+    kw = dict(beam=beam, max_batch=batch, batch_tokens=10 ** 9)
+    timed = interleaved({name: (lambda b, t=t: t.translate(b, **kw)) for name, t in engines.items()},
+                        items, repeats=rounds, warmup=1)
+    return timed, len(items)
+
+
+def measure_versus(job: dict) -> dict:
+    """Ours against CTranslate2 on the same weights, both in this process at the same thread
+    count, taking turns batch by batch at each (batch, beam) point (take_turns); the point's ratio
+    is the median of the rounds' own ratios, with their range beside it."""
     sample: list[str] = job["sentences"]
     engines = {"ours": open_translator(job["ours"]), "ctranslate2": open_translator(job["theirs"])}
     tokenizer = getattr(engines["ours"], "tokenizer", None)
-    lengths = [len(ids) for ids in tokenizer.encode(sample)] if tokenizer else [len(s.split()) for s in sample]
-    by_length = [s for _, s in sorted(zip(lengths, sample), key=lambda pair: pair[0])]
     points = []
     for batch, beam in job["points"]:
-        kw = dict(beam=beam, max_batch=batch, batch_tokens=10 ** 9)
-        items = [[s] for s in sample] if batch == 1 else [by_length[i: i + batch] for i in range(0, len(sample), batch)]
-        timed = interleaved({name: (lambda b, t=t: t.translate(b, **kw)) for name, t in engines.items()},
-                            items, repeats=job["rounds"], warmup=1)
-        ours, theirs = (len(sample) / (len(items) * timed.median_s(name)) for name in ("ours", "ctranslate2"))
+        timed, batches = take_turns(engines, sample, batch, beam, job["rounds"], tokenizer)
+        ours, theirs = (len(sample) / (batches * timed.median_s(name)) for name in ("ours", "ctranslate2"))
         rounds = [t / o for o, t in zip(timed.seconds["ours"], timed.seconds["ctranslate2"])]
         points.append(versus_point(batch, beam, ours, theirs, len(sample), rounds))
     return {"threads": job["threads"], "sentences": len(sample), "rounds": job["rounds"], "points": points,

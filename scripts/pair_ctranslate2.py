@@ -6,9 +6,9 @@ turns batch by batch (sentence by sentence at batch 1), so that a noisy machine 
 
 Prints one markdown row per point (batch x beam): sentences/s (ms a sentence at batch 1) and ours /
 CTranslate2 in brackets, above 1 ours faster; for greedy batches also the package without its
-shortlist ("whole"), where it has one. The benchmark stage's `versus` alternates whole passes; this
-finer alternation is what docs/results.md's independent timings use. Batches are length-sorted,
-as `pipeline translate` and the benchmark form them.
+shortlist ("whole"), where it has one. The turns are the benchmark stage's `versus`
+(pipeline.measurement.take_turns); this script is docs/results.md's independent timing, at batch 1
+over the first 64 sentences.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from model.ctranslate2_export import CTranslate2Translator
 from model.runtime import Translator
-from pipeline.timing import interleaved
+from pipeline.measurement import take_turns
 
 
 def main() -> None:
@@ -39,21 +39,16 @@ def main() -> None:
                                                     compute_type=args.compute_type)}
     if engines["ours"].describe()["shortlist"]:
         engines["whole"] = Translator(args.package, threads=args.threads, shortlist=False)
-    tokenizer = engines["ours"].tokenizer
-    by_length = sorted(sample, key=lambda s: len(tokenizer.encode([s])[0]))
     print(f"| threads | search | batch | {' | '.join(engines)} |")
     print("|---|---|---|" + "---|" * len(engines))
     for point in args.points.split(","):
         batch, beam = (int(x) for x in point.split("x"))
         # The shortlist serves greedy batches only: elsewhere "whole" would time the same thing.
         names = [n for n in engines if n != "whole" or (batch > 1 and beam == 1)]
-        items = [[s] for s in sample[:64]] if batch == 1 else \
-            [by_length[i: i + batch] for i in range(0, len(by_length), batch)]
-        kw = dict(beam=beam, max_batch=batch, batch_tokens=10 ** 9)
-        timed = interleaved({n: (lambda b, e=engines[n]: e.translate(b, **kw)) for n in names}, items,
-                            repeats=args.rounds, warmup=1)
+        timed, batches = take_turns({n: engines[n] for n in names}, sample[:64] if batch == 1 else sample,
+                                    batch, beam, args.rounds, engines["ours"].tokenizer)
         theirs = timed.median_s("ctranslate2")
-        per_item = len(items[0]) if batch == 1 else sum(map(len, items)) / len(items)
+        per_item = 1 if batch == 1 else len(sample) / batches
 
         def figure(name: str) -> str:
             seconds = timed.median_s(name)
