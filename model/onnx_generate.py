@@ -429,7 +429,7 @@ def _many_rows_copy(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = Fal
     may be restricted to a batch's words (see _shortlist_projection)."""
     model = copy.deepcopy(decoder)
     _many_rows_matmuls(model.graph)
-    unfuse_skip_layer_norm(model.graph)
+    unfuse_skip_layer_norm(model.graph, residual_op="Sum", fold_bias=True)
     if shortlist:
         _shortlist_projection(model.graph)
     _external(model.graph, "decoder.onnx", blob)
@@ -653,7 +653,9 @@ def write_generate_graph(folder: Path, generation: dict) -> list[Path]:
     enc = _encoder_subgraph(encoder, layers)
     dec = _decoder_subgraph(decoder, layers, first_cache_heads)
     many_rows = copy.deepcopy(dec)
-    if not _many_rows_matmuls(many_rows):
+    if _many_rows_matmuls(many_rows):
+        unfuse_skip_layer_norm(many_rows, residual_op="Sum", fold_bias=True)  # beams are rows too
+    else:
         many_rows = None
     _external(enc, "encoder.onnx", blobs["encoder.onnx"])
     for graph in (dec, many_rows):

@@ -52,14 +52,26 @@ def refer_to_bytes_in(tensor: onnx.TensorProto, source: str, blob: bytes) -> boo
     return True
 
 
-def unfuse_skip_layer_norm(graph: onnx.GraphProto) -> int:
+def unfuse_skip_layer_norm(graph: onnx.GraphProto, residual_op: str = "Add", fold_bias: bool = False) -> int:
     """Every com.microsoft SkipLayerNormalization as Add (+ Add bias) + LayerNormalization;
     returns how many. Measured on the CPU (onnxruntime 1.24, one thread, d_model 128): the fused
     kernel took 641 us at [32, 20, 128] and 132 at [128, 1, 128] against 179 and 45 for the three
     standard ops, and the same at one row (10 us), so graphs that run on many rows at once (the
-    encoder, decoder_batch.onnx) take the standard form. onnxruntime fuses it back only for GPU
-    providers."""
+    encoder, decoder_batch.onnx) take the standard form.
+
+    onnxruntime 1.31 fuses Add + LayerNormalization back into that kernel on the CPU too, where
+    both Add inputs are [rows, 1, d] (the decoder's residuals; not where the bias is a second Add
+    after it), and the kernel is still 4-6x slower from 4 rows on (five residual norms, d 256, one
+    thread, us at 4 / 32 / 128 rows: 33 / 214 / 839 fused, 13 / 37 / 117 Add + LayerNormalization
+    unfused, 16 / 45 / 149 with the bias as a second Add). So `residual_op` "Sum" (which it does
+    not fuse; 14 / 38 / 122) for the decoder's step graphs, and `fold_bias` puts the bias into the
+    DynamicQuantizeMatMul that makes x or skip, where that product has none and feeds nothing
+    else: one Add a residual less."""
     used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    uses: dict[str, int] = {}
+    for name in _inputs_everywhere(graph):
+        uses[name] = uses.get(name, 0) + 1
+    producer = {out: node for node in graph.node for out in node.output}
     done = 0
     for node in [n for n in graph.node if n.op_type == "SkipLayerNormalization" and n.domain == "com.microsoft"]:
         outputs = list(node.output) + [""] * (4 - len(node.output))
@@ -67,10 +79,19 @@ def unfuse_skip_layer_norm(graph: onnx.GraphProto) -> int:
             continue  # its mean or inverse deviation is read: keep the kernel that gives them
         inputs = list(node.input) + [""] * (5 - len(node.input))
         x, skip, gamma, beta, bias = inputs[:5]
+        if bias and fold_bias:
+            for term in (x, skip):
+                product = producer.get(term)
+                if (product is not None and product.op_type == "DynamicQuantizeMatMul" and uses.get(term) == 1
+                        and not "".join(product.input[4:5])):
+                    del product.input[4:]
+                    product.input.append(bias)
+                    bias = ""
+                    break
         epsilon = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)
         total = outputs[3] if outputs[3] else f"{node.output[0]}/sum"
         summed = f"{total}/no_bias" if bias else total
-        nodes = [onnx.helper.make_node("Add", [x, skip], [summed], name=f"{node.name}/add")]
+        nodes = [onnx.helper.make_node(residual_op, [x, skip], [summed], name=f"{node.name}/add")]
         if bias:
             nodes.append(onnx.helper.make_node("Add", [summed, bias], [total], name=f"{node.name}/bias"))
         nodes.append(onnx.helper.make_node("LayerNormalization", [total, gamma] + ([beta] if beta else []),
@@ -78,6 +99,15 @@ def unfuse_skip_layer_norm(graph: onnx.GraphProto) -> int:
         replace_node(graph, node, nodes)
         done += 1
     return done
+
+
+def _inputs_everywhere(graph: onnx.GraphProto):
+    """Every input name of every node, those inside subgraphs (If branches) included."""
+    for node in graph.node:
+        yield from node.input
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)):
+                yield from _inputs_everywhere(sub)
 
 
 def replace_node(graph: onnx.GraphProto, node: onnx.NodeProto, nodes: list[onnx.NodeProto]) -> None:

@@ -74,6 +74,42 @@ def test_fp32_package_decodes_as_pytorch_does(built):
     assert translator.searcher(sources, beam) == beam_search(TorchDecoder(model), sources, beam)
 
 
+def _ops_after_loading(path, tmp_path) -> list[str]:
+    """The op types of `path` as onnxruntime runs it on the CPU (its optimized graph, If and
+    BeamSearch subgraphs included)."""
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / f"optimized_{path.name}")
+    options.log_severity_level = 3
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+    def walk(graph):
+        for node in graph.node:
+            yield node.op_type
+            for attribute in node.attribute:
+                for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs):
+                    yield from walk(sub)
+
+    return list(walk(onnx.load(options.optimized_model_filepath, load_external_data=False).graph))
+
+
+def test_many_rows_graphs_run_residual_norms_unfused(built, tmp_path):
+    """onnxruntime fuses Add + LayerNormalization into SkipLayerNormalization on the CPU, whose
+    kernel is several times slower past one row (model/onnx_graph.py): the graphs for many rows
+    keep it apart (Sum), and int8 ones carry each residual's bias in the matrix product before it."""
+    _, _, packages, _ = built
+    for precision in ("fp32", "int8_dynamic"):
+        folder = packages[precision]
+        assert "SkipLayerNormalization" in _ops_after_loading(folder / "decoder.onnx", tmp_path)  # one row: fused
+        for name in ("decoder_batch.onnx", "decoder_greedy.onnx", "generate_batch.onnx"):
+            if (folder / name).is_file():
+                ops = _ops_after_loading(folder / name, tmp_path)
+                assert "SkipLayerNormalization" not in ops and ops.count("Sum") == ops.count("LayerNormalization") - (
+                    name == "generate_batch.onnx") * len(built[0].cfg.enc_ffn) * 2, (precision, name)
+    graph = onnx.load(packages["int8_dynamic"] / "decoder_greedy.onnx", load_external_data=False).graph
+    producer = {out: node.op_type for node in graph.node for out in node.output}
+    assert {producer[node.input[0]] for node in graph.node if node.op_type == "LayerNormalization"} == {"Sum"}
+
+
 @pytest.mark.parametrize("k", [1, 8, 300])
 def test_chunked_top_k_is_top_k(k):
     """decoder_batch.onnx's top k over chunk maxima (model/onnx_generate.py) against a full sort,
