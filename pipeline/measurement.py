@@ -280,28 +280,40 @@ def take_turns(engines: dict, sample: list[str], batch: int, beam: int, rounds: 
 def measure_versus(job: dict) -> dict:
     """Ours against CTranslate2 on the same weights, both in this process at the same thread
     count, taking turns batch by batch at each (batch, beam) point (take_turns); the point's ratio
-    is the median of the rounds' own ratios, with their range beside it."""
+    is the median of the rounds' own ratios, with their range beside it, and its figures are the
+    median round's (median_round)."""
     sample: list[str] = job["sentences"]
     engines = {"ours": open_translator(job["ours"]), "ctranslate2": open_translator(job["theirs"])}
     tokenizer = getattr(engines["ours"], "tokenizer", None)
     points = []
     for batch, beam in job["points"]:
         timed, batches = take_turns(engines, sample, batch, beam, job["rounds"], tokenizer)
-        ours, theirs = (len(sample) / (batches * timed.median_s(name)) for name in ("ours", "ctranslate2"))
-        rounds = [t / o for o, t in zip(timed.seconds["ours"], timed.seconds["ctranslate2"])]
+        rounds, middle = median_round(timed.seconds["ours"], timed.seconds["ctranslate2"])
+        ours, theirs = (len(sample) / (batches * timed.seconds[name][middle]) for name in ("ours", "ctranslate2"))
         points.append(versus_point(batch, beam, ours, theirs, len(sample), rounds))
     return {"threads": job["threads"], "sentences": len(sample), "rounds": job["rounds"], "points": points,
             "search": {"one_sentence": getattr(engines["ours"], "search", None),
                        "batches": getattr(engines["ours"], "batch_search", None)}}
 
 
+def median_round(ours_seconds: list[float], theirs_seconds: list[float]) -> tuple[list[float], int]:
+    """The rounds' own ratios (theirs / ours time: ours' relative throughput) and the index of the
+    round whose ratio is their median (the lower middle one of an even count). A point shows that
+    round's figures, so they say what its ratio says: each contestant's own median round may come
+    from different minutes and read the other way (411.8 against 427.6 sentences/s beside a median
+    ratio of 1.002, report-2fc0e91b06eb20ee)."""
+    ratios = [t / o for o, t in zip(ours_seconds, theirs_seconds)]
+    return ratios, ratios.index(statistics.median_low(ratios))
+
+
 def versus_point(batch: int, beam: int, ours_per_s: float, theirs_per_s: float, sentences: int,
                  round_ratios: list[float] | None = None) -> dict:
     """One point of the comparison with its one-line verdict (throughput: ours / theirs, above 1
     is ours faster; at batch 1 the same figure is one over the time per sentence). With the
-    rounds' own ratios, the ratio is their median and their range is reported with it."""
+    rounds' own ratios, the ratio is their median (median_round's: the figures are that round's)
+    and their range is reported with it."""
     if round_ratios:
-        ratio = round(statistics.median(round_ratios), 3)
+        ratio = round(statistics.median_low(round_ratios), 3)
     else:
         ratio = round(ours_per_s / theirs_per_s, 3) if theirs_per_s else None
     what = f"{'greedy' if beam == 1 else f'beam {beam}'}, batch {batch}"
@@ -317,6 +329,7 @@ def versus_point(batch: int, beam: int, ours_per_s: float, theirs_per_s: float, 
              "verdict": f"{what}: {figures}: {verdict}{spread}"}
     if round_ratios:
         point["round_ratios"] = [round(r, 3) for r in round_ratios]
+        point["figures"] = "median round"  # benchmarks before median_round showed each one's median
     return point
 
 

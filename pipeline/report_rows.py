@@ -92,8 +92,11 @@ def versus_lines(rows: list[dict]) -> list[str]:
         if not versus:
             continue
         by_batch = any("round_ratios" in p for result in versus["by_threads"].values() for p in result.get("points", []))
+        median_round = all(p.get("figures") == "median round" for result in versus["by_threads"].values()
+                           for p in result.get("points", []))
         how = ("taking turns batch by batch over the same sentences; throughput ours / theirs, the median of the "
-               "rounds' own ratios, their range in brackets" if by_batch else
+               "rounds' own ratios" + (" (the figures are that round's)" if median_round else "") +
+               ", their range in brackets" if by_batch else
                "interleaved pass after pass over the same sentences; throughput ours / theirs")
         lines += ["", f"**{r['name']} against {versus['peer']}** (same weights, one process, the two {how}; "
                       "above 1 is ours faster):", ""]

@@ -453,3 +453,20 @@ def test_versus_runs_one_process_per_thread_count_and_the_report_says_each_point
     lines = [line for line in versus_lines([ours]) if line.startswith("- ")]
     assert len(lines) == 8 and lines[0].startswith("- 1 thread, 5 sentences, 2 rounds: greedy, batch 1: ours ")
     assert sum("CTranslate2 faster" in line for line in lines) == 4 and lines[-1].startswith("- 2 threads")
+
+
+def test_a_versus_point_shows_the_figures_of_its_median_round():
+    """Each contestant's own median round can come from another minute than the median of the
+    rounds' ratios and read the other way; the point shows the median-ratio round's figures."""
+    from pipeline.measurement import median_round, versus_point
+
+    ours_s, theirs_s = [1.0, 1.0, 2.0], [1.2, 0.9, 1.9]  # ratios 1.2, 0.9, 0.95
+    ratios, middle = median_round(ours_s, theirs_s)
+    assert middle == 2 and ratios[middle] == pytest.approx(0.95)
+    point = versus_point(32, 4, 32 / ours_s[middle], 32 / theirs_s[middle], 32, ratios)
+    assert point["ratio"] == 0.95 and point["ours_sent_per_s"] < point["ctranslate2_sent_per_s"]
+    assert "CTranslate2 faster (ours 0.95x)" in point["verdict"] and point["figures"] == "median round"
+    # Each one's median round alone (1.0 s against 1.2 s) would have shown ours ahead.
+    assert 32 / sorted(ours_s)[1] > 32 / sorted(theirs_s)[1]
+    _, middle = median_round([1.0, 1.0, 1.0, 1.0], [0.9, 1.1, 1.2, 0.8])  # even: the lower middle
+    assert middle == 0
