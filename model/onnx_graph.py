@@ -3,6 +3,8 @@ quantization code that uses them does not import it)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import onnx
 from onnx import TensorProto
 
@@ -67,27 +69,27 @@ def unfuse_skip_layer_norm(graph: onnx.GraphProto, residual_op: str = "Add", fol
     not fuse; 14 / 38 / 122) for the decoder's step graphs, and `fold_bias` puts the bias into the
     DynamicQuantizeMatMul that makes x or skip, where that product has none and feeds nothing
     else: one Add a residual less."""
-    used = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
-    uses: dict[str, int] = {}
-    for name in _inputs_everywhere(graph):
-        uses[name] = uses.get(name, 0) + 1
+    # Readers of each value: node inputs (branches included) and the graph's outputs.
+    uses = Counter(_inputs_everywhere(graph)) + Counter(o.name for o in graph.output)
     producer = {out: node for node in graph.node for out in node.output}
     done = 0
     for node in [n for n in graph.node if n.op_type == "SkipLayerNormalization" and n.domain == "com.microsoft"]:
         outputs = list(node.output) + [""] * (4 - len(node.output))
-        if any(name and name in used for name in outputs[1:3]):
+        if any(name and name in uses for name in outputs[1:3]):
             continue  # its mean or inverse deviation is read: keep the kernel that gives them
         inputs = list(node.input) + [""] * (5 - len(node.input))
         x, skip, gamma, beta, bias = inputs[:5]
         if bias and fold_bias:
             for term in (x, skip):
                 product = producer.get(term)
-                if (product is not None and product.op_type == "DynamicQuantizeMatMul" and uses.get(term) == 1
-                        and not "".join(product.input[4:5])):
-                    del product.input[4:]
-                    product.input.append(bias)
-                    bias = ""
-                    break
+                if product is None or product.op_type != "DynamicQuantizeMatMul" or uses[term] != 1:
+                    continue  # not an int8 product, or its output is read elsewhere too
+                if len(product.input) > 4 and product.input[4]:
+                    continue  # it has a bias of its own
+                del product.input[4:]
+                product.input.append(bias)
+                bias = ""
+                break
         epsilon = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)
         total = outputs[3] if outputs[3] else f"{node.output[0]}/sum"
         summed = f"{total}/no_bias" if bias else total
