@@ -37,13 +37,20 @@ class Shortlist:
 
     def for_sources(self, src: Iterable[Iterable[int]]) -> np.ndarray:
         """The sorted target ids a batch of sources (token ids) may be translated into."""
-        ids = np.unique(np.fromiter((t for s in src for t in s), dtype=np.int64))
-        ids = ids[(ids >= 0) & (ids < self.vocab_size)]
+        # Sets as masks over the vocabulary: one pass each, where np.unique and np.union1d sort
+        # (a quarter of a millisecond a batch, as much as a student's decoder step).
+        ids = np.fromiter((t for s in src for t in s), dtype=np.int64)
+        present = np.zeros(self.vocab_size, dtype=bool)
+        present[ids[(ids >= 0) & (ids < self.vocab_size)]] = True
+        ids = np.flatnonzero(present)
         starts, ends = self.offsets[ids], self.offsets[ids + 1]
         counts = ends - starts
         # The candidates of every source word at once: a ragged gather without a Python loop.
         picked = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
-        return np.union1d(self.always, self.words[picked]).astype(np.int64)
+        listed = np.zeros(self.vocab_size, dtype=bool)
+        listed[self.always] = True
+        listed[self.words[picked]] = True
+        return np.flatnonzero(listed).astype(np.int64)
 
     def save(self, path: Path) -> None:
         with open(path, "wb") as f:
