@@ -44,6 +44,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .onnx_graph import refer_to_bytes_in, replace_node, unfuse_skip_layer_norm
+from .shortlist import SHORTLIST_FILE, Shortlist
 
 EXTERNAL_MIN_BYTES = 128  # below this a tensor's bytes cost less than a reference to them
 # Ops that only reshape or retype the source mask on its way to an attention's key_padding_mask.
@@ -93,10 +94,19 @@ def _prune_dead_nodes(graph: onnx.GraphProto) -> None:
     graph.initializer.extend(inits)
 
 
+def _outer_names(graph: onnx.GraphProto) -> set[str]:
+    """The names `graph`'s nodes (and their branches) read that it neither takes nor makes: values
+    of the graph around it."""
+    made = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+    read = set().union(*(set(n.input) | _subgraph_inputs(n) for n in graph.node)) if graph.node else set()
+    return read - made - {""}
+
+
 def _short_names(graph: onnx.GraphProto) -> None:
     """Internal value and node names -> short ones (the op's contract fixes only the graph's
-    inputs and outputs): the generate files are all structure, and names were half of it."""
-    keep = {v.name for v in (*graph.input, *graph.output)} | {""}
+    inputs and outputs, and values it reads from the graph around it): the generate files are
+    all structure, and names were half of it."""
+    keep = {v.name for v in (*graph.input, *graph.output)} | {""} | _outer_names(graph)
     mapping: dict[str, str] = {}
 
     def short(name: str) -> str:
@@ -633,10 +643,127 @@ def _normalize_or_not(softmax: onnx.NodeProto, value_type: int, vocab=None) -> o
                             else_branch=graph("logits", no_ids))
 
 
+# Room in the generate graphs' per-call word list for this many source words' candidates beyond
+# the frequent words (see _shortlisted_search); a longer sentence keeps each word's best first.
+SHORTLIST_SOURCE_WORDS = 12
+
+
+def shortlist_width(shortlist: Shortlist) -> int:
+    """The generate graphs' fixed word-list size for `shortlist`: the op needs its vocabulary size
+    when it loads, so a call's list is cut or filled to this many words (a multiple of 64)."""
+    per_word = int(np.diff(shortlist.offsets).max(initial=0))
+    width = len(shortlist.always) + 3 + SHORTLIST_SOURCE_WORDS * per_word
+    return min(-(-width // 64) * 64, shortlist.vocab_size)
+
+
+def _shortlisted_search(dec: onnx.GraphProto, shortlist: Shortlist, generation: dict):
+    """Restrict the op's vocabulary to a per-call word list (model/shortlist.py): the main graph
+    makes the list from the sources and the output projection's rows for it; the decoder maps the
+    op's token (a position in the list) to its word and projects onto the list only; the op's
+    sequences are mapped back after it. The list: PAD, BOS, EOS at positions 0-2, then the
+    frequent words and every source word's candidates, filled up to shortlist_width with other
+    words. The words are those model/shortlist.py gives the sentence where they fit.
+
+    Why: at one row the output projection over 8000 words was a quarter of a student's greedy
+    step, and the op's log-softmax, beam-score addition and top k run over whatever vocabulary the
+    decoder gives it. Returns (nodes before the op, nodes after it, initializers), or None where
+    the projection is not an 8-bit MatMulNBits of initializers without zero points (the graph then
+    keeps the whole vocabulary)."""
+    producer = {o: n for n in dec.node for o in n.output}
+    weights = {t.name: t for t in dec.initializer}
+    proj = producer.get("logits")
+    specials = [generation["pad_id"], generation["bos_id"], generation["eos_id"]]
+    vocab = shortlist.vocab_size
+    if proj is None or len(set(specials)) < 3 or _shape(dec.output[0])[-1] != vocab or proj.op_type != "MatMulNBits" \
+            or any(proj.input[3:]) or proj.input[1] not in weights or proj.input[2] not in weights:
+        return None
+    attrs = {a.name: a.i for a in proj.attribute}
+    n_words, blocks, block = weights[proj.input[1]].dims
+    if attrs.get("bits") != 8 or n_words != vocab:
+        return None
+    width = shortlist_width(shortlist)
+    # Each source word's candidates as a row of `per_word`, padded with PAD (listed anyway).
+    counts = np.diff(shortlist.offsets)
+    per_word = max(int(counts.max(initial=0)), 1)
+    table = np.full((vocab, per_word), specials[0], np.int16 if vocab < 2 ** 15 else np.int32)
+    for s in np.nonzero(counts)[0]:
+        table[s, : counts[s]] = shortlist.words[shortlist.offsets[s]: shortlist.offsets[s + 1]]
+    # A word's class: base + 1 if a candidate of the sources. The frequent words 2 or 3 (first),
+    # candidates 1, the others 0 (filling); the special ids far below: they are put first apart.
+    base = np.zeros(vocab, np.float32)
+    base[shortlist.always] = 2.0
+    base[specials] = -10.0
+    p, make = "shortlist", helper.make_node
+    const = {"table": table, "base": base, "nowhere": np.zeros(vocab, np.float32),
+             "specials": np.array(specials, np.int64), "others": np.array([width - 3], np.int64),
+             "flat": np.array([-1], np.int64), "one": np.array(1.0, np.float32), "start": np.array([0], np.int64),
+             "block_rows": np.array([width * blocks, block], np.int64),
+             "zero_points": np.full(width * blocks, 128, np.uint8),  # 8 bits, none stored: 2 ** 7
+             "row_shape": np.array([width, blocks * block], np.int64),
+             "columns": np.array([attrs["K"]], np.int64), "last": np.array([1], np.int64)}
+    # A copy for the main graph (the embedding may read the same tensor); both name the same bytes.
+    weight, scales = copy.deepcopy(weights[proj.input[1]]), copy.deepcopy(weights[proj.input[2]])
+    weight.name, scales.name = f"{p}/all_weight", f"{p}/all_scales"
+    inits = [weight, scales, *(numpy_helper.from_array(v, f"{p}/{k}") for k, v in const.items())]
+    before = [
+        make("Gather", [f"{p}/table", "input_ids"], [f"{p}/candidates"], axis=0, name=f"{p}/candidates"),
+        make("Reshape", [f"{p}/candidates", f"{p}/flat"], [f"{p}/flat_candidates"], name=f"{p}/flat_candidates"),
+        make("Cast", [f"{p}/flat_candidates"], [f"{p}/ids"], to=TensorProto.INT64, name=f"{p}/ids"),
+        make("Shape", [f"{p}/ids"], [f"{p}/ids_shape"], name=f"{p}/ids_shape"),
+        make("Expand", [f"{p}/one", f"{p}/ids_shape"], [f"{p}/ones"], name=f"{p}/ones"),
+        # Every index writes the same 1: repeated words leave no order to depend on.
+        make("ScatterElements", [f"{p}/nowhere", f"{p}/ids", f"{p}/ones"], [f"{p}/is_candidate"], axis=0,
+             name=f"{p}/is_candidate"),
+        make("Add", [f"{p}/is_candidate", f"{p}/base"], [f"{p}/rank"], name=f"{p}/rank"),
+        # The ids class by class (frequent, candidate, other), each in id order: a stable partition
+        # with NonZero, at a third of the cost of TopK over the vocabulary; where a long sentence's
+        # candidates do not all fit, the lower ids (the more frequent subwords) stay.
+        *[n for cls, (low, high) in enumerate(((1.5, 9.0), (0.5, 1.5), (-0.5, 0.5))) for n in (
+            make("Constant", [], [f"{p}/low{cls}"], value=numpy_helper.from_array(np.array(low, np.float32))),
+            make("Constant", [], [f"{p}/high{cls}"], value=numpy_helper.from_array(np.array(high, np.float32))),
+            make("Greater", [f"{p}/rank", f"{p}/low{cls}"], [f"{p}/above{cls}"]),
+            make("Less", [f"{p}/rank", f"{p}/high{cls}"], [f"{p}/below{cls}"]),
+            make("And", [f"{p}/above{cls}", f"{p}/below{cls}"], [f"{p}/in{cls}"]),
+            make("NonZero", [f"{p}/in{cls}"], [f"{p}/class{cls}"]))],
+        make("Concat", [f"{p}/class0", f"{p}/class1", f"{p}/class2"], [f"{p}/ranked_ids"], axis=1, name=f"{p}/ranked_ids"),
+        make("Reshape", [f"{p}/ranked_ids", f"{p}/flat"], [f"{p}/ranked"], name=f"{p}/ranked"),
+        make("Slice", [f"{p}/ranked", f"{p}/start", f"{p}/others"], [f"{p}/chosen"], name=f"{p}/chosen"),
+        make("Concat", [f"{p}/specials", f"{p}/chosen"], [f"{p}/words"], axis=0, name=f"{p}/words"),
+        make("Cast", [f"{p}/words"], [f"{p}/words32"], to=TensorProto.INT32, name=f"{p}/words32")]
+    after = [make("Gather", [f"{p}/words32", f"{p}/sequences"], ["sequences"], axis=0, name=f"{p}/sequences")]
+    # The decoder: the op's tokens are positions in the list.
+    for node in dec.node:
+        for i, name in enumerate(node.input):
+            if name == "input_ids":
+                node.input[i] = f"{p}/token_words"
+    dec.node.insert(0, make("Gather", [f"{p}/words32", "input_ids"], [f"{p}/token_words"], axis=0,
+                            name=f"{p}/token_words"))
+    before += [
+        # The list's rows of the projection in float, once per call: MatMulNBits packs its weights
+        # when the session loads, and over weights made at run time a step took twice as long.
+        make("Gather", [weight.name, f"{p}/words"], [f"{p}/stored"], axis=0, name=f"{p}/stored"),
+        make("Reshape", [f"{p}/stored", f"{p}/block_rows"], [f"{p}/stored_blocks"], name=f"{p}/stored_blocks"),
+        make("Gather", [scales.name, f"{p}/words"], [f"{p}/scales"], axis=0, name=f"{p}/scales"),
+        make("Reshape", [f"{p}/scales", f"{p}/flat"], [f"{p}/block_scales"], name=f"{p}/block_scales"),
+        make("DequantizeLinear", [f"{p}/stored_blocks", f"{p}/block_scales", f"{p}/zero_points"], [f"{p}/blocks"],
+             axis=0, name=f"{p}/dequantize"),
+        make("Reshape", [f"{p}/blocks", f"{p}/row_shape"], [f"{p}/padded_rows" if blocks * block > attrs["K"] else f"{p}/rows"],
+             name=f"{p}/padded_rows")]
+    if blocks * block > attrs["K"]:  # the last block's padding
+        before.append(make("Slice", [f"{p}/padded_rows", f"{p}/start", f"{p}/columns", f"{p}/last"], [f"{p}/rows"],
+                           name=f"{p}/rows"))
+    replace_node(dec, proj, [make("FusedMatMul", [proj.input[0], f"{p}/rows"], ["logits"], transB=1, domain="com.microsoft",
+                                  name=f"{p}/logits")])
+    dec.output[0].type.tensor_type.shape.dim[-1].dim_value = width
+    return before, after, inits
+
+
 def write_generate_graph(folder: Path, generation: dict) -> list[Path]:
     """Write folder/generate.onnx next to folder/encoder.onnx and folder/decoder.onnx, and, for
     an int8 decoder whose output projection allows it, folder/generate_batch.onnx: the same with
-    kernels for many rows (beam search, batches; see _many_rows_matmuls).
+    kernels for many rows (beam search, batches; see _many_rows_matmuls). Where the folder holds a
+    shortlist (model/shortlist.py) and generate_batch.onnx is made, generate.onnx runs a greedy
+    call of one sentence over its word list (_shortlisted_search) and any other call as before.
     Nothing (an empty list) for float16 graphs: the op's CPU kernel is float32 only, and on GPUs
     the runtime drives the step graphs.
 
@@ -652,19 +779,23 @@ def write_generate_graph(folder: Path, generation: dict) -> list[Path]:
     first_cache_heads = _shape(encoder.graph.output[0])[1]
     enc = _encoder_subgraph(encoder, layers)
     dec = _decoder_subgraph(decoder, layers, first_cache_heads)
+    _external(enc, "encoder.onnx", blobs["encoder.onnx"])
+    _external(dec, "decoder.onnx", blobs["decoder.onnx"])
     many_rows = copy.deepcopy(dec)
     if _many_rows_matmuls(many_rows):
         unfuse_skip_layer_norm(many_rows, residual_op="Sum", fold_bias=True)  # beams are rows too
     else:
         many_rows = None
-    _external(enc, "encoder.onnx", blobs["encoder.onnx"])
-    for graph in (dec, many_rows):
-        if graph is not None:
-            _external(graph, "decoder.onnx", blobs["decoder.onnx"])
-    for graph in (enc, dec, many_rows):
+    one_row = listed = None
+    vocab = _shape(dec.output[0])[-1]
+    if many_rows is not None and isinstance(vocab, int) and (folder / SHORTLIST_FILE).is_file():
+        one_row = copy.deepcopy(dec)
+        listed = _shortlisted_search(one_row, Shortlist.load(folder / SHORTLIST_FILE, vocab), generation)
+    for graph in (enc, dec, many_rows, one_row):
         if graph is not None:
             _short_names(graph)
-    paths = [_write_search_model(folder / GENERATE, enc, dec, encoder, decoder, generation)]
+    greedy_one = (one_row, *listed) if listed else None
+    paths = [_write_search_model(folder / GENERATE, enc, dec, encoder, decoder, generation, greedy_one)]
     if many_rows is not None:
         paths.append(_write_search_model(folder / GENERATE_MANY_ROWS, enc, many_rows, encoder, decoder, generation))
     return paths
@@ -691,30 +822,68 @@ def write_many_rows_decoder(folder: Path, shortlist: bool = False) -> Path | Non
     return folder / DECODER_MANY_ROWS
 
 
-def _write_search_model(path: Path, enc: onnx.GraphProto, dec: onnx.GraphProto, encoder: onnx.ModelProto,
-                        decoder: onnx.ModelProto, generation: dict) -> Path:
+SHORTLISTED_INPUT = "shortlisted"  # generate.onnx with a word list: bool [1], default true
 
+
+def _write_search_model(path: Path, enc: onnx.GraphProto, dec: onnx.GraphProto, encoder: onnx.ModelProto,
+                        decoder: onnx.ModelProto, generation: dict, greedy_one=None) -> Path:
+    """The BeamSearch op over `enc` and `dec`. `greedy_one`: (a decoder restricted to a per-call
+    word list, and _shortlisted_search's nodes before and after the op and its initializers):
+    calls of one row (one sentence, num_beams 1) then go to an op over that decoder instead, by
+    an If (the list's scores are normalized over the list only: fine for greedy search, not for
+    beams, whose scores are compared across rows), unless the optional input `shortlisted` (bool
+    [1], default true) is false."""
+    make = helper.make_node
     constants = [numpy_helper.from_array(np.array([1], np.int32), "min_length"),
                  numpy_helper.from_array(np.array([1], np.int32), "num_return_sequences"),
                  numpy_helper.from_array(np.array([1.0], np.float32), "repetition_penalty")]
     # The op's own mask, when none is given, masks left padding only (Hugging Face's T5
     # convention); ours is right padding, so the mask is made here: input_ids != PAD.
     pad = numpy_helper.from_array(np.array(generation["pad_id"], np.int32), "pad_id")
-    mask_nodes = [helper.make_node("Equal", ["input_ids", "pad_id"], ["is_pad"], name="mask/equal"),
-                  helper.make_node("Not", ["is_pad"], ["is_token"], name="mask/not"),
-                  helper.make_node("Cast", ["is_token"], ["attention_mask"], to=TensorProto.INT32, name="mask/cast")]
-    node = helper.make_node(
-        "BeamSearch", ["input_ids", "max_length", "min_length", "num_beams", "num_return_sequences",
-                       "length_penalty", "repetition_penalty", "", "", "attention_mask"], ["sequences"],
-        domain="com.microsoft", name="search", model_type=1, early_stopping=1,
-        eos_token_id=generation["eos_id"], pad_token_id=generation["pad_id"],
-        decoder_start_token_id=generation["bos_id"], encoder=enc, decoder=dec)
+    nodes = [make("Equal", ["input_ids", "pad_id"], ["is_pad"], name="mask/equal"),
+             make("Not", ["is_pad"], ["is_token"], name="mask/not"),
+             make("Cast", ["is_token"], ["attention_mask"], to=TensorProto.INT32, name="mask/cast")]
+
+    def search(name: str, output: str, decoder_graph: onnx.GraphProto, special: dict) -> onnx.NodeProto:
+        return make("BeamSearch", ["input_ids", "max_length", "min_length", "num_beams", "num_return_sequences",
+                                   "length_penalty", "repetition_penalty", "", "", "attention_mask"], [output],
+                    domain="com.microsoft", name=name, model_type=1, early_stopping=1,
+                    eos_token_id=special["eos"], pad_token_id=special["pad"], decoder_start_token_id=special["bos"],
+                    encoder=copy.deepcopy(enc), decoder=decoder_graph)
+
+    ids = {key: generation[f"{key}_id"] for key in ("pad", "bos", "eos")}
+    if greedy_one is None:
+        nodes.append(search("search", "sequences", dec, ids))
+    else:
+        one_dec, before, after, extra = greedy_one
+        constants += extra
+        sequences = helper.make_tensor_value_info("sequences", TensorProto.INT32, ["batch", 1, "length"])
+
+        def branch(name: str, body: list[onnx.NodeProto]) -> onnx.GraphProto:
+            return helper.make_graph(body, name, [], [helper.make_tensor_value_info(
+                body[-1].output[0], TensorProto.INT32, ["batch", 1, "length"])])
+
+        # The list's ids put PAD, BOS, EOS first (_shortlisted_search).
+        listed = search("search/one_row", "shortlist/sequences", one_dec, {"pad": 0, "bos": 1, "eos": 2})
+        after[-1].output[0] = "one_row/sequences"
+        constants += [numpy_helper.from_array(np.array([1], np.int64), "one_row/one"),
+                      numpy_helper.from_array(np.array([True]), SHORTLISTED_INPUT)]  # an input's default
+        nodes += [make("Shape", ["input_ids"], ["one_row/shape"], end=1, name="one_row/shape"),
+                  make("Cast", ["num_beams"], ["one_row/beams"], to=TensorProto.INT64, name="one_row/beams"),
+                  make("Mul", ["one_row/shape", "one_row/beams"], ["one_row/rows"], name="one_row/rows"),
+                  make("Equal", ["one_row/rows", "one_row/one"], ["one_row/is_one"], name="one_row/is_one"),
+                  make("And", ["one_row/is_one", SHORTLISTED_INPUT], ["one_row/listed"], name="one_row/listed"),
+                  make("If", ["one_row/listed"], [sequences.name], name="one_row",
+                       then_branch=branch("one_row", [*before, listed, *after]),
+                       else_branch=branch("rows", [search("search", "rows/sequences", dec, ids)]))]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", "src_len"]),
+              helper.make_tensor_value_info("max_length", TensorProto.INT32, [1]),
+              helper.make_tensor_value_info("num_beams", TensorProto.INT32, [1]),
+              helper.make_tensor_value_info("length_penalty", TensorProto.FLOAT, [1])]
+    if greedy_one is not None:  # optional (its initializer is the default): false, the whole vocabulary
+        inputs.append(helper.make_tensor_value_info(SHORTLISTED_INPUT, TensorProto.BOOL, [1]))
     graph = helper.make_graph(
-        [*mask_nodes, node], "generate",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", "src_len"]),
-         helper.make_tensor_value_info("max_length", TensorProto.INT32, [1]),
-         helper.make_tensor_value_info("num_beams", TensorProto.INT32, [1]),
-         helper.make_tensor_value_info("length_penalty", TensorProto.FLOAT, [1])],
+        nodes, "generate", inputs,
         [helper.make_tensor_value_info("sequences", TensorProto.INT32, ["batch", 1, "length"])],
         initializer=[*constants, pad])
     opsets = {o.domain: o.version for o in [*encoder.opset_import, *decoder.opset_import]

@@ -9,10 +9,11 @@ file with its sha256. Translator refuses a package whose files differ from that 
 anything but regular files, or whose graphs name external data outside it (model/files.py),
 before onnxruntime opens a graph.
 
-Float32 packages also hold generate.onnx: the same two graphs inside onnxruntime's BeamSearch op
-(model/onnx_generate.py), so that a whole batch is translated by one onnxruntime call instead of
-one call per token plus a NumPy search loop. On the CPU, Translator uses it when it is there
-(search="auto"); search="python" uses the step graphs and model/search.py instead.
+Packages for the CPU also hold generate.onnx: the same two graphs inside onnxruntime's BeamSearch
+op (model/onnx_generate.py), so that a whole batch is translated by one onnxruntime call instead
+of one call per token plus a NumPy search loop (int8 packages with a shortlist run a greedy call
+of one sentence there over the sentence's word list). On the CPU, Translator uses it when it is
+there (search="auto"); search="python" uses the step graphs and model/search.py instead.
 """
 
 from __future__ import annotations
@@ -248,17 +249,22 @@ class GraphSearch:
     `many_rows` (generate_batch.onnx, int8 packages) serves calls with batch x beam > 1."""
 
     FILES = ("generate.onnx", "generate_batch.onnx")
+    SHORTLISTED = "shortlisted"  # generate.onnx of an int8 package with a shortlist: see model/onnx_generate.py
 
-    def __init__(self, session: ort.InferenceSession, many_rows: ort.InferenceSession | None = None):
+    def __init__(self, session: ort.InferenceSession, many_rows: ort.InferenceSession | None = None,
+                 shortlist: bool = True):
         self.session, self.many_rows = session, many_rows
+        # A greedy call of one sentence runs over its word list (the package's shortlist) unless told not to.
+        listed = self.SHORTLISTED in {i.name for i in session.get_overridable_initializers()}
+        self.extra = {} if shortlist or not listed else {self.SHORTLISTED: np.array([False])}
 
     @classmethod
-    def load(cls, folder: Path, options: ort.SessionOptions, listed=None) -> GraphSearch | None:
+    def load(cls, folder: Path, options: ort.SessionOptions, listed=None, shortlist: bool = True) -> GraphSearch | None:
         """The folder's generate graphs on the CPU, or None where it has none. `listed`: the files
         the package lists (verified); a graph it does not list is never opened."""
         sessions = [ort.InferenceSession(str(folder / name), options, providers=["CPUExecutionProvider"])
                     for name in cls.FILES if (folder / name).is_file() and (listed is None or name in listed)]
-        return cls(*sessions) if sessions else None
+        return cls(*sessions, shortlist=shortlist) if sessions else None
 
     def __call__(self, src: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
         width = max(len(s) for s in src)
@@ -269,11 +275,11 @@ class GraphSearch:
         # model/search.py. The op takes one limit for the whole batch (the longest sentence's);
         # each output is cut to its own limit below (for greedy that is exactly model/search.py).
         limit = max(gen.max_len(len(s)) for s in src)
-        session = self.many_rows if self.many_rows is not None and len(src) * gen.beam > 1 else self.session
-        sequences = session.run(["sequences"], {
+        one = self.many_rows is None or len(src) * gen.beam == 1
+        sequences = (self.session if one else self.many_rows).run(["sequences"], {
             "input_ids": ids, "max_length": np.array([limit], dtype=np.int32),
             "num_beams": np.array([gen.beam], dtype=np.int32),
-            "length_penalty": np.array([gen.length_penalty], dtype=np.float32)})[0]
+            "length_penalty": np.array([gen.length_penalty], dtype=np.float32), **(self.extra if one else {})})[0]
         out = []
         for s, row in zip(src, sequences[:, 0, 1:].tolist()):  # drop the start token
             end = next((j for j, t in enumerate(row) if t == gen.eos_id or t == gen.pad_id), len(row))
@@ -363,7 +369,7 @@ class Translator:
         self.graph_search = None
         if has_graph and search != "python":
             try:
-                self.graph_search = GraphSearch.load(self.folder, options, listed)
+                self.graph_search = GraphSearch.load(self.folder, options, listed, shortlist)
             except Exception as exc:  # e.g. a minimal onnxruntime build without the contrib ops
                 if search == "graph":
                     raise PackageError(f"{self.folder}: generate.onnx does not load: {exc}") from exc

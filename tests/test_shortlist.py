@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from model.files import sha256_file
-from model.runtime import PackageError, Translator
+from model.onnx_generate import shortlist_width
+from model.runtime import GraphSearch, PackageError, Translator
 from model.search import prepare_sources
 from model.shortlist import Shortlist, ShortlistError, build_shortlist
 from model.subword import SubwordTokenizer
@@ -21,6 +22,7 @@ from pipeline.corpus import read_split
 from pipeline.package_builder import build_package
 
 from .conftest import multi30k_head
+from .test_quantize import assert_same_but_near_ties
 
 NO_PRUNE = "prune=null"
 
@@ -132,6 +134,55 @@ def test_greedy_batches_translate_into_the_shortlist_and_beams_over_every_word(p
         everything = Translator(built[precision, "everything"], threads=1)
         assert everything.translate(sentences, beam=1, max_batch=8) == \
             whole.translate(sentences, beam=1, max_batch=8)
+
+
+def test_one_sentence_greedy_in_generate_onnx_keeps_to_the_sentences_list(packages):
+    """generate.onnx, int8 with a shortlist: a greedy call of one sentence runs over that
+    sentence's word list (model/onnx_generate.py, _shortlisted_search) and every other call over
+    the whole vocabulary, as the same weights without a shortlist do."""
+    built, tables, tokenizer, sentences = packages
+    narrow, plain = (Translator(built["int8_dynamic", name], threads=1) for name in ("narrow", None))
+    free = Translator(built["int8_dynamic", "narrow"], threads=1, search="python", shortlist=False)
+    assert narrow.search == plain.search == "graph"  # one sentence: generate.onnx
+    greedy = dataclasses.replace(narrow.generation, beam=1)
+    sources = prepare_sources(tokenizer, sentences, 64)
+    table, vocab = tables["narrow"], tokenizer.vocab_size
+    width = shortlist_width(table)
+    assert width < vocab
+    outside = 0
+    for src in sources:
+        listed = table.for_sources([src])
+        assert len(listed) <= width  # the sentence's list fits whole
+        # ... filled up to the width with the lowest other ids, as the graph does
+        filled = set(listed.tolist()) | set([w for w in range(vocab) if w not in set(listed.tolist())][: width - len(listed)])
+        [out] = narrow.searcher([src], greedy)
+        assert set(out) <= filled, (src, out)
+        [unrestricted] = free.searcher([src], greedy)
+        outside += not set(unrestricted) <= filled
+    assert outside  # the untrained model's free choices leave the list: the list did restrict them
+    # shortlist=False: generate.onnx's whole vocabulary, as the same weights without a list give.
+    unlisted = Translator(built["int8_dynamic", "narrow"], threads=1, shortlist=False)
+    assert [unlisted.searcher([s], greedy) for s in sources] == [plain.searcher([s], greedy) for s in sources]
+    # More than one row (beams, or several sentences): the whole vocabulary, as without a list.
+    beams = dataclasses.replace(greedy, beam=3)
+    one_graph = [GraphSearch(t.graph_search.session) for t in (narrow, plain)]
+    for src in sources[:6]:
+        assert one_graph[0]([src], beams) == one_graph[1]([src], beams)
+    assert one_graph[0](sources[:4], greedy) == one_graph[1](sources[:4], greedy)
+
+
+def test_one_sentence_greedy_over_a_list_of_every_word_is_the_whole_vocabularys(packages):
+    """A list of every word in another order: the op's tokens are places in the list, mapped back
+    to ids on the way in and out; the translations are the whole vocabulary's but near-ties (the
+    list's projection is float32 over the dequantized int8 rows, MatMulNBits' quantizes its input)."""
+    built, _, tokenizer, sentences = packages
+    everything = Translator(built["int8_dynamic", "everything"], threads=1)
+    whole = Translator(built["int8_dynamic", "everything"], threads=1, search="python", shortlist=False)
+    greedy = dataclasses.replace(everything.generation, beam=1)
+    sources = prepare_sources(tokenizer, sentences, 64)
+    ours = [everything.searcher([src], greedy)[0] for src in sources]
+    theirs = [whole.searcher([src], greedy)[0] for src in sources]
+    assert_same_but_near_ties(whole.decoder, sources, ours, theirs)
 
 
 def test_a_package_without_a_shortlist_has_no_shortlist_inputs(packages):
