@@ -112,6 +112,15 @@ def _write_card_and_manifest(dest: Path, about: dict, figures: dict, generation:
     return meta
 
 
+def _nodes(graph):
+    """A graph's nodes and those of its subgraphs (If branches, the BeamSearch op's graphs)."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else list(attr.graphs)):
+                yield from _nodes(sub)
+
+
 def graph_io(path: Path) -> dict:
     """Names, element types and (symbolic) shapes of a graph's inputs and outputs: for the card."""
     import onnx
@@ -129,7 +138,7 @@ def graph_io(path: Path) -> dict:
 
     return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output),
             "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-            "contrib_ops": sorted({n.op_type for n in model.graph.node if n.domain == "com.microsoft"}),
+            "contrib_ops": sorted({n.op_type for n in _nodes(model.graph) if n.domain == "com.microsoft"}),
             "reads_from": sorted({e.value for t in model.graph.initializer for e in t.external_data
                                   if e.key == "location"})}
 
@@ -182,9 +191,15 @@ onnxruntime call per batch. Inputs: `input_ids` int32 [batch, src_len] (as `src_
 `length_penalty` float [1]; output `sequences` int32 [batch, 1, length]: the start token
 (id {generation['bos_id']}), the translation, then EOS (id {generation['eos_id']}) and PAD.
 `Translator(folder, search="python")` drives the two step graphs from Python instead.
+{_ONE_SENTENCE_LIST if any(i["name"] == "shortlisted" for i in io["generate"]["inputs"]) else ""}\
 {_MANY_ROWS if "generate_batch" in io else ""}{_DECODER_MANY_ROWS if "decoder_batch" in io else ""}\
 {_DECODER_GREEDY if "decoder_greedy" in io else ""}{_SHORTLIST if "shortlist" in io else ""}"""
 
+
+_ONE_SENTENCE_LIST = """A greedy call of one sentence (batch 1, `num_beams` 1) runs over that sentence's word list from
+`shortlist.npz` (filled to a fixed size with other words) instead of the whole vocabulary; the
+optional input `shortlisted` bool [1] (default true) set false turns that off.
+"""
 
 _MANY_ROWS = """`generate_batch.onnx` (same inputs and output) runs the decoder's int8 matrices with a kernel
 for many rows (DynamicQuantizeMatMul on the same int8 bytes, activations quantized per call
@@ -213,7 +228,7 @@ _SHORTLIST = """`shortlist.npz` lists the words each source word may become (and
 always allowed); `shortlist.onnx` takes a batch's words (`words` int64 [n]) and gives the output
 projection over them (`shortlist_weight` [d, n] and its per-word scales), which
 `decoder_batch.onnx` and `decoder_greedy.onnx` take with `shortlisted` true: their logits are
-then [batch, n], indices into `words`. `Translator` uses it for greedy batches only (beam search
+then [batch, n], indices into `words`. `Translator` uses it for greedy search only (beam search
 compares scores across beams, and those want the whole vocabulary); `shortlist=False` turns it off.
 """
 
