@@ -69,6 +69,14 @@ def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return [g for attr in node.attribute for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)]
 
 
+def graph_nodes(graph: onnx.GraphProto):
+    """A graph's nodes and those of its subgraphs (If branches, the BeamSearch op's graphs)."""
+    for node in graph.node:
+        yield node
+        for sub in _subgraphs(node):
+            yield from graph_nodes(sub)
+
+
 def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
     """The names a node's subgraphs read, outer-scope values among them."""
     names: set[str] = set()
@@ -646,6 +654,7 @@ def _normalize_or_not(softmax: onnx.NodeProto, value_type: int, vocab=None) -> o
 # Room in the generate graphs' per-call word list for this many source words' candidates beyond
 # the frequent words (see _shortlisted_search); a longer sentence keeps each word's best first.
 SHORTLIST_SOURCE_WORDS = 12
+LISTED_SEQUENCES = "shortlist/sequences"  # the op's output over the list: places in it, not ids
 
 
 def shortlist_width(shortlist: Shortlist) -> int:
@@ -694,7 +703,10 @@ def _shortlisted_search(dec: onnx.GraphProto, shortlist: Shortlist, generation: 
     base[shortlist.always] = 2.0
     base[specials] = -10.0
     p, make = "shortlist", helper.make_node
+    classes = ((1.5, 9.0), (0.5, 1.5), (-0.5, 0.5))  # rank bounds: frequent, candidate, other
     const = {"table": table, "base": base, "nowhere": np.zeros(vocab, np.float32),
+             **{f"{side}{cls}": np.array(bound, np.float32) for cls, bounds in enumerate(classes)
+                for side, bound in zip(("low", "high"), bounds)},
              "specials": np.array(specials, np.int64), "others": np.array([width - 3], np.int64),
              "flat": np.array([-1], np.int64), "one": np.array(1.0, np.float32), "start": np.array([0], np.int64),
              "block_rows": np.array([width * blocks, block], np.int64),
@@ -715,22 +727,23 @@ def _shortlisted_search(dec: onnx.GraphProto, shortlist: Shortlist, generation: 
         make("ScatterElements", [f"{p}/nowhere", f"{p}/ids", f"{p}/ones"], [f"{p}/is_candidate"], axis=0,
              name=f"{p}/is_candidate"),
         make("Add", [f"{p}/is_candidate", f"{p}/base"], [f"{p}/rank"], name=f"{p}/rank"),
-        # The ids class by class (frequent, candidate, other), each in id order: a stable partition
-        # with NonZero, at a third of the cost of TopK over the vocabulary; where a long sentence's
-        # candidates do not all fit, the lower ids (the more frequent subwords) stay.
-        *[n for cls, (low, high) in enumerate(((1.5, 9.0), (0.5, 1.5), (-0.5, 0.5))) for n in (
-            make("Constant", [], [f"{p}/low{cls}"], value=numpy_helper.from_array(np.array(low, np.float32))),
-            make("Constant", [], [f"{p}/high{cls}"], value=numpy_helper.from_array(np.array(high, np.float32))),
-            make("Greater", [f"{p}/rank", f"{p}/low{cls}"], [f"{p}/above{cls}"]),
-            make("Less", [f"{p}/rank", f"{p}/high{cls}"], [f"{p}/below{cls}"]),
-            make("And", [f"{p}/above{cls}", f"{p}/below{cls}"], [f"{p}/in{cls}"]),
-            make("NonZero", [f"{p}/in{cls}"], [f"{p}/class{cls}"]))],
-        make("Concat", [f"{p}/class0", f"{p}/class1", f"{p}/class2"], [f"{p}/ranked_ids"], axis=1, name=f"{p}/ranked_ids"),
+    ]
+    # The ids class by class (frequent, candidate, other), each in id order: a stable partition
+    # with NonZero, at a third of the cost of TopK over the vocabulary; where a long sentence's
+    # candidates do not all fit, the lower ids (the more frequent subwords) stay.
+    for cls in range(len(classes)):
+        before += [make("Greater", [f"{p}/rank", f"{p}/low{cls}"], [f"{p}/above{cls}"]),
+                   make("Less", [f"{p}/rank", f"{p}/high{cls}"], [f"{p}/below{cls}"]),
+                   make("And", [f"{p}/above{cls}", f"{p}/below{cls}"], [f"{p}/in{cls}"]),
+                   make("NonZero", [f"{p}/in{cls}"], [f"{p}/class{cls}"])]
+    before += [
+        make("Concat", [f"{p}/class{cls}" for cls in range(len(classes))], [f"{p}/ranked_ids"], axis=1,
+             name=f"{p}/ranked_ids"),
         make("Reshape", [f"{p}/ranked_ids", f"{p}/flat"], [f"{p}/ranked"], name=f"{p}/ranked"),
         make("Slice", [f"{p}/ranked", f"{p}/start", f"{p}/others"], [f"{p}/chosen"], name=f"{p}/chosen"),
         make("Concat", [f"{p}/specials", f"{p}/chosen"], [f"{p}/words"], axis=0, name=f"{p}/words"),
         make("Cast", [f"{p}/words"], [f"{p}/words32"], to=TensorProto.INT32, name=f"{p}/words32")]
-    after = [make("Gather", [f"{p}/words32", f"{p}/sequences"], ["sequences"], axis=0, name=f"{p}/sequences")]
+    after = [make("Gather", [f"{p}/words32", LISTED_SEQUENCES], [f"{p}/translation"], axis=0, name=f"{p}/translation")]
     # The decoder: the op's tokens are positions in the list.
     for node in dec.node:
         for i, name in enumerate(node.input):
@@ -857,15 +870,13 @@ def _write_search_model(path: Path, enc: onnx.GraphProto, dec: onnx.GraphProto, 
     else:
         one_dec, before, after, extra = greedy_one
         constants += extra
-        sequences = helper.make_tensor_value_info("sequences", TensorProto.INT32, ["batch", 1, "length"])
 
         def branch(name: str, body: list[onnx.NodeProto]) -> onnx.GraphProto:
             return helper.make_graph(body, name, [], [helper.make_tensor_value_info(
                 body[-1].output[0], TensorProto.INT32, ["batch", 1, "length"])])
 
         # The list's ids put PAD, BOS, EOS first (_shortlisted_search).
-        listed = search("search/one_row", "shortlist/sequences", one_dec, {"pad": 0, "bos": 1, "eos": 2})
-        after[-1].output[0] = "one_row/sequences"
+        listed = search("search/one_row", LISTED_SEQUENCES, one_dec, {"pad": 0, "bos": 1, "eos": 2})
         constants += [numpy_helper.from_array(np.array([1], np.int64), "one_row/one"),
                       numpy_helper.from_array(np.array([True]), SHORTLISTED_INPUT)]  # an input's default
         nodes += [make("Shape", ["input_ids"], ["one_row/shape"], end=1, name="one_row/shape"),
@@ -873,7 +884,7 @@ def _write_search_model(path: Path, enc: onnx.GraphProto, dec: onnx.GraphProto, 
                   make("Mul", ["one_row/shape", "one_row/beams"], ["one_row/rows"], name="one_row/rows"),
                   make("Equal", ["one_row/rows", "one_row/one"], ["one_row/is_one"], name="one_row/is_one"),
                   make("And", ["one_row/is_one", SHORTLISTED_INPUT], ["one_row/listed"], name="one_row/listed"),
-                  make("If", ["one_row/listed"], [sequences.name], name="one_row",
+                  make("If", ["one_row/listed"], ["sequences"], name="one_row",
                        then_branch=branch("one_row", [*before, listed, *after]),
                        else_branch=branch("rows", [search("search", "rows/sequences", dec, ids)]))]
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", "src_len"]),

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from model.files import PackageError, UnsafeFile, open_regular, verify_package, walk
 from model.onnx_generate import (DECODER_GREEDY, DECODER_MANY_ROWS, GENERATE, GENERATE_MANY_ROWS, SHORTLIST_GRAPH,
-                                 write_generate_graph, write_many_rows_decoder)
+                                 SHORTLISTED_INPUT, graph_nodes, write_generate_graph, write_many_rows_decoder)
 from model.shortlist import SHORTLIST_FILE
 
 from .errors import IntegrityError, UserInputError
@@ -112,15 +112,6 @@ def _write_card_and_manifest(dest: Path, about: dict, figures: dict, generation:
     return meta
 
 
-def _nodes(graph):
-    """A graph's nodes and those of its subgraphs (If branches, the BeamSearch op's graphs)."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.HasField("g") else list(attr.graphs)):
-                yield from _nodes(sub)
-
-
 def graph_io(path: Path) -> dict:
     """Names, element types and (symbolic) shapes of a graph's inputs and outputs: for the card."""
     import onnx
@@ -138,7 +129,7 @@ def graph_io(path: Path) -> dict:
 
     return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output),
             "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-            "contrib_ops": sorted({n.op_type for n in _nodes(model.graph) if n.domain == "com.microsoft"}),
+            "contrib_ops": sorted({n.op_type for n in graph_nodes(model.graph) if n.domain == "com.microsoft"}),
             "reads_from": sorted({e.value for t in model.graph.initializer for e in t.external_data
                                   if e.key == "location"})}
 
@@ -191,7 +182,7 @@ onnxruntime call per batch. Inputs: `input_ids` int32 [batch, src_len] (as `src_
 `length_penalty` float [1]; output `sequences` int32 [batch, 1, length]: the start token
 (id {generation['bos_id']}), the translation, then EOS (id {generation['eos_id']}) and PAD.
 `Translator(folder, search="python")` drives the two step graphs from Python instead.
-{_ONE_SENTENCE_LIST if any(i["name"] == "shortlisted" for i in io["generate"]["inputs"]) else ""}\
+{_ONE_SENTENCE_LIST if any(i["name"] == SHORTLISTED_INPUT for i in io["generate"]["inputs"]) else ""}\
 {_MANY_ROWS if "generate_batch" in io else ""}{_DECODER_MANY_ROWS if "decoder_batch" in io else ""}\
 {_DECODER_GREEDY if "decoder_greedy" in io else ""}{_SHORTLIST if "shortlist" in io else ""}"""
 
