@@ -372,7 +372,8 @@ _PER_WORD_SLOTS = {"DynamicQuantizeMatMul": {1: "shortlist_weight", 2: "shortlis
                    "MatMul": {1: "shortlist_weight"}}
 
 
-def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = False) -> onnx.ModelProto:
+def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = False,
+                   vocabulary: np.ndarray | None = None) -> onnx.ModelProto:
     """decoder.onnx for a search loop over many rows: the int8 matrices as in generate_batch.onnx,
     and instead of log_probs [rows, vocab] its `top_k` (an input, int64 [1]) best entries per row,
     best first: top_log_probs float [rows, top_k], top_ids int64 [rows, top_k]. The loop's own
@@ -381,18 +382,20 @@ def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = Fals
     false, top_log_probs holds the raw logits of the whole vocabulary and top_ids no column:
     greedy search without scores needs no softmax over the vocabulary (CTranslate2 skips it
     likewise), and onnxruntime runs every node of a graph whatever outputs are asked for, so the
-    choice is an If. Weights are read from decoder.onnx's bytes, as the generate graphs do."""
+    choice is an If. Weights are read from decoder.onnx's bytes, as the generate graphs do.
+    `vocabulary` (sorted ids; see output_vocabulary): the normalized steps (beam search) project
+    onto those words only, int8 projections only; the ids out are word ids all the same."""
     model = _many_rows_copy(decoder, blob, shortlist)
     g = model.graph
     _group_cross_attention(g)
-    _short_names(g)
     [log_probs] = [o for o in g.output if o.name == "log_probs"]
     [softmax] = [n for n in g.node if "log_probs" in n.output]
     value_type = log_probs.type.tensor_type.elem_type
     g.input.append(helper.make_tensor_value_info(TOP_K_INPUT, TensorProto.INT64, [1]))
     if softmax.op_type == "LogSoftmax":
         g.node.remove(softmax)
-        g.node.append(_normalize_or_not(softmax, value_type, _shape(log_probs)[-1]))
+        restricted = _restricted_projection(g, softmax.input[0], vocabulary) if vocabulary is not None else None
+        g.node.append(_normalize_or_not(softmax, value_type, _shape(log_probs)[-1], restricted))
         g.input.append(helper.make_tensor_value_info(NORMALIZE_INPUT, TensorProto.BOOL, [1]))
     else:  # a graph whose log-probabilities are not one LogSoftmax's: always normalized
         g.node.append(helper.make_node("TopK", ["log_probs", TOP_K_INPUT], list(TOP_K_OUTPUTS), axis=-1,
@@ -401,6 +404,7 @@ def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = Fals
     g.output.remove(log_probs)
     g.output.insert(index, helper.make_tensor_value_info(TOP_K_OUTPUTS[1], TensorProto.INT64, ["batch", None]))
     g.output.insert(index, helper.make_tensor_value_info(TOP_K_OUTPUTS[0], value_type, ["batch", None]))
+    _short_names(g)
     del g.value_info[:]
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
@@ -474,8 +478,13 @@ def _vocabulary_projection(g: onnx.GraphProto) -> onnx.NodeProto | None:
     node = producer.get(softmax.input[0])
     if node is None or node.op_type not in _PER_WORD_SLOTS:
         return None
-    initializers = {t.name for t in g.initializer}
+    return node if _constants(g, [node.input[j] for j in _per_word_slots(node)]) else None
 
+
+def _constants(g: onnx.GraphProto, names: list[str]) -> bool:
+    """Whether every one of `names` is computed from g's initializers alone."""
+    producer = {o: n for n in g.node for o in n.output}
+    initializers = {t.name for t in g.initializer}
     known: dict[str, bool] = {}
 
     def constant(name: str) -> bool:
@@ -486,9 +495,7 @@ def _vocabulary_projection(g: onnx.GraphProto) -> onnx.NodeProto | None:
             known[name] = source is not None and source.op_type != "If" and all(constant(i) for i in source.input)
         return known[name]
 
-    if not all(constant(node.input[j]) for j in _per_word_slots(node)):
-        return None
-    return node
+    return all(constant(name) for name in names)
 
 
 def _per_word_inputs(g: onnx.GraphProto, node: onnx.NodeProto) -> list[onnx.ValueInfoProto]:
@@ -627,10 +634,13 @@ def _chunked_top_k(values: str, vocab, p: str) -> list[onnx.NodeProto]:
         make("GatherElements", [f"{p}/columns", f"{p}/picked"], [f"{p}/ids"], axis=1)]
 
 
-def _normalize_or_not(softmax: onnx.NodeProto, value_type: int, vocab=None) -> onnx.NodeProto:
+def _normalize_or_not(softmax: onnx.NodeProto, value_type: int, vocab=None, restricted=None) -> onnx.NodeProto:
     """If(normalize): the top k of the decoder's LogSoftmax; else the logits themselves, [rows,
     vocab], and no ids ([rows, 0]): the caller takes the best. onnxruntime's TopK(1) over a row of
-    8000 took ten times NumPy's argmax ([32, 8000]: 443 vs 41 us, one thread)."""
+    8000 took ten times NumPy's argmax ([32, 8000]: 443 vs 41 us, one thread). `restricted`
+    (from _restricted_projection): the LogSoftmax and top k run over the output vocabulary's
+    projection instead, and the logits' producer moves into the else branch (a node outside the
+    If runs whichever branch is taken)."""
     def graph(name: str, nodes: list[onnx.NodeProto]) -> onnx.GraphProto:
         return helper.make_graph(nodes, name, [], [
             helper.make_tensor_value_info(f"{name}/values", value_type, ["batch", None]),
@@ -638,8 +648,18 @@ def _normalize_or_not(softmax: onnx.NodeProto, value_type: int, vocab=None) -> o
 
     softmax = copy.deepcopy(softmax)
     softmax.output[0] = "log_probabilities/all"
-    top_k = _chunked_top_k(softmax.output[0], vocab, "log_probabilities")
     logits = softmax.input[0]
+    normalized, unnormalized = [softmax], []
+    if restricted is None:
+        normalized += _chunked_top_k(softmax.output[0], vocab, "log_probabilities")
+    else:
+        producer, projection, words = restricted
+        softmax.input[0] = projection[-1].output[0]
+        top_k = _chunked_top_k(softmax.output[0], len(words), "log_probabilities")
+        top_k[-1].output[0] = "log_probabilities/places"  # in the vocabulary, mapped to word ids
+        normalized = [*projection, softmax, *top_k, helper.make_node(
+            "Gather", [VOCABULARY_WORDS, "log_probabilities/places"], ["log_probabilities/ids"], axis=0)]
+        unnormalized = [producer]
     no_ids = [helper.make_node("Shape", [logits], ["logits/shape"], end=1),
               helper.make_node("Constant", [], ["logits/zero"], value=helper.make_tensor("zero", TensorProto.INT64, [1], [0])),
               helper.make_node("Concat", ["logits/shape", "logits/zero"], ["logits/ids_shape"], axis=0),
@@ -647,8 +667,77 @@ def _normalize_or_not(softmax: onnx.NodeProto, value_type: int, vocab=None) -> o
                                value=helper.make_tensor("id", TensorProto.INT64, [1], [0])),
               helper.make_node("Identity", [logits], ["logits/values"])]
     return helper.make_node("If", [NORMALIZE_INPUT], list(TOP_K_OUTPUTS),
-                            then_branch=graph("log_probabilities", [softmax, *top_k]),
-                            else_branch=graph("logits", no_ids))
+                            then_branch=graph("log_probabilities", normalized),
+                            else_branch=graph("logits", [*unnormalized, *no_ids]))
+
+
+VOCABULARY_WORDS = "vocabulary/words"  # the output vocabulary's word ids, by place
+
+
+def output_vocabulary(shortlist: Shortlist, specials) -> np.ndarray | None:
+    """The words a package with `shortlist` searches over where it searches the whole vocabulary
+    with an int8 projection (beam search): every word any of its lists can hold (the frequent
+    words, the special ids, each source word's candidates), sorted, filled with the lowest other
+    ids to a multiple of 64 (the chunked top k's width). None where that is every word, or the
+    shortlist lacks one of `specials`.
+
+    Why: the default recipe's vocabulary is shared by English and French, and a third of it never
+    occurs as a French training target (5521 of 8000 listable, covering all but 29 of the 455,894
+    target tokens of train.fr): the projection, log-softmax and top k over those words are work
+    on words the model was only taught to avoid. Unlike a per-batch list's, the words left out hold
+    a small, even mass (label smoothing's floor: 2.4% of a step's probability on average, standard
+    deviation 1.7%, student int8 on test_2016), so beam search, which compares scores across rows,
+    keeps almost all its choices (docs/decisions.md)."""
+    listed = np.zeros(shortlist.vocab_size, bool)
+    listed[shortlist.always] = True
+    listed[shortlist.words] = True
+    if not listed[list(specials)].all():
+        return None
+    width = -(-int(listed.sum()) // 64) * 64
+    if width >= shortlist.vocab_size:
+        return None
+    listed[np.flatnonzero(~listed)[: width - int(listed.sum())]] = True
+    return np.flatnonzero(listed)
+
+
+def _restricted_projection(g: onnx.GraphProto, logits: str, words: np.ndarray):
+    """For _normalize_or_not: (the node making `logits`, nodes projecting onto `words` only, words)
+    where the vocabulary projection (_vocabulary_projection; under the shortlist's If, its else
+    branch) is int8 with constant weights, else None. Its per-word inputs are Gathers of
+    constants in the main graph, which onnxruntime folds into initializers when it loads, so the
+    file holds the word list only and the weight is prepacked like any other."""
+    producer = {o: n for n in g.node for o in n.output}
+    node = producer.get(logits)
+    if node is None:
+        return None
+    projection = node
+    if node.op_type == "If":  # _shortlist_projection's: the whole vocabulary is its else branch
+        [projection] = [b.g.node[0] for b in node.attribute if b.name == "else_branch"] or [None]
+    if projection is None or not _int8_of_constants(g, projection):
+        return None
+    g.initializer.append(numpy_helper.from_array(words.astype(np.int64), VOCABULARY_WORDS))  # as the ids out
+    restricted = copy.deepcopy(projection)
+    restricted.output[0] = "vocabulary/logits"
+    _onto_vocabulary(g, restricted, before=node)
+    g.node.remove(node)
+    return node, [restricted], words
+
+
+def _int8_of_constants(g: onnx.GraphProto, projection: onnx.NodeProto) -> bool:
+    """Whether `projection` is a DynamicQuantizeMatMul whose per-word inputs are constants of g."""
+    return projection.op_type == "DynamicQuantizeMatMul" and _constants(
+        g, [projection.input[j] for j in _per_word_slots(projection)])
+
+
+def _onto_vocabulary(g: onnx.GraphProto, projection: onnx.NodeProto, before: onnx.NodeProto) -> None:
+    """Point `projection`'s per-word inputs at Gathers of them by VOCABULARY_WORDS, inserted into g
+    before `before` (constants: folded at load)."""
+    at = list(g.node).index(before)
+    for j in _per_word_slots(projection):
+        name = f"vocabulary/input{j}"
+        g.node.insert(at, helper.make_node("Gather", [projection.input[j], VOCABULARY_WORDS], [name],
+                                           axis=1 if j == 1 else 0))  # the weight is [d, words]
+        projection.input[j] = name
 
 
 # Room in the generate graphs' per-call word list for this many source words' candidates beyond
@@ -799,33 +888,67 @@ def write_generate_graph(folder: Path, generation: dict) -> list[Path]:
         unfuse_skip_layer_norm(many_rows, residual_op="Sum", fold_bias=True)  # beams are rows too
     else:
         many_rows = None
-    one_row = listed = None
+    one_row = listed = words = None
     vocab = _shape(dec.output[0])[-1]
     if many_rows is not None and isinstance(vocab, int) and (folder / SHORTLIST_FILE).is_file():
+        shortlist = Shortlist.load(folder / SHORTLIST_FILE, vocab)
         one_row = copy.deepcopy(dec)
-        listed = _shortlisted_search(one_row, Shortlist.load(folder / SHORTLIST_FILE, vocab), generation)
+        listed = _shortlisted_search(one_row, shortlist, generation)
+        words = _search_vocabulary(many_rows, output_vocabulary(shortlist, _specials(generation)))
     for graph in (enc, dec, many_rows, one_row):
         if graph is not None:
             _short_names(graph)
     greedy_one = (one_row, *listed) if listed else None
     paths = [_write_search_model(folder / GENERATE, enc, dec, encoder, decoder, generation, greedy_one)]
     if many_rows is not None:
-        paths.append(_write_search_model(folder / GENERATE_MANY_ROWS, enc, many_rows, encoder, decoder, generation))
+        paths.append(_write_search_model(folder / GENERATE_MANY_ROWS, enc, many_rows, encoder, decoder, generation,
+                                         vocabulary=words))
     return paths
 
 
-def write_many_rows_decoder(folder: Path, shortlist: bool = False) -> Path | None:
+def _specials(generation: dict) -> list[int]:
+    return [generation["pad_id"], generation["bos_id"], generation["eos_id"]]
+
+
+def _search_vocabulary(dec: onnx.GraphProto, words: np.ndarray | None) -> np.ndarray | None:
+    """The op's decoder `dec` over the output vocabulary `words` (output_vocabulary): its tokens
+    are places in it (mapped to word ids before the embedding) and its logits are the words'
+    only, through Gathers of the projection's constant inputs that onnxruntime folds at load.
+    Returns `words`, or None (nothing changed) where the projection is not an int8
+    DynamicQuantizeMatMul of constants."""
+    producer = {o: n for n in dec.node for o in n.output}
+    proj = producer.get("logits")
+    if words is None or proj is None or not _int8_of_constants(dec, proj):
+        return None
+    make = helper.make_node
+    dec.initializer.append(numpy_helper.from_array(words.astype(np.int32), VOCABULARY_WORDS))
+    _onto_vocabulary(dec, proj, before=proj)
+    for node in dec.node:
+        for i, name in enumerate(node.input):
+            if name == "input_ids":
+                node.input[i] = "vocabulary/token_words"
+    dec.node.insert(0, make("Gather", [VOCABULARY_WORDS, "input_ids"], ["vocabulary/token_words"], axis=0))
+    dec.output[0].type.tensor_type.shape.dim[-1].dim_value = len(words)
+    return words
+
+
+def write_many_rows_decoder(folder: Path, shortlist: bool = False, generation: dict | None = None) -> Path | None:
     """Write folder/decoder_batch.onnx (see _top_k_decoder) and folder/decoder_greedy.onnx (see
     _greedy_decoder) beside folder/decoder.onnx; returns the first. With `shortlist`, both take a
     batch's shortlisted output projection where theirs allows, and folder/shortlist.onnx makes it
-    (see _shortlist_projection). None, and nothing written, for float16 graphs (GPUs, where the
-    runtime drives decoder.onnx itself)."""
+    (see _shortlist_projection); given `generation` too (its special ids), decoder_batch.onnx's
+    normalized steps run over the shortlist's output vocabulary (output_vocabulary). None, and
+    nothing written, for float16 graphs (GPUs, where the runtime drives decoder.onnx itself)."""
     blob = (folder / "decoder.onnx").read_bytes()
     decoder = onnx.load_from_string(blob)
     cache_type = next(i for i in decoder.graph.input if i.name == "past_k_0").type.tensor_type.elem_type
     if cache_type != TensorProto.FLOAT:
         return None
-    onnx.save(_top_k_decoder(decoder, blob, shortlist), str(folder / DECODER_MANY_ROWS))
+    vocabulary = None
+    vocab = _shape(next(o for o in decoder.graph.output if o.name == "log_probs"))[-1]
+    if shortlist and generation is not None and isinstance(vocab, int) and (folder / SHORTLIST_FILE).is_file():
+        vocabulary = output_vocabulary(Shortlist.load(folder / SHORTLIST_FILE, vocab), _specials(generation))
+    onnx.save(_top_k_decoder(decoder, blob, shortlist, vocabulary), str(folder / DECODER_MANY_ROWS))
     greedy = _greedy_decoder(decoder, blob, shortlist)
     if greedy is not None:
         onnx.save(greedy, str(folder / DECODER_GREEDY))
@@ -839,13 +962,15 @@ SHORTLISTED_INPUT = "shortlisted"  # generate.onnx with a word list: bool [1], d
 
 
 def _write_search_model(path: Path, enc: onnx.GraphProto, dec: onnx.GraphProto, encoder: onnx.ModelProto,
-                        decoder: onnx.ModelProto, generation: dict, greedy_one=None) -> Path:
+                        decoder: onnx.ModelProto, generation: dict, greedy_one=None,
+                        vocabulary: np.ndarray | None = None) -> Path:
     """The BeamSearch op over `enc` and `dec`. `greedy_one`: (a decoder restricted to a per-call
     word list, and _shortlisted_search's nodes before and after the op and its initializers):
     calls of one row (one sentence, num_beams 1) then go to an op over that decoder instead, by
     an If (the list's scores are normalized over the list only: fine for greedy search, not for
     beams, whose scores are compared across rows), unless the optional input `shortlisted` (bool
-    [1], default true) is false."""
+    [1], default true) is false. `vocabulary`: the word ids of `dec`'s tokens, by place
+    (_search_vocabulary): the op's sequences are mapped back to word ids."""
     make = helper.make_node
     constants = [numpy_helper.from_array(np.array([1], np.int32), "min_length"),
                  numpy_helper.from_array(np.array([1], np.int32), "num_return_sequences"),
@@ -865,7 +990,16 @@ def _write_search_model(path: Path, enc: onnx.GraphProto, dec: onnx.GraphProto, 
                     encoder=copy.deepcopy(enc), decoder=decoder_graph)
 
     ids = {key: generation[f"{key}_id"] for key in ("pad", "bos", "eos")}
-    if greedy_one is None:
+    if vocabulary is not None:
+        ids = {key: int(np.searchsorted(vocabulary, i)) for key, i in ids.items()}
+        constants.append(numpy_helper.from_array(vocabulary.astype(np.int32), VOCABULARY_WORDS))
+    if greedy_one is not None and vocabulary is not None:
+        raise ValueError("an output vocabulary serves the graph without a one-row word list only")
+    if greedy_one is None and vocabulary is not None:
+        nodes += [search("search", "vocabulary/sequences", dec, ids),
+                  make("Gather", [VOCABULARY_WORDS, "vocabulary/sequences"], ["sequences"], axis=0,
+                       name="vocabulary/sequences")]
+    elif greedy_one is None:
         nodes.append(search("search", "sequences", dec, ids))
     else:
         one_dec, before, after, extra = greedy_one

@@ -63,7 +63,7 @@ def write_package(dest: Path, encoder: Path, decoder: Path, tokenizer: Path, gen
     for name in (GENERATE, GENERATE_MANY_ROWS, DECODER_MANY_ROWS, DECODER_GREEDY, SHORTLIST_GRAPH):
         (dest / name).unlink(missing_ok=True)
     write_generate_graph(dest, generation)
-    write_many_rows_decoder(dest, shortlist=shortlist is not None)
+    write_many_rows_decoder(dest, shortlist=shortlist is not None, generation=generation)
     runtime = dest / "mt_runtime"
     runtime.mkdir(exist_ok=True)
     for name in RUNTIME_FILES:
@@ -219,8 +219,11 @@ _SHORTLIST = """`shortlist.npz` lists the words each source word may become (and
 always allowed); `shortlist.onnx` takes a batch's words (`words` int64 [n]) and gives the output
 projection over them (`shortlist_weight` [d, n] and its per-word scales), which
 `decoder_batch.onnx` and `decoder_greedy.onnx` take with `shortlisted` true: their logits are
-then [batch, n], indices into `words`. `Translator` uses it for greedy search only (beam search
-compares scores across beams, and those want the whole vocabulary); `shortlist=False` turns it off.
+then [batch, n], indices into `words`. `Translator` uses a batch's words for greedy search only
+(beam search compares scores across beams, which a batch's list would shift); `shortlist=False`
+turns that off. In int8 packages beam search (`generate_batch.onnx`, and `decoder_batch.onnx` with
+`normalize` true) runs over every word the shortlist can list (the words the training targets
+use), normalized over those; ids in and out are word ids all the same.
 """
 
 
