@@ -223,7 +223,8 @@ then [batch, n], indices into `words`. `Translator` uses a batch's words for gre
 (beam search compares scores across beams, which a batch's list would shift); `shortlist=False`
 turns that off. In int8 packages beam search (`generate_batch.onnx`, and `decoder_batch.onnx` with
 `normalize` true) runs over every word the shortlist can list (the words the training targets
-use), normalized over those; ids in and out are word ids all the same.
+use): `generate_batch.onnx` normalizes over those, `decoder_batch.onnx` over the whole vocabulary
+(the words left out estimated from a sample of them); ids in and out are word ids all the same.
 """
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from model.files import sha256_file
-from model.onnx_generate import shortlist_width
+from model.onnx_generate import LEFT_OUT_SAMPLE, output_vocabulary, shortlist_width
 from model.runtime import GraphSearch, PackageError, Translator
-from model.search import prepare_sources
+from model.search import beam_search, prepare_sources
 from model.shortlist import Shortlist, ShortlistError, build_shortlist
 from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
@@ -124,8 +124,8 @@ def test_greedy_batches_translate_into_the_shortlist_and_beams_over_every_word(p
             assert set(out) <= allowed
             outside += not set(free) <= allowed
     assert outside  # the untrained model's free choices leave the list: the shortlist did restrict them
-    # Beam search compares scores across beams: it keeps the whole vocabulary (scores normalised
-    # over a shortlist would shift them), so its outputs are the same with the shortlist or without.
+    # Beam search compares scores across beams: a batch's list would shift them, so beams never use
+    # it (int8 beams search the package's output vocabulary whatever the runtime is told).
     assert narrow.translate(sentences, beam=3, max_batch=8) == whole.translate(sentences, beam=3, max_batch=8)
     # A shortlist of every word: the same greedy translations as the whole vocabulary, so the ids
     # that come back through the shortlist are the right ones. int8 only: its products are exact
@@ -134,6 +134,69 @@ def test_greedy_batches_translate_into_the_shortlist_and_beams_over_every_word(p
         everything = Translator(built[precision, "everything"], threads=1)
         assert everything.translate(sentences, beam=1, max_batch=8) == \
             whole.translate(sentences, beam=1, max_batch=8)
+
+
+def test_int8_beam_search_keeps_to_the_words_the_shortlist_can_list(packages):
+    """int8 with a shortlist: beam steps project onto output_vocabulary (every word the shortlist
+    can list, filled to a multiple of 64). decoder_batch.onnx's top k are those words' log-
+    probabilities over the whole vocabulary (the words left out estimated from a sample of them,
+    here all of them: exact), with word ids; beam outputs, of the op at one sentence and of the
+    loop over batches, stay inside them."""
+    built, tables, tokenizer, sentences = packages
+    vocab = tokenizer.vocab_size
+    words = output_vocabulary(tables["narrow"], [0, 1, 2])
+    assert words is not None and len(words) % 64 == 0 and len(words) < vocab
+    assert set(tables["narrow"].always.tolist()) | set(tables["narrow"].words.tolist()) <= set(words.tolist())
+    assert output_vocabulary(tables["everything"], [0, 1, 2]) is None  # nothing to leave out
+    narrow, plain = (Translator(built["int8_dynamic", name], threads=1) for name in ("narrow", None))
+    sources = prepare_sources(tokenizer, sentences, 64)
+    tokens = np.array([5, 9, 1, 17, 2, 40], np.int64)
+    for t in (narrow, plain):
+        t.decoder.encode(sources[:6], 1)
+    values, ids = narrow.decoder.step_top_k(tokens, None, 6, scores=True)
+    logits, columns = plain.decoder.step_top_k(tokens, None, vocab, scores=False)  # every word, best first
+    whole = np.empty((6, vocab), np.float32)
+    whole[np.arange(6)[:, None], columns] = logits
+    log_probs = whole - np.log(np.exp(whole).sum(axis=1, keepdims=True))  # over every word
+    assert vocab - len(words) <= LEFT_OUT_SAMPLE  # every left-out word in the sample
+    np.testing.assert_allclose(values, np.sort(log_probs[:, words], axis=1)[:, ::-1][:, :6], rtol=0, atol=1e-4)
+    np.testing.assert_allclose(np.take_along_axis(log_probs, ids, 1), values, rtol=0, atol=1e-4)  # word ids
+    assert set(ids.ravel().tolist()) <= set(words.tolist())
+    beams = dataclasses.replace(narrow.generation, beam=3)
+    assert narrow.searcher.which(sources[:1]) == "graph" and narrow.searcher.which(sources[:4]) == "python"
+    outputs = [narrow.searcher([src], beams)[0] for src in sources] + narrow.searcher(sources, beams)
+    assert all(set(out) <= set(words.tolist()) for out in outputs)
+    # The op normalises over those words alone: it finds what our beam search finds over the same
+    # int8 logits log-softmaxed over them (near ties aside), so its tokens, places in the
+    # vocabulary, are mapped to the right words on the way in and out.
+    logits = Translator(built["int8_dynamic", "narrow"], threads=1, search="python", shortlist=False).decoder
+    over_words = _OverWords(logits, words, vocab)
+    # (A wrong mapping costs nats; the op adds its scores in float32 over this untrained model's
+    # 60-token outputs, where near ties abound: 0.17 of -116 apart at worst here.)
+    assert_same_but_near_ties(over_words, sources, outputs[: len(sources)],
+                              [beam_search(over_words, [src], beams)[0] for src in sources], beam=True, tie=0.3)
+
+
+class _OverWords:
+    """An IncrementalDecoder: a package's int8 logits (decoder_batch.onnx's and decoder_greedy.onnx's
+    whole vocabulary) log-softmaxed over `words`, -inf elsewhere."""
+
+    def __init__(self, decoder, words, vocab):
+        self.decoder, self.words, self.vocab = decoder, words, vocab
+
+    def encode(self, src, beam):
+        self.decoder.encode(src, beam)
+
+    def step(self, tokens, parents):
+        rows = np.arange(len(tokens))
+        # Parents always: decoder_batch.onnx (decoder_greedy.onnx takes no beams grouped by sentence).
+        values, ids = self.decoder.step_top_k(tokens, rows if parents is None else parents, self.vocab, scores=False)
+        logits = np.empty((len(tokens), self.vocab), np.float32)
+        logits[rows[:, None], ids] = values
+        listed = logits[:, self.words]
+        out = np.full_like(logits, -np.inf)
+        out[:, self.words] = listed - np.log(np.exp(listed).sum(axis=1, keepdims=True))
+        return out
 
 
 def test_one_sentence_greedy_in_generate_onnx_keeps_to_the_sentences_list(packages):
