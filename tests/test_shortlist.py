@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from model.files import sha256_file
+from model import onnx_generate
 from model.onnx_generate import LEFT_OUT_SAMPLE, output_vocabulary, shortlist_width
 from model.runtime import GraphSearch, PackageError, Translator
 from model.search import beam_search, prepare_sources
@@ -150,14 +151,8 @@ def test_int8_beam_search_keeps_to_the_words_the_shortlist_can_list(packages):
     assert output_vocabulary(tables["everything"], [0, 1, 2]) is None  # nothing to leave out
     narrow, plain = (Translator(built["int8_dynamic", name], threads=1) for name in ("narrow", None))
     sources = prepare_sources(tokenizer, sentences, 64)
-    tokens = np.array([5, 9, 1, 17, 2, 40], np.int64)
-    for t in (narrow, plain):
-        t.decoder.encode(sources[:6], 1)
-    values, ids = narrow.decoder.step_top_k(tokens, None, 6, scores=True)
-    logits, columns = plain.decoder.step_top_k(tokens, None, vocab, scores=False)  # every word, best first
-    whole = np.empty((6, vocab), np.float32)
-    whole[np.arange(6)[:, None], columns] = logits
-    log_probs = whole - np.log(np.exp(whole).sum(axis=1, keepdims=True))  # over every word
+    values, ids, whole = _first_step(narrow, plain, sources[:6], vocab)
+    log_probs = whole - _log_sum_exp(whole)  # over every word
     assert vocab - len(words) <= LEFT_OUT_SAMPLE  # every left-out word in the sample
     np.testing.assert_allclose(values, np.sort(log_probs[:, words], axis=1)[:, ::-1][:, :6], rtol=0, atol=1e-4)
     np.testing.assert_allclose(np.take_along_axis(log_probs, ids, 1), values, rtol=0, atol=1e-4)  # word ids
@@ -175,6 +170,55 @@ def test_int8_beam_search_keeps_to_the_words_the_shortlist_can_list(packages):
     # 60-token outputs, where near ties abound: 0.17 of -116 apart at worst here.)
     assert_same_but_near_ties(over_words, sources, outputs[: len(sources)],
                               [beam_search(over_words, [src], beams)[0] for src in sources], beam=True, tie=0.3)
+
+
+def test_beam_batches_estimate_the_left_out_words_from_a_sample(packages, tmp_path, monkeypatch):
+    """Where fewer left-out words are sampled than left out, decoder_batch.onnx's values are the
+    listed words' log-softmax less log(1 + left-out mass / listed mass), the left-out mass being
+    the sample's scaled to every left-out word."""
+    built, tables, tokenizer, sentences = packages
+    package = tmp_path / "package"
+    shutil.copytree(built["int8_dynamic", "narrow"], package)
+    monkeypatch.setattr(onnx_generate, "LEFT_OUT_SAMPLE", 3)
+    generation = json.loads((package / "generation.json").read_text())
+    onnx_generate.write_many_rows_decoder(package, shortlist=True, generation=generation)
+    meta = json.loads((package / "package.json").read_text())
+    for name in ("decoder_batch.onnx", "decoder_greedy.onnx", "shortlist.onnx"):
+        meta["files"][name] = {"sha256": sha256_file(package / name), "bytes": (package / name).stat().st_size}
+    (package / "package.json").write_text(json.dumps(meta))
+    vocab = tokenizer.vocab_size
+    words = output_vocabulary(tables["narrow"], [0, 1, 2])
+    left_out = np.setdiff1d(np.arange(vocab), words)
+    assert len(left_out) > 3
+    # The graph's sample (model/onnx_generate.py, _restricted_projection): seed 0, sorted.
+    sample = np.sort(np.random.default_rng(0).choice(left_out, 3, replace=False))
+    sampled, plain = Translator(package, threads=1), Translator(built["int8_dynamic", None], threads=1)
+    values, ids, whole = _first_step(sampled, plain, prepare_sources(tokenizer, sentences[:6], 64), vocab)
+    listed_mass = _log_sum_exp(whole[:, words])
+    left_out_mass = _log_sum_exp(whole[:, sample]) + np.log(len(left_out) / len(sample))
+    estimated = whole - listed_mass - np.log1p(np.exp(left_out_mass - listed_mass))
+    np.testing.assert_allclose(values, np.take_along_axis(estimated, ids, 1), rtol=0, atol=1e-4)
+    np.testing.assert_allclose(values, np.sort(estimated[:, words], axis=1)[:, ::-1][:, :6], rtol=0, atol=1e-4)
+    exact = whole - _log_sum_exp(whole)
+    assert np.abs(np.take_along_axis(exact, ids, 1) - values).max() > 1e-3  # an estimate, not everything
+
+
+def _log_sum_exp(x: np.ndarray) -> np.ndarray:
+    top = x.max(axis=1, keepdims=True)
+    return top + np.log(np.exp(x - top).sum(axis=1, keepdims=True))
+
+
+def _first_step(restricted: Translator, plain: Translator, sources, vocab: int):
+    """A step of six rows: the top 6 of `restricted`'s decoder_batch.onnx (values, ids) and the
+    whole vocabulary's logits of `plain`, a package of the same weights without a shortlist."""
+    tokens = np.array([5, 9, 1, 17, 2, 40], np.int64)
+    for t in (restricted, plain):
+        t.decoder.encode(sources, 1)
+    values, ids = restricted.decoder.step_top_k(tokens, None, 6, scores=True)
+    logits, columns = plain.decoder.step_top_k(tokens, None, vocab, scores=False)  # every word, best first
+    whole = np.empty((len(tokens), vocab), np.float32)
+    whole[np.arange(len(tokens))[:, None], columns] = logits
+    return values, ids, whole
 
 
 class _OverWords:
