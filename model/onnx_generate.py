@@ -395,8 +395,9 @@ def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = Fals
     g.input.append(helper.make_tensor_value_info(TOP_K_INPUT, TensorProto.INT64, [1]))
     if softmax.op_type == "LogSoftmax":
         g.node.remove(softmax)
-        restricted = _restricted_projection(g, softmax.input[0], vocabulary) if vocabulary is not None else None
-        g.node.append(_normalize_or_not(softmax, value_type, _shape(log_probs)[-1], restricted))
+        vocab = _shape(log_probs)[-1]
+        restricted = _restricted_projection(g, softmax.input[0], vocabulary, vocab) if vocabulary is not None else None
+        g.node.append(_normalize_or_not(softmax, value_type, vocab, restricted))
         g.input.append(helper.make_tensor_value_info(NORMALIZE_INPUT, TensorProto.BOOL, [1]))
     else:  # a graph whose log-probabilities are not one LogSoftmax's: always normalized
         g.node.append(helper.make_node("TopK", ["log_probs", TOP_K_INPUT], list(TOP_K_OUTPUTS), axis=-1,
@@ -656,13 +657,11 @@ def _normalize_or_not(softmax: onnx.NodeProto, value_type: int, vocab=None, rest
     else:
         producer, projection, words = restricted
         softmax.input[0] = projection[0].output[0]
-        top_k = _chunked_top_k(softmax.output[0], len(words), "log_probabilities")
-        top_k[-1].output[0] = "log_probabilities/places"  # in the vocabulary, mapped to word ids
-        [values_node] = [n for n in top_k if "log_probabilities/values" in n.output]
-        values_node.output[list(values_node.output).index("log_probabilities/values")] = "log_probabilities/listed"
-        normalized = [*projection, softmax, *top_k, helper.make_node(
-            "Gather", [VOCABULARY_WORDS, "log_probabilities/places"], ["log_probabilities/ids"], axis=0),
-            *_left_out_correction(softmax.output[0], "log_probabilities/listed", "log_probabilities/values")]
+        listed = "log_probabilities/listed"  # top k over the vocabulary: places in it, mapped to word ids
+        normalized = [*projection, softmax, *_chunked_top_k(softmax.output[0], len(words), listed), helper.make_node(
+            "Gather", [VOCABULARY_WORDS, f"{listed}/ids"], ["log_probabilities/ids"], axis=0),
+            *_left_out_correction(projection[0].output[0], softmax.output[0], f"{listed}/values",
+                                  "log_probabilities/values")]
         unnormalized = [producer]
     no_ids = [helper.make_node("Shape", [logits], ["logits/shape"], end=1),
               helper.make_node("Constant", [], ["logits/zero"], value=helper.make_tensor("zero", TensorProto.INT64, [1], [0])),
@@ -704,7 +703,7 @@ def output_vocabulary(shortlist: Shortlist, specials) -> np.ndarray | None:
     return np.flatnonzero(listed)
 
 
-def _restricted_projection(g: onnx.GraphProto, logits: str, words: np.ndarray):
+def _restricted_projection(g: onnx.GraphProto, logits: str, words: np.ndarray, vocab: int):
     """For _normalize_or_not: (the node making `logits`, nodes projecting onto `words` only, words)
     where the vocabulary projection (_vocabulary_projection; under the shortlist's If, its else
     branch) is int8 with constant weights, else None. Its per-word inputs are Gathers of
@@ -719,7 +718,6 @@ def _restricted_projection(g: onnx.GraphProto, logits: str, words: np.ndarray):
         [projection] = [b.g.node[0] for b in node.attribute if b.name == "else_branch"] or [None]
     if projection is None or not _int8_of_constants(g, projection):
         return None
-    vocab = _shape(next(o for o in g.output if o.name == "log_probs"))[-1]
     left_out = np.setdiff1d(np.arange(vocab), words)
     sample = np.sort(np.random.default_rng(0).choice(left_out, min(LEFT_OUT_SAMPLE, len(left_out)), replace=False))
     g.initializer.extend([numpy_helper.from_array(words.astype(np.int64), VOCABULARY_WORDS),  # as the ids out
@@ -738,9 +736,9 @@ LEFT_OUT_WORDS = "vocabulary/left_out"  # a sample of the words output_vocabular
 LEFT_OUT_SAMPLE = 128
 
 
-def _left_out_correction(log_probs: str, values: str, out: str) -> list[onnx.NodeProto]:
-    """Nodes from the vocabulary's log-probabilities [rows, words] (normalised over its words) and
-    its top k values to `out`: those values normalised over the whole vocabulary, the words left
+def _left_out_correction(logits: str, log_probs: str, values: str, out: str) -> list[onnx.NodeProto]:
+    """Nodes from the vocabulary's logits and log-probabilities [rows, words] (normalised over its
+    words) and its top k values to `out`: those values normalised over the whole vocabulary, the words left
     out estimated from LEFT_OUT_SAMPLE of them (their log-sum-exp, scaled to all of them). Over the
     vocabulary alone, a row gains the log of the mass it puts on the others, and beam search
     compares rows: student int8 BLEU moved by -0.12 to +0.01 without this; the estimate's error is
@@ -760,7 +758,7 @@ def _left_out_correction(log_probs: str, values: str, out: str) -> list[onnx.Nod
         make("Add", [f"{p}/log_sum", f"{p}/max"], [f"{p}/sample_lse"]),
         make("Add", [f"{p}/sample_lse", f"{p}/scale"], [f"{p}/lse"]),  # all the left-out words' log-sum-exp
         # the vocabulary's own log-sum-exp: any column's logit minus its log-probability
-        make("Slice", ["vocabulary/logits", f"{p}/first", f"{p}/second", f"{p}/axis"], [f"{p}/logit0"]),
+        make("Slice", [logits, f"{p}/first", f"{p}/second", f"{p}/axis"], [f"{p}/logit0"]),
         make("Slice", [log_probs, f"{p}/first", f"{p}/second", f"{p}/axis"], [f"{p}/log_prob0"]),
         make("Sub", [f"{p}/logit0", f"{p}/log_prob0"], [f"{p}/kept_lse"]),
         make("Sub", [f"{p}/lse", f"{p}/kept_lse"], [f"{p}/ratio"]),
@@ -816,7 +814,7 @@ def _shortlisted_search(dec: onnx.GraphProto, shortlist: Shortlist, generation: 
     producer = {o: n for n in dec.node for o in n.output}
     weights = {t.name: t for t in dec.initializer}
     proj = producer.get("logits")
-    specials = [generation["pad_id"], generation["bos_id"], generation["eos_id"]]
+    specials = _specials(generation)
     vocab = shortlist.vocab_size
     if proj is None or len(set(specials)) < 3 or _shape(dec.output[0])[-1] != vocab or proj.op_type != "MatMulNBits" \
             or any(proj.input[3:]) or proj.input[1] not in weights or proj.input[2] not in weights:
