@@ -185,92 +185,101 @@ def beam_search(decoder: IncrementalDecoder, src: list[list[int]], gen: Generati
 
 def beam_search_nbest(decoder: IncrementalDecoder, src: list[list[int]],
                       gen: GenerationConfig) -> list[list[tuple[float, list[int]]]]:
-    """Batched beam search returning each sentence's hypotheses as (score, tokens), best first:
-    its finished ones (at most `beam`), or its best live one if none finished. A sentence is
-    finished once it holds `beam` ended hypotheses (or reaches its length limit); the loop stops
-    as soon as every sentence is finished.
+    """Batched beam search returning each sentence's hypotheses as (score, tokens), best first.
 
-    Each step, per sentence: the best 2k (beam, token) candidates in score order; the first k
-    that do not end become the next beams; those that end (EOS, or the length limit) before the
-    k-th of them join the sentence's finished list while it holds fewer than k. The bookkeeping
-    is array arithmetic over all sentences at once (at batch 32 the per-sentence Python loop it
-    replaces took 64 of 545 ms; the whole-vocabulary partition, now top_k_indices, took 282)."""
+    The rules are those of onnxruntime's BeamSearch op (its BeamSearchScorer, Hugging Face's with
+    early stopping), which searches a package's single sentences, so that a sentence gets the
+    same translation alone and in any batch (docs/package-format.md): scores in float32, beams
+    other than the first starting at -1e9; each step, per sentence, the best 2k candidates
+    (score first, then beam, then word id); an EOS candidate ends a hypothesis only among the
+    first k of them and before the k-th growing one; the others grow the next beams; a sentence
+    is finished once it holds k ended hypotheses (a better one replacing the worst when full);
+    at its length limit (tokens including the start token) its live beams join its hypotheses.
+    A hypothesis' score is its summed log-probability (EOS included) over its length in tokens
+    (start token included, EOS not) ** length_penalty.
+
+    The bookkeeping is array arithmetic over all sentences at once (at batch 32 a per-sentence
+    Python loop took 64 of 545 ms); finished sentences' rows are dropped where the decoder can
+    `keep` rows."""
     k = gen.beam
     decoder.encode(src, k)
     n = len(src)
-    shrink = hasattr(decoder, "keep")  # finished sentences' rows are dropped, not computed on
+    shrink = hasattr(decoder, "keep")
     all_limits = np.array([gen.max_len(len(s)) for s in src])
+    penalty = np.float32(gen.length_penalty)
     alive = np.arange(n)  # the sentence of each group of k rows
-    scores = np.full((n, k), -np.inf, dtype=np.float64)
-    scores[:, 0] = 0.0  # all beams start identical: only the first may expand at step 0
+    scores = np.full((n, k), -1e9, dtype=np.float32)
+    scores[:, 0] = 0.0
     history = np.zeros((n * k, 0), dtype=np.int64)  # the tokens of hypothesis b * k + j so far
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(n)]
-    n_finished = np.zeros(n, dtype=np.int64)  # len(finished[b]), as an array
-    fallback: dict[int, tuple[float, list[int]]] = {}  # a sentence dropped with nothing finished
-    done = np.zeros(n, dtype=bool)
+    finished: list[list[tuple[float, int, list[int]]]] = [[] for _ in range(n)]  # (score, order, tokens)
     tokens = np.full(n * k, gen.bos_id, dtype=np.int64)
     parents = None
+    added = 0
 
-    def best_live(b: int) -> tuple[float, list[int]]:
-        best = int(np.argmax(scores[b]))
-        prefix = history[b * k + best].tolist()
-        return float(scores[b, best]) / max(1, len(prefix)) ** gen.length_penalty, prefix
+    def add(b: int, total: np.float32, length: int, prefix: list[int]) -> None:
+        # BeamHypotheses::Add: a full list takes a hypothesis only if strictly better than its worst
+        nonlocal added
+        score = float(np.float32(total) / np.float32(length) ** penalty)
+        hyps = finished[b]
+        if len(hyps) == k:
+            if score <= hyps[-1][0]:
+                return
+            hyps.pop()
+        hyps.append((score, added, prefix))
+        hyps.sort(key=lambda h: (-h[0], h[1]))
+        added += 1
 
-    for t in range(int(all_limits.max())):
+    for b in np.flatnonzero(all_limits <= 1).tolist():  # no room for a token: the start token alone
+        for j in range(k):
+            add(b, scores[b, j], 1, [])
+    done = all_limits <= 1
+    t = 0
+    while not done.all():
+        if shrink and done.any():
+            keep = np.flatnonzero(~done)
+            kept_rows = (keep[:, None] * k + np.arange(k)).reshape(-1)
+            decoder.keep(kept_rows)
+            scores, tokens, history, alive = scores[keep], tokens[kept_rows], history[kept_rows], alive[keep]
+            parents = None if parents is None else parents[kept_rows]
+            done = done[keep]
         rows = len(alive)
-        limits = all_limits[alive]
-        # A beam adds the same score to all its tokens, so a sentence's best 2k candidates are
-        # among each beam's best 2k tokens: select those before scoring in float64.
         values, best = step_top_k(decoder, tokens, parents, 2 * k)
         m = best.shape[1]
-        cand = (scores.reshape(rows * k, 1) + values.astype(np.float64)).reshape(rows, k * m)
-        # [rows, 2k], best first, as flat indices into cand (cheaper than take_along_axis here)
-        order = np.argsort(-cand, axis=1, kind="stable")[:, : 2 * k] + np.arange(0, rows * k * m, k * m)[:, None]
-        score, token = cand.ravel()[order], best.ravel()[order]
-        beam = order % (k * m) // m
-        live = np.cumprod(np.isfinite(score), axis=1).astype(bool) & ~done[:, None]  # up to the first -inf
-        ends = live & ((token == gen.eos_id) | (t + 1 >= limits)[:, None])
-        grows = live & ~ends
+        cand = (scores.reshape(rows * k, 1) + values.astype(np.float32)).reshape(rows, k * m)
+        beam_of = np.repeat(np.arange(k), m)[None, :]
+        word = best.reshape(rows, k * m)
+        # per sentence: score descending, then beam, then word id (the op's top k over [k, vocab])
+        order = np.lexsort((word, np.broadcast_to(beam_of, cand.shape), -cand), axis=1)[:, : 2 * k]
+        score = np.take_along_axis(cand, order, 1)
+        token = np.take_along_axis(word, order, 1)
+        beam = order // m
+        ends = token == gen.eos_id
+        grows = ~ends & ~done[:, None]
         rank = np.cumsum(grows, axis=1)  # among growing candidates, 1-based
         taken = grows & (rank <= k)
-        looked_at = (rank - grows) < k  # before the k-th growing candidate, or it
-        for b, p in zip(*(i.tolist() for i in np.nonzero(ends & looked_at))):  # row-major: in score order
-            if n_finished[alive[b]] < k:
-                prefix = history[b * k + beam[b, p]].tolist()
-                finished[alive[b]].append((score[b, p] / (len(prefix) + 1) ** gen.length_penalty, prefix))
-                n_finished[alive[b]] += 1
-        flat = np.flatnonzero(taken)  # row-major: b * 2k + p
+        before_kth = (rank - grows) < k
+        for b, p in zip(*(i.tolist() for i in np.nonzero(ends & before_kth & ~done[:, None]
+                                                         & (np.arange(2 * k) < k)))):  # score order
+            add(int(alive[b]), score[b, p], t + 1, history[b * k + beam[b, p]].tolist())
+        flat = np.flatnonzero(taken)  # row-major: b * 2k + p; k per live sentence
         b_idx = flat // (2 * k)
         slot = b_idx * k + rank.ravel()[flat] - 1
-        new_scores = np.full(rows * k, -np.inf)
+        new_scores = np.full(rows * k, -1e9, dtype=np.float32)
         new_scores[slot] = score.ravel()[flat]
-        new_scores = new_scores.reshape(rows, k)
-        new_parents = np.repeat(np.arange(rows, dtype=np.int64) * k, k)  # unused slots: any valid row
+        new_parents = np.repeat(np.arange(rows, dtype=np.int64) * k, k)  # done sentences' rows: any valid row
         new_parents[slot] = b_idx * k + beam.ravel()[flat]
         new_tokens = np.full(rows * k, gen.eos_id, dtype=np.int64)
         new_tokens[slot] = token.ravel()[flat]
-        done |= (n_finished[alive] >= k) | ~taken.any(axis=1)
-        if done.all():
-            break
-        history = np.concatenate([history[new_parents], new_tokens[:, None]], axis=1)
-        scores, parents, tokens = new_scores, new_parents, new_tokens
-        if shrink and done.any():
-            for b in np.nonzero(done)[0].tolist():
-                if not finished[alive[b]]:
-                    fallback[int(alive[b])] = best_live(b)
-            keep = np.nonzero(~done)[0]
-            kept_rows = (keep[:, None] * k + np.arange(k)).reshape(-1)
-            decoder.keep(kept_rows)
-            scores, parents, tokens, history = scores[keep], parents[kept_rows], tokens[kept_rows], history[kept_rows]
-            alive, done = alive[keep], done[keep]
-    position = {int(b): i for i, b in enumerate(alive.tolist())}
-    results = []
-    for b in range(n):
-        if finished[b]:  # stable: of equal scores, the one found first stays first
-            results.append(sorted(finished[b], key=lambda x: -x[0]))
-        else:
-            results.append([fallback[b] if b in fallback else best_live(position[b])])
-    return results
+        done = done | np.array([len(finished[s]) == k for s in alive.tolist()])
+        scores, parents, tokens = new_scores.reshape(rows, k), new_parents, new_tokens
+        history = np.concatenate([history[parents], tokens[:, None]], axis=1)
+        t += 1
+        at_limit = ~done & (t + 1 >= all_limits[alive])  # the op's loop ends: its beams are hypotheses
+        for b in np.flatnonzero(at_limit).tolist():
+            for j in range(k):
+                add(int(alive[b]), scores[b, j], t + 1, history[b * k + j].tolist())
+        done |= at_limit
+    return [[(score, tokens) for score, _, tokens in hyps] for hyps in finished]
 
 
 def search(decoder: IncrementalDecoder, src: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
