@@ -26,12 +26,10 @@ an EOS candidate counts only among the best `beam` candidates of a step. Greedy 
 token-for-token those of model/search.py; beam outputs almost always are (the export stage
 records the agreement).
 
-int8 packages whose decoder has MatMulNBits with one block per column also get
-generate_batch.onnx, for calls of more than one row (beam search, batches): the same graph with
-those matrices as DynamicQuantizeMatMul over the same bytes (see _many_rows_matmuls). Its
-activations are quantized per call, not per block of a row, so its outputs may differ slightly
-from generate.onnx's and depend on the batch they were translated in, as the int8 encoder's
-(MatMulInteger) already do.
+int8 packages with a shortlist also get generate_batch.onnx, the op over the package's output
+vocabulary for beam search; generate.onnx then runs a greedy call of one sentence over its word
+list. Every graph here runs decoder.onnx's own nodes (int8 products per row: model/onnx_quantize.py),
+so one sentence's numbers are the same in the op and in the step graphs for many rows.
 """
 
 from __future__ import annotations
@@ -43,8 +41,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .onnx_graph import refer_to_bytes_in, replace_node, unfuse_skip_layer_norm
-from .shortlist import SHORTLIST_FILE, Shortlist
+from .onnx_graph import refer_to_bytes_in, replace_node
+from .shortlist import SHORTLIST_FILE, Shortlist, sentence_width
 
 EXTERNAL_MIN_BYTES = 128  # below this a tensor's bytes cost less than a reference to them
 # Ops that only reshape or retype the source mask on its way to an attention's key_padding_mask.
@@ -277,84 +275,6 @@ def _decoder_subgraph(decoder: onnx.ModelProto, layers: int, first_cache_heads: 
 GENERATE_INPUTS = ("input_ids", "max_length", "num_beams", "length_penalty")
 
 
-def _many_rows_matmuls(graph: onnx.GraphProto) -> int:
-    """Every 8-bit MatMulNBits with one block per column as DynamicQuantizeMatMul over the same
-    int8 bytes; returns how many (0: graph unchanged).
-
-    MatMulNBits is onnxruntime's kernel for one-row decoding. Measured here, one thread, one node
-    (us at 1 / 4 / 128 rows): output projection 112 x 8000: MatMulNBits 28 / 82 / 2331,
-    DynamicQuantizeMatMul 44 / 53 / 762, fp32 54 / 78 / 2165; 112 x 448: 7 / 15 / 140 against
-    9 / 10 / 55 (fp32 8 / 12 / 135): past one row the int8 kernel was no faster than fp32. The
-    packed uint8 blocks [N, 1, block] become an int8 [K, N] matrix through Reshape/Slice/Cast/
-    Sub/Transpose of initializers, which onnxruntime folds when the session loads, so the file
-    holds one copy. With one block per column (K <= block) MatMulNBits' scales are per output
-    column, which is what DynamicQuantizeMatMul takes: the same int8 values. With several blocks
-    per column the blocks are dequantized and each column quantized again on its own absolute
-    maximum (also folded at load): one more rounding, at most half a step of the column's scale.
-    At d_model 128 with blocks of 32 (the default recipe) batch 32 x beam 4 took 1174 ms of
-    MatMulNBits in 256 sentences' decoder steps, one thread."""
-    weights = {t.name: t for t in graph.initializer}
-    make = helper.make_node
-    converted = 0
-    for node in [n for n in graph.node if n.op_type == "MatMulNBits"]:
-        attrs = {a.name: a.i for a in node.attribute}
-        if node.input[1] not in weights or attrs.get("bits") != 8 or any(node.input[3:5]):
-            continue  # zero points or a column order: not what DynamicQuantizeMatMul takes
-        bias = [name for name in node.input[5:6] if name]  # MatMulNBits' slot 5 is DQMM's slot 4
-        n_cols, blocks, block = weights[node.input[1]].dims
-        p = f"generate/many_rows/{converted}"
-        consts = {f"{p}/shape": [n_cols, blocks * block], f"{p}/starts": [0], f"{p}/ends": [attrs["K"]],
-                  f"{p}/axes": [1], f"{p}/scale_shape": [n_cols]}
-        if blocks > 1:
-            consts.update({f"{p}/block_shape": [n_cols, blocks, block], f"{p}/block_scale_shape": [n_cols, blocks, 1]})
-        graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), name) for name, v in consts.items())
-        graph.initializer.append(numpy_helper.from_array(np.array(128, np.int32), f"{p}/zero"))
-        # Every op below has constant inputs only: onnxruntime folds them into initializers at load.
-        convert = [
-            make("ConstantOfShape", [f"{p}/scale_shape"], [f"{p}/zero_points"], name=f"{p}/zero_points",
-                 value=numpy_helper.from_array(np.zeros(1, np.int8))),  # folded at load, not stored
-            make("Reshape", [node.input[1], f"{p}/shape"], [f"{p}/rows"], name=f"{p}/rows"),
-            make("Cast", [f"{p}/rows"], [f"{p}/wide"], to=TensorProto.INT32, name=f"{p}/wide"),
-            make("Sub", [f"{p}/wide", f"{p}/zero"], [f"{p}/centred"], name=f"{p}/centre")]  # stored as q + 128
-        if blocks == 1:
-            convert += [
-                make("Slice", [f"{p}/centred", f"{p}/starts", f"{p}/ends", f"{p}/axes"], [f"{p}/unpadded"],
-                     name=f"{p}/unpad"),
-                make("Cast", [f"{p}/unpadded"], [f"{p}/int8"], to=TensorProto.INT8, name=f"{p}/int8"),
-                make("Reshape", [node.input[2], f"{p}/scale_shape"], [f"{p}/scales"], name=f"{p}/scales")]
-        else:
-            convert += _column_requantize(p, node.input[2], graph)
-        convert += [
-            make("Transpose", [f"{p}/int8"], [f"{p}/weight"], perm=[1, 0], name=f"{p}/transpose"),
-            make("DynamicQuantizeMatMul", [node.input[0], f"{p}/weight", f"{p}/scales", f"{p}/zero_points", *bias],
-                 list(node.output), name=f"{p}/matmul", domain="com.microsoft")]
-        replace_node(graph, node, convert)
-        converted += 1
-    return converted
-
-
-def _column_requantize(p: str, block_scales: str, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """Nodes from {p}/centred (int32 [N, blocks * block], padded) and the per-block scales to
-    {p}/int8 [N, K] and {p}/scales [N]: the real matrix, each column on one scale of its own."""
-    make = helper.make_node
-    graph.initializer.extend([numpy_helper.from_array(np.array(127.0, np.float32), f"{p}/int8_max"),
-                              numpy_helper.from_array(np.array(1e-30, np.float32), f"{p}/tiny")])
-    return [
-        make("Cast", [f"{p}/centred"], [f"{p}/q_float"], to=TensorProto.FLOAT, name=f"{p}/q_float"),
-        make("Reshape", [f"{p}/q_float", f"{p}/block_shape"], [f"{p}/blocked"], name=f"{p}/blocked"),
-        make("Reshape", [block_scales, f"{p}/block_scale_shape"], [f"{p}/block_scales"], name=f"{p}/block_scales"),
-        make("Mul", [f"{p}/blocked", f"{p}/block_scales"], [f"{p}/real_blocked"], name=f"{p}/dequantize"),
-        make("Reshape", [f"{p}/real_blocked", f"{p}/shape"], [f"{p}/real_padded"], name=f"{p}/real_padded"),
-        make("Slice", [f"{p}/real_padded", f"{p}/starts", f"{p}/ends", f"{p}/axes"], [f"{p}/real"], name=f"{p}/real"),
-        make("Abs", [f"{p}/real"], [f"{p}/magnitude"], name=f"{p}/magnitude"),
-        make("ReduceMax", [f"{p}/magnitude"], [f"{p}/column_max"], axes=[1], keepdims=0, name=f"{p}/column_max"),
-        make("Max", [f"{p}/column_max", f"{p}/tiny"], [f"{p}/column_max_safe"], name=f"{p}/column_max_safe"),
-        make("Div", [f"{p}/column_max_safe", f"{p}/int8_max"], [f"{p}/scales"], name=f"{p}/scales"),
-        make("Unsqueeze", [f"{p}/scales", f"{p}/axes"], [f"{p}/column_scales"], name=f"{p}/column_scales"),
-        make("Div", [f"{p}/real", f"{p}/column_scales"], [f"{p}/steps"], name=f"{p}/steps"),
-        make("Round", [f"{p}/steps"], [f"{p}/rounded"], name=f"{p}/round"),
-        make("Cast", [f"{p}/rounded"], [f"{p}/int8"], to=TensorProto.INT8, name=f"{p}/int8")]
-
 GENERATE = "generate.onnx"
 GENERATE_MANY_ROWS = "generate_batch.onnx"
 DECODER_MANY_ROWS = "decoder_batch.onnx"
@@ -367,9 +287,7 @@ SHORTLIST_GRAPH = "shortlist.onnx"
 SHORTLIST_FLAG, SHORTLIST_WORDS = "shortlisted", "words"
 # The output projection's inputs that have one entry per word, by op and input slot, under the
 # names the step graphs take them by when a batch's words are shortlisted (model/shortlist.py).
-_PER_WORD_SLOTS = {"DynamicQuantizeMatMul": {1: "shortlist_weight", 2: "shortlist_scale", 3: "shortlist_zero_point",
-                                             4: "shortlist_bias"},
-                   "MatMul": {1: "shortlist_weight"}}
+_PER_WORD_SLOTS = {"MatMulIntegerToFloat": {1: "shortlist_weight", 3: "shortlist_scale"}}
 
 
 def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = False,
@@ -384,8 +302,8 @@ def _top_k_decoder(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = Fals
     likewise), and onnxruntime runs every node of a graph whatever outputs are asked for, so the
     choice is an If. Weights are read from decoder.onnx's bytes, as the generate graphs do.
     `vocabulary` (sorted ids; see output_vocabulary): the normalized steps (beam search) project
-    onto those words only, int8 projections only, normalized over the whole vocabulary all the
-    same (_left_out_correction); the ids out are word ids."""
+    onto those words only and are normalized over them, as generate_batch.onnx's are (int8
+    projections only); the ids out are word ids."""
     model = _many_rows_copy(decoder, blob, shortlist)
     g = model.graph
     _group_cross_attention(g)
@@ -448,12 +366,10 @@ def _group_cross_attention(g: onnx.GraphProto) -> int:
 
 
 def _many_rows_copy(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = False) -> onnx.ModelProto:
-    """decoder.onnx with the int8 matrices as in generate_batch.onnx and layer norms unfused,
-    its weights read from decoder.onnx's bytes (`blob`); with `shortlist`, its output projection
-    may be restricted to a batch's words (see _shortlist_projection)."""
+    """decoder.onnx with its weights read from decoder.onnx's bytes (`blob`); with `shortlist`,
+    its output projection may be restricted to a batch's words (see _shortlist_projection). Its
+    nodes are decoder.onnx's, so that a row's numbers are the same in every graph."""
     model = copy.deepcopy(decoder)
-    _many_rows_matmuls(model.graph)
-    unfuse_skip_layer_norm(model.graph, residual_op="Sum", fold_bias=True)
     if shortlist:
         _shortlist_projection(model.graph)
     _external(model.graph, "decoder.onnx", blob)
@@ -502,11 +418,8 @@ def _constants(g: onnx.GraphProto, names: list[str]) -> bool:
 
 def _per_word_inputs(g: onnx.GraphProto, node: onnx.NodeProto) -> list[onnx.ValueInfoProto]:
     """The projection's per-word inputs present on `node`, as the shortlisted step graphs take
-    them (and shortlist.onnx gives them): the weight [d, words], the rest [words]."""
-    value_type = _value_type(g)
-    weight_type = TensorProto.INT8 if node.op_type == "DynamicQuantizeMatMul" else value_type
-    # DynamicQuantizeMatMul's zero point (slot 3) has the weight's type.
-    return [helper.make_tensor_value_info(name, weight_type if j in (1, 3) else value_type,
+    them (and shortlist.onnx gives them): the int8 weight [d, words] and its scales [words]."""
+    return [helper.make_tensor_value_info(name, TensorProto.INT8 if j == 1 else _value_type(g),
                                           [None, "words"] if j == 1 else ["words"])
             for j, name in _per_word_slots(node).items()]
 
@@ -658,10 +571,9 @@ def _normalize_or_not(softmax: onnx.NodeProto, value_type: int, vocab=None, rest
         producer, projection, words = restricted
         softmax.input[0] = projection[0].output[0]
         listed = "log_probabilities/listed"  # top k over the vocabulary: places in it, mapped to word ids
-        normalized = [*projection, softmax, *_chunked_top_k(softmax.output[0], len(words), listed), helper.make_node(
-            "Gather", [VOCABULARY_WORDS, f"{listed}/ids"], ["log_probabilities/ids"], axis=0),
-            *_left_out_correction(projection[0].output[0], softmax.output[0], f"{listed}/values",
-                                  "log_probabilities/values")]
+        normalized = [*projection, softmax, *_chunked_top_k(softmax.output[0], len(words), listed),
+                      helper.make_node("Gather", [VOCABULARY_WORDS, f"{listed}/ids"], ["log_probabilities/ids"], axis=0),
+                      helper.make_node("Identity", [f"{listed}/values"], ["log_probabilities/values"])]
         unnormalized = [producer]
     no_ids = [helper.make_node("Shape", [logits], ["logits/shape"], end=1),
               helper.make_node("Constant", [], ["logits/zero"], value=helper.make_tensor("zero", TensorProto.INT64, [1], [0])),
@@ -718,57 +630,17 @@ def _restricted_projection(g: onnx.GraphProto, logits: str, words: np.ndarray, v
         [projection] = [b.g.node[0] for b in node.attribute if b.name == "else_branch"] or [None]
     if projection is None or not _int8_of_constants(g, projection):
         return None
-    left_out = np.setdiff1d(np.arange(vocab), words)
-    sample = np.sort(np.random.default_rng(0).choice(left_out, min(LEFT_OUT_SAMPLE, len(left_out)), replace=False))
-    g.initializer.extend([numpy_helper.from_array(words.astype(np.int64), VOCABULARY_WORDS),  # as the ids out
-                          numpy_helper.from_array(sample.astype(np.int64), LEFT_OUT_WORDS),
-                          numpy_helper.from_array(np.array(np.log(len(left_out) / len(sample)), np.float32),
-                                                  f"{LEFT_OUT_WORDS}/scale")])
-    restricted, left = copy.deepcopy(projection), copy.deepcopy(projection)
-    restricted.output[0], left.output[0] = "vocabulary/logits", f"{LEFT_OUT_WORDS}/logits"
+    g.initializer.append(numpy_helper.from_array(words.astype(np.int64), VOCABULARY_WORDS))  # as the ids out
+    restricted = copy.deepcopy(projection)
+    restricted.output[0] = "vocabulary/logits"
     _onto_words(g, restricted, before=node)
-    _onto_words(g, left, before=node, words=LEFT_OUT_WORDS)
     g.node.remove(node)
-    return node, [restricted, left], words
-
-
-LEFT_OUT_WORDS = "vocabulary/left_out"  # a sample of the words output_vocabulary leaves out
-LEFT_OUT_SAMPLE = 128
-
-
-def _left_out_correction(logits: str, log_probs: str, values: str, out: str) -> list[onnx.NodeProto]:
-    """Nodes from the vocabulary's logits and log-probabilities [rows, words] (normalised over its
-    words) and its top k values to `out`: those values normalised over the whole vocabulary, the words left
-    out estimated from LEFT_OUT_SAMPLE of them (their log-sum-exp, scaled to all of them). Over the
-    vocabulary alone, a row gains the log of the mass it puts on the others, and beam search
-    compares rows: student int8 BLEU moved by -0.12 to +0.01 without this; the estimate's error is
-    a quarter of the gain's spread (0.0050 against 0.0185 a step, `/tmp/w4/est.py`)."""
-    make, p = helper.make_node, LEFT_OUT_WORDS
-
-    def const(name: str, value) -> onnx.NodeProto:
-        return make("Constant", [], [f"{p}/{name}"], value=numpy_helper.from_array(np.asarray(value, np.int64), name))
-
-    return [
-        const("axis", [1]), const("first", [0]), const("second", [1]),
-        make("ReduceMax", [f"{p}/logits"], [f"{p}/max"], axes=[1], keepdims=1),
-        make("Sub", [f"{p}/logits", f"{p}/max"], [f"{p}/shifted"]),
-        make("Exp", [f"{p}/shifted"], [f"{p}/exp"]),
-        make("ReduceSum", [f"{p}/exp", f"{p}/axis"], [f"{p}/sum"], keepdims=1),
-        make("Log", [f"{p}/sum"], [f"{p}/log_sum"]),
-        make("Add", [f"{p}/log_sum", f"{p}/max"], [f"{p}/sample_lse"]),
-        make("Add", [f"{p}/sample_lse", f"{p}/scale"], [f"{p}/lse"]),  # all the left-out words' log-sum-exp
-        # the vocabulary's own log-sum-exp: any column's logit minus its log-probability
-        make("Slice", [logits, f"{p}/first", f"{p}/second", f"{p}/axis"], [f"{p}/logit0"]),
-        make("Slice", [log_probs, f"{p}/first", f"{p}/second", f"{p}/axis"], [f"{p}/log_prob0"]),
-        make("Sub", [f"{p}/logit0", f"{p}/log_prob0"], [f"{p}/kept_lse"]),
-        make("Sub", [f"{p}/lse", f"{p}/kept_lse"], [f"{p}/ratio"]),
-        make("Softplus", [f"{p}/ratio"], [f"{p}/correction"]),  # log(1 + left-out mass / kept mass)
-        make("Sub", [values, f"{p}/correction"], [out])]
+    return node, [restricted], words
 
 
 def _int8_of_constants(g: onnx.GraphProto, projection: onnx.NodeProto) -> bool:
-    """Whether `projection` is a DynamicQuantizeMatMul whose per-word inputs are constants of g."""
-    return projection.op_type == "DynamicQuantizeMatMul" and _constants(
+    """Whether `projection` is an int8 product (quantize_rows') whose per-word inputs are constants of g."""
+    return projection.op_type in _PER_WORD_SLOTS and _constants(
         g, [projection.input[j] for j in _per_word_slots(projection)])
 
 
@@ -784,46 +656,30 @@ def _onto_words(g: onnx.GraphProto, projection: onnx.NodeProto, before: onnx.Nod
         projection.input[j] = name
 
 
-# Room in the generate graphs' per-call word list for this many source words' candidates beyond
-# the frequent words (see _shortlisted_search); a longer sentence keeps each word's best first.
-SHORTLIST_SOURCE_WORDS = 12
 LISTED_SEQUENCES = "shortlist/sequences"  # the op's output over the list: places in it, not ids
-
-
-def shortlist_width(shortlist: Shortlist) -> int:
-    """The generate graphs' fixed word-list size for `shortlist`: the op needs its vocabulary size
-    when it loads, so a call's list is cut or filled to this many words (a multiple of 64)."""
-    per_word = int(np.diff(shortlist.offsets).max(initial=0))
-    width = len(shortlist.always) + 3 + SHORTLIST_SOURCE_WORDS * per_word
-    return min(-(-width // 64) * 64, shortlist.vocab_size)
 
 
 def _shortlisted_search(dec: onnx.GraphProto, shortlist: Shortlist, generation: dict):
     """Restrict the op's vocabulary to a per-call word list (model/shortlist.py): the main graph
-    makes the list from the sources and the output projection's rows for it; the decoder maps the
-    op's token (a position in the list) to its word and projects onto the list only; the op's
-    sequences are mapped back after it. The list: PAD, BOS, EOS at positions 0-2, then the
-    frequent words and every source word's candidates, filled up to shortlist_width with other
-    words. The words are those model/shortlist.py gives the sentence where they fit.
+    makes the list from the sources and the output projection's columns for it; the decoder maps
+    the op's token (a position in the list) to its word and projects onto the list only; the
+    op's sequences are mapped back after it. The list is Shortlist.sentence_words' (PAD, BOS,
+    EOS, the frequent words, the sentence's candidates; runtime.py masks a batch's rows to the
+    same lists), filled up to sentence_width with other words that the projection's mask
+    (-inf) keeps from being chosen: the op needs a fixed vocabulary size when it loads.
 
     Why: at one row the output projection over 8000 words was a quarter of a student's greedy
-    step, and the op's log-softmax, beam-score addition and top k run over whatever vocabulary the
-    decoder gives it. Returns (nodes before the op, nodes after it, initializers), or None where
-    the projection is not an 8-bit MatMulNBits of initializers without zero points (the graph then
-    keeps the whole vocabulary)."""
+    step, and the op's log-softmax and top k run over whatever vocabulary the decoder gives it.
+    Returns (nodes before the op, nodes after it, initializers), or None where the projection is
+    not an int8 product of constants (the graph then keeps the whole vocabulary)."""
     producer = {o: n for n in dec.node for o in n.output}
-    weights = {t.name: t for t in dec.initializer}
     proj = producer.get("logits")
     specials = _specials(generation)
     vocab = shortlist.vocab_size
-    if proj is None or len(set(specials)) < 3 or _shape(dec.output[0])[-1] != vocab or proj.op_type != "MatMulNBits" \
-            or any(proj.input[3:]) or proj.input[1] not in weights or proj.input[2] not in weights:
+    if proj is None or len(set(specials)) < 3 or _shape(dec.output[0])[-1] != vocab or not _int8_of_constants(dec, proj):
         return None
-    attrs = {a.name: a.i for a in proj.attribute}
-    n_words, blocks, block = weights[proj.input[1]].dims
-    if attrs.get("bits") != 8 or n_words != vocab:
-        return None
-    width = shortlist_width(shortlist)
+    weight_slot, scale_slot = sorted(_per_word_slots(proj))
+    width = sentence_width(shortlist)
     # Each source word's candidates as a row of `per_word`, padded with PAD (listed anyway).
     counts = np.diff(shortlist.offsets)
     per_word = max(int(counts.max(initial=0)), 1)
@@ -842,14 +698,14 @@ def _shortlisted_search(dec: onnx.GraphProto, shortlist: Shortlist, generation: 
                 for side, bound in zip(("low", "high"), bounds)},
              "specials": np.array(specials, np.int64), "others": np.array([width - 3], np.int64),
              "flat": np.array([-1], np.int64), "one": np.array(1.0, np.float32), "start": np.array([0], np.int64),
-             "block_rows": np.array([width * blocks, block], np.int64),
-             "zero_points": np.full(width * blocks, 128, np.uint8),  # 8 bits, none stored: 2 ** 7
-             "row_shape": np.array([width, blocks * block], np.int64),
-             "columns": np.array([attrs["K"]], np.int64), "last": np.array([1], np.int64)}
-    # A copy for the main graph (the embedding may read the same tensor); both name the same bytes.
-    weight, scales = copy.deepcopy(weights[proj.input[1]]), copy.deepcopy(weights[proj.input[2]])
-    weight.name, scales.name = f"{p}/all_weight", f"{p}/all_scales"
-    inits = [weight, scales, *(numpy_helper.from_array(v, f"{p}/{k}") for k, v in const.items())]
+             "places": np.arange(width, dtype=np.int64), "listed_base": np.array(3, np.int64),
+             "zero": np.array(0.0, np.float32), "never": np.array(-np.inf, np.float32)}
+    # The projection's weight and scales as the main graph makes them: the decoder's nodes of
+    # constants that compute them (folded at load), renamed, over copies of their initializers
+    # (the same bytes, by reference).
+    columns, made = _constant_nodes(dec, [proj.input[weight_slot], proj.input[scale_slot]], f"{p}/all")
+    weight, scales = made
+    inits = [*columns.initializer, *(numpy_helper.from_array(v, f"{p}/{k}") for k, v in const.items())]
     before = [
         make("Gather", [f"{p}/table", "input_ids"], [f"{p}/candidates"], axis=0, name=f"{p}/candidates"),
         make("Reshape", [f"{p}/candidates", f"{p}/flat"], [f"{p}/flat_candidates"], name=f"{p}/flat_candidates"),
@@ -875,7 +731,19 @@ def _shortlisted_search(dec: onnx.GraphProto, shortlist: Shortlist, generation: 
         make("Reshape", [f"{p}/ranked_ids", f"{p}/flat"], [f"{p}/ranked"], name=f"{p}/ranked"),
         make("Slice", [f"{p}/ranked", f"{p}/start", f"{p}/others"], [f"{p}/chosen"], name=f"{p}/chosen"),
         make("Concat", [f"{p}/specials", f"{p}/chosen"], [f"{p}/words"], axis=0, name=f"{p}/words"),
-        make("Cast", [f"{p}/words"], [f"{p}/words32"], to=TensorProto.INT32, name=f"{p}/words32")]
+        make("Cast", [f"{p}/words"], [f"{p}/words32"], to=TensorProto.INT32, name=f"{p}/words32"),
+        # The list's real words (specials, frequent, candidates) come first; the filling after
+        # them is masked out of the projection: -inf, never chosen.
+        make("Shape", [f"{p}/class0"], [f"{p}/frequent_shape"], start=1, name=f"{p}/frequent_shape"),
+        make("Shape", [f"{p}/class1"], [f"{p}/candidate_shape"], start=1, name=f"{p}/candidate_shape"),
+        make("Add", [f"{p}/frequent_shape", f"{p}/candidate_shape"], [f"{p}/listed_words"], name=f"{p}/listed_words"),
+        make("Add", [f"{p}/listed_words", f"{p}/listed_base"], [f"{p}/listed"], name=f"{p}/listed"),
+        make("Less", [f"{p}/places", f"{p}/listed"], [f"{p}/real"], name=f"{p}/real"),
+        make("Where", [f"{p}/real", f"{p}/zero", f"{p}/never"], [f"{p}/mask"], name=f"{p}/mask"),
+        # The list's columns of the int8 projection and their scales, once per call.
+        *columns.node,
+        make("Gather", [weight, f"{p}/words"], [f"{p}/weight"], axis=1, name=f"{p}/weight"),
+        make("Gather", [scales, f"{p}/words"], [f"{p}/scales"], axis=0, name=f"{p}/scales")]
     after = [make("Gather", [f"{p}/words32", LISTED_SEQUENCES], [f"{p}/translation"], axis=0, name=f"{p}/translation")]
     # The decoder: the op's tokens are positions in the list.
     for node in dec.node:
@@ -884,32 +752,55 @@ def _shortlisted_search(dec: onnx.GraphProto, shortlist: Shortlist, generation: 
                 node.input[i] = f"{p}/token_words"
     dec.node.insert(0, make("Gather", [f"{p}/words32", "input_ids"], [f"{p}/token_words"], axis=0,
                             name=f"{p}/token_words"))
-    before += [
-        # The list's rows of the projection in float, once per call: MatMulNBits packs its weights
-        # when the session loads, and over weights made at run time a step took twice as long.
-        make("Gather", [weight.name, f"{p}/words"], [f"{p}/stored"], axis=0, name=f"{p}/stored"),
-        make("Reshape", [f"{p}/stored", f"{p}/block_rows"], [f"{p}/stored_blocks"], name=f"{p}/stored_blocks"),
-        make("Gather", [scales.name, f"{p}/words"], [f"{p}/scales"], axis=0, name=f"{p}/scales"),
-        make("Reshape", [f"{p}/scales", f"{p}/flat"], [f"{p}/block_scales"], name=f"{p}/block_scales"),
-        make("DequantizeLinear", [f"{p}/stored_blocks", f"{p}/block_scales", f"{p}/zero_points"], [f"{p}/blocks"],
-             axis=0, name=f"{p}/dequantize"),
-        make("Reshape", [f"{p}/blocks", f"{p}/row_shape"], [f"{p}/padded_rows" if blocks * block > attrs["K"] else f"{p}/rows"],
-             name=f"{p}/padded_rows")]
-    if blocks * block > attrs["K"]:  # the last block's padding
-        before.append(make("Slice", [f"{p}/padded_rows", f"{p}/start", f"{p}/columns", f"{p}/last"], [f"{p}/rows"],
-                           name=f"{p}/rows"))
-    replace_node(dec, proj, [make("FusedMatMul", [proj.input[0], f"{p}/rows"], ["logits"], transB=1, domain="com.microsoft",
-                                  name=f"{p}/logits")])
+    listed = copy.deepcopy(proj)
+    listed.input[weight_slot], listed.input[scale_slot] = f"{p}/weight", f"{p}/scales"
+    listed.output[0], listed.name = f"{p}/listed_logits", f"{p}/listed_logits"
+    replace_node(dec, proj, [listed, make("Add", [listed.output[0], f"{p}/mask"], ["logits"], name=f"{p}/logits")])
     dec.output[0].type.tensor_type.shape.dim[-1].dim_value = width
+    _prune_dead_nodes(dec)  # the whole vocabulary's weight is not made here
     return before, after, inits
 
 
+def _constant_nodes(g: onnx.GraphProto, values: list[str], prefix: str) -> tuple[onnx.GraphProto, list[str]]:
+    """The nodes of g that compute `values` from its initializers, and those initializers, renamed
+    under `prefix` (a graph holding both), with the new names of `values`."""
+    producer = {o: n for n in g.node for o in n.output}
+    initializers = {t.name: t for t in g.initializer}
+    nodes, inits, seen = [], [], set()
+
+    def visit(name: str) -> None:
+        if name in seen or name == "":
+            return
+        seen.add(name)
+        if name in initializers:
+            inits.append(copy.deepcopy(initializers[name]))
+            return
+        node = producer[name]
+        for i in node.input:
+            visit(i)
+        nodes.append(copy.deepcopy(node))
+
+    for value in values:
+        visit(value)
+    part = helper.make_graph(nodes, "constants", [], [], initializer=inits)
+    names = {name: f"{prefix}/{name}" for name in seen if name}
+    for tensor in part.initializer:
+        tensor.name = names[tensor.name]
+    for node in part.node:
+        node.name = ""
+        for field in (node.input, node.output):
+            for i, name in enumerate(field):
+                field[i] = names.get(name, name)
+    return part, [names[v] for v in values]
+
+
 def write_generate_graph(folder: Path, generation: dict) -> list[Path]:
-    """Write folder/generate.onnx next to folder/encoder.onnx and folder/decoder.onnx, and, for
-    an int8 decoder whose output projection allows it, folder/generate_batch.onnx: the same with
-    kernels for many rows (beam search, batches; see _many_rows_matmuls). Where the folder holds a
-    shortlist (model/shortlist.py) and generate_batch.onnx is made, generate.onnx runs a greedy
-    call of one sentence over its word list (_shortlisted_search) and any other call as before.
+    """Write folder/generate.onnx next to folder/encoder.onnx and folder/decoder.onnx, and, for an
+    int8 package with a shortlist (model/shortlist.py), folder/generate_batch.onnx: the op over
+    the package's output vocabulary (output_vocabulary), which serves beam search, while
+    generate.onnx runs a greedy call of one sentence over that sentence's word list
+    (_shortlisted_search) and any other call over the whole vocabulary. Both graphs run
+    decoder.onnx's own nodes: a sentence's numbers are those of the step graphs for many rows.
     Nothing (an empty list) for float16 graphs: the op's CPU kernel is float32 only, and on GPUs
     the runtime drives the step graphs.
 
@@ -927,18 +818,17 @@ def write_generate_graph(folder: Path, generation: dict) -> list[Path]:
     dec = _decoder_subgraph(decoder, layers, first_cache_heads)
     _external(enc, "encoder.onnx", blobs["encoder.onnx"])
     _external(dec, "decoder.onnx", blobs["decoder.onnx"])
-    many_rows = copy.deepcopy(dec)
-    if _many_rows_matmuls(many_rows):
-        unfuse_skip_layer_norm(many_rows, residual_op="Sum", fold_bias=True)  # beams are rows too
-    else:
-        many_rows = None
-    one_row = listed = words = None
+    many_rows = one_row = listed = words = None
     vocab = _shape(dec.output[0])[-1]
-    if many_rows is not None and isinstance(vocab, int) and (folder / SHORTLIST_FILE).is_file():
+    if isinstance(vocab, int) and (folder / SHORTLIST_FILE).is_file():
         shortlist = Shortlist.load(folder / SHORTLIST_FILE, vocab)
-        one_row = copy.deepcopy(dec)
-        listed = _shortlisted_search(one_row, shortlist, generation)
+        many_rows = copy.deepcopy(dec)
         words = _search_vocabulary(many_rows, output_vocabulary(shortlist, _specials(generation)))
+        if words is None:  # not an int8 projection of constants: no word lists
+            many_rows = None
+        else:
+            one_row = copy.deepcopy(dec)
+            listed = _shortlisted_search(one_row, shortlist, generation)
     for graph in (enc, dec, many_rows, one_row):
         if graph is not None:
             _short_names(graph)

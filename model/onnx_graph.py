@@ -92,10 +92,13 @@ def unfuse_skip_layer_norm(graph: onnx.GraphProto, residual_op: str = "Add", fol
                 break
         epsilon = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)
         total = outputs[3] if outputs[3] else f"{node.output[0]}/sum"
-        summed = f"{total}/no_bias" if bias else total
-        nodes = [onnx.helper.make_node(residual_op, [x, skip], [summed], name=f"{node.name}/add")]
-        if bias:
-            nodes.append(onnx.helper.make_node("Add", [summed, bias], [total], name=f"{node.name}/bias"))
+        if residual_op == "Sum":  # Sum takes the bias as a third term: one node, one pass
+            nodes = [onnx.helper.make_node("Sum", [x, skip] + ([bias] if bias else []), [total], name=f"{node.name}/add")]
+        else:
+            summed = f"{total}/no_bias" if bias else total
+            nodes = [onnx.helper.make_node(residual_op, [x, skip], [summed], name=f"{node.name}/add")]
+            if bias:
+                nodes.append(onnx.helper.make_node("Add", [summed, bias], [total], name=f"{node.name}/bias"))
         nodes.append(onnx.helper.make_node("LayerNormalization", [total, gamma] + ([beta] if beta else []),
                                            [node.output[0]], axis=-1, epsilon=epsilon, name=f"{node.name}/norm"))
         replace_node(graph, node, nodes)

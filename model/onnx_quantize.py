@@ -19,14 +19,14 @@ import contextlib
 import io
 import logging
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 import onnx
 
-from .onnx_graph import drop_unused_initializers, gathers_columns, refer_to_bytes_in, splice_and_save
+from .onnx_graph import (drop_unused_initializers, gathers_columns, refer_to_bytes_in, replace_node, splice_and_save,
+                         unfuse_skip_layer_norm)
 
 GRAPHS = ("encoder", "decoder")
 # Node names come from the exporter's module scopes (see model/onnx_export.py: name_nodes).
@@ -81,7 +81,7 @@ def retie_quantized_embedding(path: Path) -> bool:
         else:
             return False
         tokens, name, out = node.input[1], node.name, node.output[0]
-        if any(n.op_type == "DequantizeLinear" and quantized in n.input for n in graph.node):
+        if any(n.op_type == "DequantizeLinear" and quantized in n.input and n is not dq for n in graph.node):
             # QDQ: ORT fuses DequantizeLinear + MatMul only while the weight has no other reader;
             # a second reader leaves a full-table DequantizeLinear on every step (measured: 6x
             # slower decoding). The lookup gets its own int8 copy: no float copy either way.
@@ -115,7 +115,7 @@ def retie_quantized_embedding(path: Path) -> bool:
         new_nodes += scale_nodes + [make("Mul", [value, picked_scale], [out], name=f"{name}_scale")]
         graph.node.remove(node)
         orphan = [dq] if dq is not None and not any(dq.output[0] in n.input for n in graph.node) else []
-        if orphan and graph.node.index(dq) < index:
+        if orphan and list(graph.node).index(dq) < index:
             index -= 1
         return splice_and_save(proto, path, index, new_nodes, remove=orphan)
     return False
@@ -168,17 +168,10 @@ class _Quiet:
         self.root.setLevel(self.level)
 
 
-def quantize_dynamic(paths: dict[str, Path], out: Path, groups: dict, keep_float: Iterable[str] = (),
-                     per_channel: bool = True) -> dict[str, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    result = {}
-    for graph in GRAPHS:
-        result[graph] = out / f"{graph}.onnx"
-        _dynamic_graph(paths[graph], result[graph], nodes_for(groups, graph, keep_float), per_channel)
-    return result
-
-
-def _dynamic_graph(source: Path, dest: Path, nodes: list[str], per_channel: bool) -> None:
+def _ort_dynamic(source: Path, dest: Path, nodes: list[str]) -> None:
+    """onnxruntime's quantize_dynamic of `nodes`: int8 weights per output column (symmetric), each
+    product as DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul (rows_int8_products takes it
+    from there)."""
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
 
@@ -186,10 +179,29 @@ def _dynamic_graph(source: Path, dest: Path, nodes: list[str], per_channel: bool
         onnx.save(onnx.load(str(source)), str(dest))
         return
     with _Quiet():
-        ort_quantize_dynamic(str(source), str(dest), weight_type=QuantType.QInt8, per_channel=per_channel,
+        ort_quantize_dynamic(str(source), str(dest), weight_type=QuantType.QInt8, per_channel=True,
                              nodes_to_quantize=nodes, op_types_to_quantize=["MatMul", "Gather"],
                              extra_options={"MatMulConstBOnly": True, **_FLOAT})
-    retie_quantized_embedding(dest)
+
+
+def _plan(paths: dict[str, Path], groups: dict, keep_float: Iterable[str]) -> tuple[dict[str, list[str]], bool]:
+    """The nodes to quantize per graph, and whether the token table is to be shared
+    (share_token_table: the output projection and the embeddings both in int8; the encoder's
+    lookup is then left out here and reads the decoder's int8 table instead)."""
+    keep = set(keep_float)
+    nodes = {graph: nodes_for(groups, graph, keep) for graph in GRAPHS}
+    share = "output_projection" in groups and not {"output_projection", "embeddings"} & keep
+    if share:
+        lookups = {n.name for n in _token_lookups(onnx.load(str(paths["encoder"]), load_external_data=False).graph)}
+        nodes["encoder"] = [n for n in nodes["encoder"] if n not in lookups]
+    return nodes, share
+
+
+def _finish(result: dict[str, Path], share: bool, source: Path) -> None:
+    """The tied token table once, read by both lookups and the projection (share_token_table);
+    where the embeddings stay in float, the decoder's lookup still reads the int8 projection."""
+    if not (share and share_token_table(result["encoder"], result["decoder"], source)):
+        retie_quantized_embedding(result["decoder"])
 
 
 class FeedReader:
@@ -217,7 +229,13 @@ class FeedReader:
 def quantize_static(paths: dict[str, Path], out: Path, groups: dict, feeds: dict[str, list[dict]],
                     method: str = "minmax", keep_float: Iterable[str] = (), per_channel: bool = True,
                     cache: Path | None = None) -> dict[str, Path]:
-    """QDQ int8 with activation ranges calibrated on `feeds` (per graph: a list of input dicts).
+    """int8 with activation scales calibrated on `feeds` (per graph: a list of input dicts): one
+    fixed scale per product input, symmetric, and int8 weights per output column. A number's
+    int8 value depends on that number alone, so a sentence's translation does not depend on its
+    batch, and the products cost what onnxruntime's dynamic ones do (no range to find per call).
+    onnxruntime's calibration and QDQ writer make the scales and weights; static_int8_products
+    then runs each product as QuantizeLinear (uint8, + 128) and MatMulIntegerToFloat, and leaves
+    the products' outputs in float.
 
     The ranges of every MatMul input are computed once and kept in `cache` (a folder), so that
     quantizing again with other groups kept in float does not calibrate again."""
@@ -229,24 +247,28 @@ def quantize_static(paths: dict[str, Path], out: Path, groups: dict, feeds: dict
     out.mkdir(parents=True, exist_ok=True)
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
+    plan, share = _plan(paths, groups, keep_float)
     result = {}
     for graph in GRAPHS:
         dest = out / f"{graph}.onnx"
-        nodes = nodes_for(groups, graph, keep_float)
-        if not nodes:
+        if not plan[graph]:
             onnx.save(onnx.load(str(paths[graph])), str(dest))
         else:
             with _Quiet():
                 ort_quantize_static(
                     str(paths[graph]), str(dest), FeedReader(feeds[graph]), quant_format=QuantFormat.QDQ,
                     activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=per_channel,
-                    calibrate_method=calibrate, nodes_to_quantize=nodes, op_types_to_quantize=["MatMul", "Gather"],
+                    calibrate_method=calibrate, nodes_to_quantize=plan[graph], op_types_to_quantize=["MatMul", "Gather"],
                     calibration_providers=["CPUExecutionProvider"],
                     calibration_cache_path=str(cache / f"{graph}.{method}.json") if cache else None,
                     extra_options={"CalibStridedMinMax": 1, "ActivationSymmetric": True, "WeightSymmetric": True,
                                    "CalibTensorRangeSymmetric": True, **_FLOAT})
-            retie_quantized_embedding(dest)
+            proto = onnx.load(str(dest))
+            static_int8_products(proto.graph)
+            _import_contrib_ops(proto)
+            onnx.save(proto, str(dest))
         result[graph] = dest
+    _finish(result, share, paths["decoder"])
     return result
 
 
@@ -276,242 +298,313 @@ class RecordingDecoder:
         return self.inner.step(tokens, parents)
 
 
-# --------------------------------------------------------------------- block-wise int8 (CPUs)
-def quantize_blockwise(paths: dict[str, Path], out: Path, groups: dict, keep_float: Iterable[str] = (),
-                       block_size: int = 32, per_channel: bool = True) -> dict[str, Path]:
-    """The decoder's weights as int8 blocks along the input dimension (one scale per block of
-    each output column), run by onnxruntime's MatMulNBits with accuracy_level 4: activations
-    are quantized to int8 per block at run time, products accumulate in int32. The encoder,
-    which runs once per sentence on all its rows, gets quantize_dynamic's per-channel form,
-    except its token lookup: it reads the decoder's packed table, whose bytes it refers to
-    inside decoder.onnx (so the package stores the vocabulary table once; keep the files together).
+# --------------------------------------------------------------------- int8 per row (CPUs)
+ROW_ZERO_POINT = 128  # a row's int8 values are stored as uint8 + 128: onnxruntime's fast products take uint8
+INT8_MAX = 127.0
 
-    MatMulNBits is the kernel ORT tunes for one-row decoding; MatMulInteger, which
-    quantize_dynamic writes, is a general GEMM, and at one row was barely faster than fp32
-    here. The packing and scales come from ORT's own quantize_matmul_8bits. The tied token
-    lookup reads the packed projection through GatherBlockQuantized: one table, no float copy.
 
-    `block_size` is used where it divides a matrix's input dimension; elsewhere the block
-    (16..128) that stores the fewest bytes (padding plus scales) is used instead."""
+def quantize_rows(paths: dict[str, Path], out: Path, groups: dict, keep_float: Iterable[str] = ()) -> dict[str, Path]:
+    """int8 that gives a sentence the same translation in any batch: weights per output column
+    (symmetric, as quantize_dynamic writes them), activations per row, i.e. per token: each row
+    x of a product's input gets scale max|x| / 127 and int8 values round(x / scale), stored +128
+    as uint8; the product is exact in int32 (onnxruntime's MatMulIntegerToFloat), then scaled by
+    the row's and the column's scales. Every graph of the package (the step graphs, the search
+    graphs, the graphs for many rows) runs these same nodes, so no kernel or batch changes a
+    number: a row's result depends on that row alone.
+
+    onnxruntime's own int8 forms quantize a whole call at once (DynamicQuantizeLinear,
+    DynamicQuantizeMatMul: one scale for every row of a batch, padding included) or blocks with a
+    floating-point block sum (MatMulNBits: 19% of outputs identical to the exact product), so a
+    sentence's translation depended on its neighbours (843 of 1000 greedy translations identical
+    alone and in batches, issue 52). Layer norms are unfused (Sum + LayerNormalization) in both
+    graphs for the same reason: one formulation on every path (model/onnx_graph.py)."""
     out.mkdir(parents=True, exist_ok=True)
+    plan, share = _plan(paths, groups, keep_float)
     result = {graph: out / f"{graph}.onnx" for graph in GRAPHS}
-    proto = onnx.load(str(paths["decoder"]))
-    chosen = set(nodes_for(groups, "decoder", keep_float))
-    packed = {}
-    if chosen:
-        packed = _to_nbits(proto.graph, chosen, block_size)
+    for graph in GRAPHS:
+        _ort_dynamic(paths[graph], result[graph], plan[graph])
+        proto = onnx.load(str(result[graph]))
+        rows_int8_products(proto.graph)
+        unfuse_skip_layer_norm(proto.graph, residual_op="Sum")
         _import_contrib_ops(proto)
-    onnx.save(proto, str(result["decoder"]))
-    encoder_nodes = nodes_for(groups, "encoder", keep_float)
-    shared = _lookups_of_packed_tables(paths["encoder"], encoder_nodes, packed)
-    _dynamic_graph(paths["encoder"], result["encoder"], [n for n in encoder_nodes if n not in shared], per_channel)
-    if shared:
-        _read_tables_from_decoder(result["encoder"], result["decoder"], proto.graph, shared)
+        onnx.save(proto, str(result[graph]))
+    _finish(result, share, paths["decoder"])
     return result
 
 
-def _lookups_of_packed_tables(encoder: Path, nodes: list[str], packed: dict[str, "PackedTable"]
-                              ) -> dict[str, "PackedTable"]:
-    """{encoder lookup node: the decoder's packed matrix holding exactly its table}: the tied
-    embedding, which the decoder already stores as int8 blocks for its output projection."""
-    if not packed:
-        return {}
+def rows_int8_products(graph: onnx.GraphProto) -> int:
+    """Every DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul chain (quantize_dynamic's form,
+    which onnxruntime fuses into DynamicQuantizeMatMul when it loads) as the per-row form of
+    quantize_rows: one row quantizer per input value, shared by the products that read it, and a
+    MatMulIntegerToFloat per product. Returns how many products."""
     from onnx import numpy_helper
 
-    proto = onnx.load(str(encoder))
-    weights = {i.name: i for i in proto.graph.initializer}
-    shared = {}
-    for node in proto.graph.node:
-        if node.name in nodes and node.op_type == "Gather" and node.input[0] in weights:
-            table = numpy_helper.to_array(weights[node.input[0]])  # [vocab, d]
-            shared.update({node.name: entry for entry in packed.values()
-                           if entry.weight.shape == table.T.shape and np.array_equal(entry.weight, table.T)})
-    return shared
-
-
-def _read_tables_from_decoder(encoder: Path, decoder: Path, decoder_graph: onnx.GraphProto,
-                              shared: dict[str, "PackedTable"]) -> None:
-    """Replace the encoder's float lookups by GatherBlockQuantized over the decoder's packed
-    tables, stored as references to their bytes inside decoder.onnx: the package keeps the
-    vocabulary table once (half of a small model's bytes), not once per graph."""
-    proto = onnx.load(str(encoder))
-    graph = proto.graph
-    blob = decoder.read_bytes()  # as saved: the offsets of the tensors' bytes
-    tensors = {t.name: t for t in decoder_graph.initializer}
-    new_nodes: list[onnx.NodeProto] = []
-    added: set[str] = set()
+    producer = {out: node for node in graph.node for out in node.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
-        entry = shared.get(node.name)
-        if entry is None:
-            new_nodes.append(node)
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    weights = {t.name: t for t in graph.initializer}
+    make = onnx.helper.make_node
+    constants = {"row_int8/axes": np.array([-1], np.int64), "row_int8/tiny": np.array(1e-30, np.float32),
+                 "row_int8/int8_max": np.array(INT8_MAX, np.float32),
+                 "row_int8/zero_point_float": np.array(ROW_ZERO_POINT, np.float32),
+                 "row_int8/zero_point": np.array(ROW_ZERO_POINT, np.uint8)}
+    quantizers: dict[str, tuple[str, str]] = {}  # input value -> (its uint8 rows, their scales)
+    converted = 0
+    for product in [n for n in graph.node if n.op_type == "MatMulInteger"]:
+        dql = producer.get(product.input[0])
+        cast = _only_reader(readers, product.output[0], "Cast")
+        scale = _only_reader(readers, cast.output[0], "Mul") if cast is not None else None
+        if dql is None or dql.op_type != "DynamicQuantizeLinear" or scale is None:
             continue
-        for name in (entry.blocks, entry.scales):
-            if name not in added:
-                tensor = onnx.TensorProto()
-                tensor.CopyFrom(tensors[name])
-                if not refer_to_bytes_in(tensor, decoder.name, blob):
-                    raise ValueError(f"{decoder}: the bytes of {name} are not stored verbatim")
-                graph.initializer.append(tensor)
-                added.add(name)
-        new_nodes += block_lookup(graph, node.name, entry, node.input[1], node.output[0], entry.rows)
-    del graph.node[:]
-    graph.node.extend(new_nodes)
-    _import_contrib_ops(proto)
+        combined = next(i for i in scale.input if i != cast.output[0])
+        scales_mul = producer.get(combined)
+        column_scale = next((i for i in scales_mul.input if i in weights), None) if scales_mul is not None else None
+        zero_point = product.input[3] if len(product.input) > 3 else ""
+        if column_scale is None or (zero_point and np.any(numpy_helper.to_array(weights[zero_point]))):
+            raise ValueError(f"{product.name}: not quantize_dynamic's symmetric per-column form")
+        x = dql.input[0]
+        if x not in quantizers:
+            p = f"row_int8/{len(quantizers)}"
+            quantizers[x] = (f"{p}/q", f"{p}/scale")
+            at = list(graph.node).index(dql)
+            for offset, node in enumerate([  # unnamed: a graph has a dozen of these, names are bytes
+                    make("Abs", [x], [f"{p}/abs"]),
+                    make("ReduceMax", [f"{p}/abs"], [f"{p}/max"], axes=[-1], keepdims=1),
+                    make("Max", [f"{p}/max", "row_int8/tiny"], [f"{p}/max_safe"]),
+                    make("Div", [f"{p}/max_safe", "row_int8/int8_max"], [f"{p}/scale"]),
+                    make("Div", [x, f"{p}/scale"], [f"{p}/steps"]),
+                    make("Round", [f"{p}/steps"], [f"{p}/rounded"]),  # half to even
+                    make("Add", [f"{p}/rounded", "row_int8/zero_point_float"], [f"{p}/shifted"]),
+                    make("Cast", [f"{p}/shifted"], [f"{p}/q"], to=onnx.TensorProto.UINT8)]):
+                graph.node.insert(at + offset, node)
+        q, row_scale = quantizers[x]
+        replace_node(graph, product, [make("MatMulIntegerToFloat", [q, product.input[1], row_scale, column_scale,
+                                                                     "row_int8/zero_point"], list(scale.output),
+                                           name=product.name, domain="com.microsoft")])
+        for node in (cast, scale, scales_mul):
+            graph.node.remove(node)
+        converted += 1
+    for dql in [n for n in graph.node if n.op_type == "DynamicQuantizeLinear"]:
+        if not any(name in node.input for node in graph.node for name in dql.output):
+            graph.node.remove(dql)
+    if converted:
+        graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in constants.items())
     drop_unused_initializers(graph)
-    onnx.save(proto, str(encoder))
+    return converted
+
+
+def _only_reader(readers: dict, value: str, op_type: str) -> onnx.NodeProto | None:
+    nodes = readers.get(value, [])
+    return nodes[0] if len(nodes) == 1 and nodes[0].op_type == op_type else None
+
+
+def static_int8_products(graph: onnx.GraphProto) -> int:
+    """onnxruntime's QDQ products (MatMul over DequantizeLinear(QuantizeLinear(x)) and a constant
+    DequantizeLinear(int8 weight)) as QuantizeLinear(x) to uint8 (its int8 value + 128, the
+    activations onnxruntime's fast int8 kernels take: signed ones ran 20x slower here) and
+    MatMulIntegerToFloat, the bias of an Add that follows taken in; the QDQ writer's fake
+    quantization of the products' outputs is dropped (one rounding less, and a node pair).
+    Returns how many products."""
+    from onnx import numpy_helper
+
+    producer = {out: node for node in graph.node for out in node.output}
+    weights = {t.name: t for t in graph.initializer}
+    make = onnx.helper.make_node
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    quantizers: dict[str, str] = {}  # activation value -> its uint8 form
+    converted = 0
+
+    def constant_dq(name: str) -> onnx.NodeProto | None:
+        node = producer.get(name)
+        return node if node is not None and node.op_type == "DequantizeLinear" and \
+            all(i in weights for i in node.input if i) else None
+
+    for product in [n for n in graph.node if n.op_type == "MatMul"]:
+        dq_a, dq_b = producer.get(product.input[0]), constant_dq(product.input[1])
+        q_a = producer.get(dq_a.input[0]) if dq_a is not None and dq_a.op_type == "DequantizeLinear" else None
+        if q_a is None or q_a.op_type != "QuantizeLinear" or dq_b is None:
+            continue
+        x, scale = q_a.input[0], q_a.input[1]
+        weight, column_scale = dq_b.input[0], dq_b.input[1]
+        zero = dq_b.input[2] if len(dq_b.input) > 2 else ""
+        if np.ndim(numpy_helper.to_array(weights[scale])) or (zero and np.any(numpy_helper.to_array(weights[zero]))):
+            raise ValueError(f"{product.name}: not a per-tensor activation scale and symmetric weights")
+        if x not in quantizers:
+            quantizers[x] = f"{x}/static_int8/q"
+            graph.node.insert(list(graph.node).index(q_a), make(
+                "QuantizeLinear", [x, scale, "static_int8/zero_point"], [quantizers[x]], name=f"{x}/static_int8"))
+        replace_node(graph, product, [make("MatMulIntegerToFloat", [quantizers[x], weight, scale, column_scale,
+                                                                     "static_int8/zero_point"], list(product.output),
+                                           name=product.name, domain="com.microsoft")])
+        converted += 1
+    # The QDQ writer's fake quantization of values (Q -> DQ, both made for an activation): gone.
+    for dq in [n for n in graph.node if n.op_type == "DequantizeLinear"]:
+        q = producer.get(dq.input[0])
+        if q is not None and q.op_type == "QuantizeLinear" and constant_dq(dq.output[0]) is None:
+            for node in graph.node:
+                for field in (node.input,):
+                    for i, name in enumerate(field):
+                        if name == dq.output[0]:
+                            field[i] = q.input[0]
+            graph.node.remove(dq)
+    for node in [n for n in graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]:
+        if not any(node.output[0] in other.input for other in graph.node):
+            graph.node.remove(node)  # what only the products read
+    if converted:
+        graph.initializer.append(numpy_helper.from_array(np.array(ROW_ZERO_POINT, np.uint8), "static_int8/zero_point"))
+        _fold_biases(graph)
+    drop_unused_initializers(graph)
+    return converted
+
+
+def _fold_biases(graph: onnx.GraphProto) -> int:
+    """MatMulIntegerToFloat (a scalar activation scale) -> Add(its output, a constant [N]) as the
+    product's bias input: one node and one pass less (with a per-row scale onnxruntime 1.31 would
+    scale the bias too, so quantize_rows' products keep their Adds)."""
+    from onnx import numpy_helper
+
+    weights = {t.name: t for t in graph.initializer}
+    outputs = {o.name for o in graph.output}
+    folded = 0
+    for product in [n for n in graph.node if n.op_type == "MatMulIntegerToFloat" and len(n.input) < 7]:
+        readers = [n for n in graph.node if product.output[0] in n.input]
+        if len(readers) != 1 or readers[0].op_type != "Add" or product.output[0] in outputs:
+            continue
+        add, a_scale, b_scale = readers[0], product.input[2], product.input[3]
+        bias = next(i for i in add.input if i != product.output[0])
+        if a_scale not in weights or np.ndim(numpy_helper.to_array(weights[a_scale])) or bias not in weights \
+                or b_scale not in weights or list(weights[bias].dims) != list(weights[b_scale].dims):
+            continue
+        product.input.extend([""] * (6 - len(product.input)) + [bias])
+        product.output[0] = add.output[0]
+        graph.node.remove(add)
+        folded += 1
+    return folded
+
+
+# --------------------------------------------------------------------- the token table, once
+def _token_lookups(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The encoder's token lookups: Gathers of a [vocab, d] initializer by the graph's input ids."""
+    inputs = {i.name for i in graph.input}
+    weights = {t.name: t for t in graph.initializer}
+    return [n for n in graph.node if n.op_type == "Gather" and n.input[1] in inputs and n.input[0] in weights
+            and len(weights[n.input[0]].dims) == 2 and not gathers_columns(n)]
+
+
+TABLE, TABLE_SCALES = "token_table/int8", "token_table/scales"
+
+
+def share_token_table(encoder: Path, decoder: Path, source: Path) -> bool:
+    """Store the tied token table once, as uint8 rows (int8 + 128) with a scale per word, inside
+    decoder.onnx: the decoder's lookup and the encoder's read it with GatherBlockQuantized (one
+    node; the encoder refers to the decoder file's bytes), and the output projection's int8 weight
+    [d, vocab] is made from it by nodes of constants that onnxruntime folds when the session
+    loads. The values are the projection's own int8 weight and scales: the package stores the
+    table once (half of a small model's bytes), and a step looks a token up in one node instead
+    of seven. `source`: the float decoder both were quantized from, whose tied table the encoder's
+    lookup must hold. Returns False, changing nothing, where the decoder's projection is not an
+    int8 product of the tied table or the encoder's table is not that table."""
+    from onnx import numpy_helper
+
+    dec = onnx.load(str(decoder))
+    g = dec.graph
+    weights = {t.name: t for t in g.initializer}
+    producer = {out: node for node in g.node for out in node.output}
+    lookup = next((n for n in g.node if gathers_columns(n)), None)
+    if lookup is None:
+        return False
+    dq = producer.get(lookup.input[0])
+    if dq is not None and dq.op_type == "DequantizeLinear" and all(i in weights for i in dq.input if i):
+        quantized, scale = dq.input[0], dq.input[1]  # the QDQ writer's form
+    else:
+        quantized, scale = f"{lookup.input[0]}_quantized", f"{lookup.input[0]}_scale"
+    product = next((n for n in g.node if n.op_type == "MatMulIntegerToFloat" and n.input[1] == quantized
+                    and n.input[3] == scale), None)
+    transpose = next((n for n in g.node if n.op_type == "Transpose" and lookup.output[0] in n.input), None)
+    if product is None or transpose is None or quantized not in weights or scale not in weights:
+        return False
+    original = onnx.load(str(source))
+    float_table = next((numpy_helper.to_array(t) for t in original.graph.initializer for n in original.graph.node
+                        if gathers_columns(n) and n.input[0] == t.name), None)  # [d, vocab]
+    enc = onnx.load(str(encoder))
+    enc_lookups = [n for n in _token_lookups(enc.graph) if float_table is not None and np.array_equal(
+        numpy_helper.to_array(next(t for t in enc.graph.initializer if t.name == n.input[0])), float_table.T)]
+    if not enc_lookups:
+        return False
+    q = numpy_helper.to_array(weights[quantized])  # int8 [d, vocab]
+    scales = numpy_helper.to_array(weights[scale]).astype(np.float32)  # [vocab]
+    d, vocab = q.shape
+    block = max(16, 1 << (d - 1).bit_length())  # GatherBlockQuantized: a power of two
+    rows = np.full((vocab, block), ROW_ZERO_POINT, np.uint8)
+    rows[:, :d] = (q.T.astype(np.int16) + ROW_ZERO_POINT).astype(np.uint8)
+    make = onnx.helper.make_node
+    g.initializer.extend([numpy_helper.from_array(rows, TABLE),
+                          numpy_helper.from_array(scales.reshape(vocab, 1), TABLE_SCALES)])
+    p = "token_table/projection"
+    g.initializer.extend(numpy_helper.from_array(np.array(v, dtype), f"{p}/{name}") for name, v, dtype in (
+        ("starts", [0], np.int64), ("ends", [d], np.int64), ("axes", [1], np.int64),
+        ("zero", ROW_ZERO_POINT, np.int32), ("flat", [vocab], np.int64)))
+    # The product's weight and scales from the table's constants (folded at load, then prepacked).
+    replace_node(g, product, [
+        make("Slice", [TABLE, f"{p}/starts", f"{p}/ends", f"{p}/axes"], [f"{p}/rows"], name=f"{p}/rows"),
+        make("Cast", [f"{p}/rows"], [f"{p}/wide"], to=onnx.TensorProto.INT32, name=f"{p}/wide"),
+        make("Sub", [f"{p}/wide", f"{p}/zero"], [f"{p}/centred"], name=f"{p}/centred"),
+        make("Cast", [f"{p}/centred"], [f"{p}/int8"], to=onnx.TensorProto.INT8, name=f"{p}/int8"),
+        make("Transpose", [f"{p}/int8"], [f"{p}/weight"], perm=[1, 0], name=f"{p}/weight"),
+        make("Reshape", [TABLE_SCALES, f"{p}/flat"], [f"{p}/scales"], name=f"{p}/scales"),
+        _with_inputs(product, {1: f"{p}/weight", 3: f"{p}/scales"})])
+    replace_node(g, lookup, _table_lookup(g, lookup.name, lookup.input[1], transpose.output[0], d, block))
+    g.node.remove(transpose)
+    if dq is not None and not any(dq.output[0] in n.input for n in g.node if n is not dq):
+        g.node.remove(dq)
+    drop_unused_initializers(g)
+    _import_contrib_ops(dec)
+    onnx.save(dec, str(decoder))
+    # The encoder: the same rows, by reference to decoder.onnx's bytes.
+    blob = decoder.read_bytes()
+    for name in (TABLE, TABLE_SCALES):
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(next(t for t in dec.graph.initializer if t.name == name))
+        if not refer_to_bytes_in(tensor, decoder.name, blob):
+            raise ValueError(f"{decoder}: the bytes of {name} are not stored verbatim")
+        enc.graph.initializer.append(tensor)
+    for node in enc_lookups:
+        replace_node(enc.graph, node, _table_lookup(enc.graph, node.name, node.input[1], node.output[0], d, block))
+    drop_unused_initializers(enc.graph)
+    _import_contrib_ops(enc)
+    onnx.save(enc, str(encoder))
+    return True
+
+
+def _with_inputs(node: onnx.NodeProto, inputs: dict[int, str]) -> onnx.NodeProto:
+    new = onnx.NodeProto()
+    new.CopyFrom(node)
+    for slot, name in inputs.items():
+        new.input[slot] = name
+    return new
+
+
+def _table_lookup(graph: onnx.GraphProto, name: str, tokens: str, output: str, d: int, block: int
+                  ) -> list[onnx.NodeProto]:
+    """Nodes looking `tokens` up in the shared table into `output` (the rows, unpadded to d)."""
+    from onnx import numpy_helper
+
+    make = onnx.helper.make_node
+    gathered = output if block == d else f"{name}/padded"
+    nodes = [make("GatherBlockQuantized", [TABLE, tokens, TABLE_SCALES], [gathered], name=name,
+                  domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=block, bits=8)]
+    if block != d:
+        bounds = [f"{name}/{k}" for k in ("starts", "ends", "axes")]
+        graph.initializer.extend(numpy_helper.from_array(np.array([v], np.int64), n) for n, v in zip(bounds, (0, d, -1)))
+        nodes.append(make("Slice", [gathered, *bounds], [output], name=f"{name}/unpad"))
+    return nodes
 
 
 def _import_contrib_ops(proto: onnx.ModelProto) -> None:
     if not any(o.domain == "com.microsoft" for o in proto.opset_import):
         proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
-
-
-BLOCK_SIZES = (16, 32, 64, 128)
-
-
-def block_for(rows: int, preferred: int) -> int:
-    if rows % preferred == 0:
-        return preferred
-    def stored(b: int) -> int:  # bytes per column: padded int8 blocks + a float32 scale each
-        blocks = -(-rows // b)
-        return blocks * b + 4 * blocks
-    return min(BLOCK_SIZES, key=lambda b: (stored(b), -b))
-
-
-def _pack_int8_blocks(weight: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """[K, N] float -> (packed uint8 [N, K_blocks, block_size], scales float32 [N, K_blocks]):
-    symmetric, stored with the implicit zero point 128 that MatMulNBits and GatherBlockQuantized
-    assume when none is given."""
-    from onnxruntime.capi._pybind_state import quantize_matmul_8bits
-
-    rows, cols = weight.shape
-    blocks = -(-rows // block_size)
-    padded = np.zeros((blocks * block_size, cols), dtype=np.float32)
-    padded[:rows] = weight
-    packed = np.zeros((cols, blocks, block_size), dtype=np.uint8)
-    scales = np.zeros((cols, blocks), dtype=np.float32)
-    zero_points = np.zeros((cols, blocks), dtype=np.uint8)  # unused when symmetric
-    quantize_matmul_8bits(packed, padded, scales, zero_points, block_size, cols, blocks * block_size, True)
-    return packed, scales
-
-
-@dataclass(frozen=True, eq=False)
-class PackedTable:
-    """A float weight [K, N] stored as int8 blocks: `blocks` uint8 [N, K blocks, block] and
-    `scales` float [N, K blocks] (initializer names), K rows before padding."""
-
-    blocks: str
-    scales: str
-    rows: int
-    block: int
-    shape: tuple[int, ...]
-    weight: np.ndarray  # the float [K, N] it was packed from
-
-
-def block_lookup(graph: onnx.GraphProto, node_name: str, table: PackedTable, indices: str, output: str,
-                 d: int) -> list[onnx.NodeProto]:
-    """Nodes reading rows `indices` of a packed [vocab, d] table (dequantized) into `output`."""
-    from onnx import numpy_helper
-
-    make = onnx.helper.make_node
-    rows, blocks, block = table.shape
-    width = blocks * block
-    # The table as [rows, blocks * block_size]: a Reshape of an initializer, which ORT folds
-    # when the session loads (the file keeps one copy).
-    shape = f"{node_name}/table_shape"
-    graph.initializer.append(numpy_helper.from_array(np.array([rows, width], dtype=np.int64), shape))
-    gathered = output if width == d else f"{node_name}/padded"
-    nodes = [make("Reshape", [table.blocks, shape], [f"{node_name}/table"], name=f"{node_name}_table"),
-             make("GatherBlockQuantized", [f"{node_name}/table", indices, table.scales], [gathered], name=node_name,
-                  domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=block, bits=8)]
-    if width != d:  # K was padded to whole blocks
-        bounds = [f"{node_name}/{k}" for k in ("starts", "ends", "axes")]
-        graph.initializer.extend(numpy_helper.from_array(np.array([v], dtype=np.int64), n)
-                                 for n, v in zip(bounds, (0, d, -1)))
-        nodes.append(make("Slice", [gathered, *bounds], [output], name=f"{node_name}_unpad"))
-    return nodes
-
-
-def _to_nbits(graph: onnx.GraphProto, chosen: set[str], block_size: int) -> dict[str, PackedTable]:
-    """The chosen MatMuls as MatMulNBits and lookups as GatherBlockQuantized, in place; returns
-    {float weight name: its packed form}."""
-    from onnx import numpy_helper
-
-    make = onnx.helper.make_node
-    weights = {i.name: i for i in graph.initializer}
-    packed: dict[str, PackedTable] = {}
-
-    def pack(name: str, matrix: np.ndarray) -> PackedTable:
-        if name not in packed:
-            block = block_for(matrix.shape[0], block_size)
-            q, s = _pack_int8_blocks(matrix, block)
-            graph.initializer.extend([numpy_helper.from_array(q, f"{name}_int8_blocks"),
-                                      numpy_helper.from_array(s, f"{name}_block_scales")])
-            packed[name] = PackedTable(f"{name}_int8_blocks", f"{name}_block_scales", matrix.shape[0], block,
-                                       q.shape, matrix)
-        return packed[name]
-
-    new_nodes: list[onnx.NodeProto] = []
-    for node in graph.node:
-        if node.name in chosen and node.op_type == "MatMul":
-            w = numpy_helper.to_array(weights[node.input[1]])
-            table = pack(node.input[1], w)
-            new_nodes.append(make("MatMulNBits", [node.input[0], table.blocks, table.scales], list(node.output),
-                                  name=node.name, domain="com.microsoft", K=table.rows, N=w.shape[1], bits=8,
-                                  block_size=table.block, accuracy_level=4))
-        elif node.name in chosen and node.op_type == "Gather":  # a [vocab, d] table, rows gathered
-            rows = numpy_helper.to_array(weights[node.input[0]])
-            table = pack(node.input[0], rows.T)
-            new_nodes += block_lookup(graph, node.name, table, node.input[1], node.output[0], rows.shape[1])
-        else:
-            new_nodes.append(node)
-    # The decoder's tied lookup (Gather of [d, vocab] columns + Transpose) reads the packed
-    # output projection when that was quantized: its packed rows are the vocabulary entries.
-    for node in list(new_nodes):
-        if not gathers_columns(node) or node.input[0] not in packed:
-            continue
-        transpose = next(n for n in new_nodes if n.op_type == "Transpose" and node.output[0] in n.input)
-        index = new_nodes.index(node)
-        replacement = block_lookup(graph, node.name, packed[node.input[0]], node.input[1], transpose.output[0],
-                                   packed[node.input[0]].rows)
-        new_nodes[index: index + 1] = replacement
-        new_nodes.remove(transpose)
-    del graph.node[:]
-    graph.node.extend(new_nodes)
-    fold_bias_adds(graph)
-    drop_unused_initializers(graph)
-    return packed
-
-
-MATMUL_NBITS_BIAS = 5  # MatMulNBits' inputs: A, B, scales, zero_points, g_idx, bias
-
-
-def fold_bias_adds(graph: onnx.GraphProto) -> int:
-    """MatMulNBits -> Add(bias [N]) pairs as one MatMulNBits with its bias input; returns how many.
-
-    onnxruntime does this itself when it loads a MatMulNBits graph, but not for the
-    DynamicQuantizeMatMul that the many-rows search graph turns these nodes into
-    (onnx_generate._many_rows_matmuls), where the bias then rides along instead of costing a
-    node per matrix and decoder step."""
-    weights = {t.name: t for t in graph.initializer}
-    outputs = {o.name for o in graph.output}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    folded = 0
-    for node in [n for n in graph.node if n.op_type == "MatMulNBits" and len(n.input) <= 3]:
-        users = consumers.get(node.output[0], [])
-        if len(users) != 1 or users[0].op_type != "Add" or node.output[0] in outputs:
-            continue
-        add = users[0]
-        bias = next((name for name in add.input if name != node.output[0]), None)
-        columns = next(a.i for a in node.attribute if a.name == "N")
-        if bias not in weights or list(weights[bias].dims) != [columns] or \
-                weights[bias].data_type != onnx.TensorProto.FLOAT:
-            continue
-        node.input.extend([""] * (MATMUL_NBITS_BIAS - len(node.input)) + [bias])
-        node.output[0] = add.output[0]
-        graph.node.remove(add)
-        folded += 1
-    return folded

@@ -29,7 +29,7 @@ import onnxruntime as ort
 
 from .files import PACKAGE_JSON, PackageError, sha256_file, verify_package  # noqa: F401 (re-exported)
 from .search import GenerationConfig, best_of, search, translate_sentences
-from .shortlist import SHORTLIST_FILE, Shortlist, ShortlistError
+from .shortlist import SHORTLIST_FILE, Shortlist, ShortlistError, sentence_width
 from .subword import SubwordTokenizer
 
 _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -108,13 +108,13 @@ class OnnxDecoder:
             cross = [np.repeat(c, beam, axis=0) for c in cross]
             mask = np.repeat(mask, beam, axis=0)
         self.feed = {"src_mask": mask, **dict(zip(self.cross_names, cross)), **self._empty_past(self.rows)}
-        self.batch_sources, self.words, self.shortlist_feed = src, None, None
+        self.batch_sources, self.words, self.shortlist_feed, self.masked = src, None, None, None
 
     def _setup_shortlist(self, shortlist) -> None:
-        """A package's lexical shortlist (model/shortlist.py), used by decoder_batch.onnx and
-        decoder_greedy.onnx where both take it, on greedy steps (see _projection_feed);
-        `use_shortlist` turns it off (the whole vocabulary)."""
-        self.shortlist = self.selector = self.words = self.shortlist_feed = None
+        """A package's lexical shortlist (model/shortlist.py) and the special ids, used by
+        decoder_batch.onnx and decoder_greedy.onnx where both take it, on greedy steps (see
+        _projection_feed); `use_shortlist` turns it off (the whole vocabulary)."""
+        self.shortlist = self.selector = self.words = self.shortlist_feed = self.masked = None
         self.batch_sources: list[list[int]] = []
         self.use_shortlist = False
         self.shortlist_flag = "shortlisted"
@@ -129,7 +129,8 @@ class OnnxDecoder:
                     shape = [d if isinstance(d, int) else 0 for d in value.shape]
                     self.no_shortlist_feed[name] = np.zeros(shape, _ARRAY_TYPES[value.type])
         if shortlist is not None and self.no_shortlist_feed:
-            self.shortlist, self.selector = shortlist
+            self.shortlist, self.selector, self.specials = shortlist
+            self.sentence_width = sentence_width(self.shortlist)
             self.selector_outputs = [o.name for o in self.selector.get_outputs()]
             self.use_shortlist = True
 
@@ -138,12 +139,15 @@ class OnnxDecoder:
         vocabulary). Only steps that want the best words without their scores (greedy search) are
         shortlisted: log-probabilities normalised over a shortlist shift the scores beam search
         compares across beams (teacher int8, test_2016, beam 4, batch 32: -0.34 BLEU with 100
-        words per source word, where greedy lost nothing). The batch's words and their part of the
-        projection are made at its first such step."""
+        words per source word, where greedy lost nothing). The projection covers the union of the
+        batch's sentences' word lists; each row may choose from its own sentence's list only
+        (`masked`: -inf elsewhere), the list the one-sentence search in generate.onnx uses, so no
+        neighbour changes a sentence's words. Made at the batch's first such step."""
         if scores or self.shortlist is None or not self.use_shortlist:
             return self.no_shortlist_feed, None
         if self.shortlist_feed is None:
-            self.words = self.shortlist.for_sources(self.batch_sources)
+            self.words, allowed = self.shortlist.batch_words(self.batch_sources, self.specials, self.sentence_width)
+            self.masked = np.where(allowed, np.float32(0), np.float32(-np.inf))
             self.shortlist_feed = {self.shortlist_flag: np.array([True]), **dict(zip(
                 self.selector_outputs, self.selector.run(self.selector_outputs, {"words": self.words})))}
         return self.shortlist_feed, self.words
@@ -178,7 +182,7 @@ class OnnxDecoder:
             logits, *present = self.greedy.run(self.greedy_outputs, {
                 **{n: feed[n] for n in self.greedy_inputs if n in feed}, **projection})
             feed.update(zip(self.greedy_past, present))
-            values, ids = best_of(logits, m)
+            values, ids = best_of(logits if words is None else logits + self.masked, m)
             return values, ids if words is None else words[ids]
         feed["cache_index"] = self.arange if parents is None else parents
         top_k = min(m, self.vocab) if isinstance(self.vocab, int) else m
@@ -192,7 +196,7 @@ class OnnxDecoder:
         values, ids, *present = self.many_rows.run(self.many_rows_outputs, {**feed, **extra, **projection})
         feed.update(zip(self.past_names, present))
         if ids.shape[1] == 0:  # normalize false: the logits of the whole vocabulary (or the shortlist)
-            values, ids = best_of(values, m)
+            values, ids = best_of(values if words is None else values + self.masked, m)
         return values, ids if words is None else words[ids]
 
     def _keep(self, rows: np.ndarray) -> None:
@@ -209,6 +213,8 @@ class OnnxDecoder:
         feed["src_mask"] = feed["src_mask"][rows]
         for name in self.cross_names:
             feed[name] = feed[name][rows]
+        if self.masked is not None:  # greedy: a row per sentence
+            self.masked = self.masked[rows]
         self.arange = np.arange(self.rows, dtype=np.int64)
 
     # ------------------------------------------------------------------ CUDA, I/O binding
@@ -357,7 +363,8 @@ class Translator:
             except ShortlistError as exc:
                 raise PackageError(str(exc)) from None
             lexical = (table, ort.InferenceSession(str(self.folder / SHORTLIST_SELECTOR), options,
-                                                   providers=["CPUExecutionProvider"]))
+                                                   providers=["CPUExecutionProvider"]),
+                       (self.generation.pad_id, self.generation.bos_id, self.generation.eos_id))
         self.decoder = OnnxDecoder(encoder, decoder, self.generation.pad_id, self.device, device_id, many_rows, greedy,
                                    lexical)
         if search not in ("auto", "graph", "python"):

@@ -52,6 +52,45 @@ class Shortlist:
         listed[self.words[picked]] = True
         return np.flatnonzero(listed).astype(np.int64)
 
+    def sentence_words(self, src: Iterable[int], specials: Iterable[int], width: int) -> np.ndarray:
+        """The words a sentence's greedy search chooses from (the package format's rule): the
+        special ids, then the frequent words, then the candidates of its source words that are
+        neither, each in id order, at most `width` (sentence_width) in all: where a long
+        sentence's candidates do not all fit, the lower ids (the more frequent subwords) stay.
+        The generate graph's one-sentence search (model/onnx_generate.py) makes the same list."""
+        specials = np.asarray(list(specials), dtype=np.int64)
+        ids = np.fromiter(src, dtype=np.int64)
+        ids = np.unique(ids[(ids >= 0) & (ids < self.vocab_size)])
+        starts, ends = self.offsets[ids], self.offsets[ids + 1]
+        counts = ends - starts
+        picked = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        frequent = np.zeros(self.vocab_size, dtype=bool)
+        frequent[self.always] = True
+        candidate = np.zeros(self.vocab_size, dtype=bool)
+        candidate[self.words[picked]] = True
+        frequent[specials] = candidate[specials] = False
+        candidate &= ~frequent
+        rest = np.concatenate([np.flatnonzero(frequent), np.flatnonzero(candidate)])[: width - len(specials)]
+        return np.concatenate([specials, rest])
+
+    def batch_words(self, sources: list[list[int]], specials: Iterable[int], width: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """(the sorted union of the sentences' sentence_words, bool [sentences, union]: the
+        words each sentence may choose): a batch's greedy steps project onto the union once and
+        mask each row to its own sentence's words, so no sentence's output depends on the others."""
+        specials = list(specials)
+        lists = [self.sentence_words(s, specials, width) for s in sources]
+        present = np.zeros(self.vocab_size, dtype=bool)
+        for words in lists:
+            present[words] = True
+        union = np.flatnonzero(present)
+        place = np.zeros(self.vocab_size, dtype=np.int64)
+        place[union] = np.arange(len(union))
+        allowed = np.zeros((len(lists), len(union)), dtype=bool)
+        for row, words in enumerate(lists):
+            allowed[row, place[words]] = True
+        return union, allowed
+
     def save(self, path: Path) -> None:
         with open(path, "wb") as f:
             np.savez(f, vocab_size=np.array(self.vocab_size, np.int64), always=self.always,
@@ -78,6 +117,20 @@ class Shortlist:
         if problem:
             raise ShortlistError(f"{path}: {problem}")
         return cls(vocab_size, np.unique(always.astype(np.int64)), offsets.astype(np.int64), words.astype(np.int32))
+
+
+# Room in a sentence's word list for this many source words' candidates beyond the frequent words
+# (see sentence_width); a longer sentence keeps each word's best first.
+SENTENCE_SOURCE_WORDS = 12
+
+
+def sentence_width(shortlist: Shortlist) -> int:
+    """The size of a sentence's word list (Shortlist.sentence_words): the generate graph's op
+    needs its vocabulary size when it loads, so every sentence's list is cut (or filled, with
+    words it may not choose) to this many words, a multiple of 64."""
+    per_word = int(np.diff(shortlist.offsets).max(initial=0))
+    width = len(shortlist.always) + 3 + SENTENCE_SOURCE_WORDS * per_word
+    return min(-(-width // 64) * 64, shortlist.vocab_size)
 
 
 def build_shortlist(pairs: Iterable[tuple[list[int], list[int]]], vocab_size: int, frequent: int, per_word: int,

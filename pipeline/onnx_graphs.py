@@ -30,8 +30,6 @@ class GraphOptions:
     opset: int = 17
     fused_attention: bool = True
     optimize: bool = True
-    block_size: int = 32  # int8_dynamic (package_builder): MatMulNBits block along the input dimension
-    per_channel: bool = True  # int8_dynamic (package_builder): the encoder's MatMulInteger scales
 
 
 def float32_graphs(model: Transformer, work: Path, options: GraphOptions = GraphOptions()) -> tuple[dict, dict]:
@@ -65,12 +63,17 @@ def variant_graphs(graphs: dict[str, Path], precision: str, work: Path, d_model:
     for name, path in graphs.items():
         shutil.copyfile(path, fp32[name])
     # The encoder runs on every token of a batch at once: there the standard ops are the faster
-    # (model/onnx_graph.py); the decoder's one row a step keeps the fused kernel.
-    encoder = onnx.load(str(fp32["encoder"]))
-    unfused = unfuse_skip_layer_norm(encoder.graph)
-    onnx.save(encoder, str(fp32["encoder"]))
+    # (model/onnx_graph.py). The decoder's residual norms take the form the step graphs for many
+    # rows need (Sum, which onnxruntime does not fuse back), so that one row and many rows run the
+    # same nodes: the same numbers for a sentence alone and in a batch (at one row both forms
+    # took the same time).
+    unfused = {}
+    for name, residual_op in (("encoder", "Add"), ("decoder", "Sum")):
+        proto = onnx.load(str(fp32[name]))
+        unfused[name] = unfuse_skip_layer_norm(proto.graph, residual_op=residual_op)
+        onnx.save(proto, str(fp32[name]))
     return fp32, {"positions_as_formula": {name: positions_as_formula(path, d_model) for name, path in fp32.items()},
-                  "encoder_layer_norms_unfused": unfused}
+                  "layer_norms_unfused": unfused}
 
 
 def generation_of(cfg: TransformerConfig, beam: int = 4) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from model.onnx_quantize import node_groups, quantize_blockwise
+from model.onnx_quantize import node_groups, quantize_rows
 from model.transformer import Transformer
 
 from .onnx_graphs import GraphOptions, float32_graphs, generation_of, variant_graphs
@@ -30,7 +30,6 @@ def build_package(model: Transformer, precision: str, dest: Path, *, tokenizer: 
     graphs, _ = float32_graphs(model, work, options)
     graphs, _ = variant_graphs(graphs, "fp16" if precision == "fp16" else "fp32", work, model.cfg.d_model)
     if precision == "int8_dynamic":
-        graphs = quantize_blockwise(graphs, work / "int8_dynamic", node_groups(graphs), (), options.block_size,
-                                    options.per_channel)
+        graphs = quantize_rows(graphs, work / "int8_dynamic", node_groups(graphs))
     return write_package(dest, graphs["encoder"], graphs["decoder"], tokenizer, generation_of(model.cfg, beam),
                          about or {"variant": precision}, shortlist=shortlist)

@@ -489,14 +489,9 @@ class ExportConfig(Strict):
 
 
 class QuantizeConfig(Strict):
+    # int8_dynamic: int8 weights per output column, activations per row (model/onnx_quantize.py).
     dynamic: bool = True
-    # How int8_dynamic runs its weights. matmul_nbits: int8 blocks of `block_size` along the
-    # input dimension, activations quantized per block at run time (ORT's MatMulNBits, the
-    # kernel it tunes for one-row decoding); matmul_integer: quantize_dynamic's per-channel
-    # MatMulInteger form.
-    dynamic_kernel: Literal["matmul_nbits", "matmul_integer"] = "matmul_nbits"
-    block_size: Literal[16, 32, 64, 128] = 32
-    per_channel: bool = True
+    per_channel: bool = True  # int8_static's weights: a scale per output column (else one per matrix)
     static: bool = True
     calibration: Literal["minmax", "entropy", "percentile"] = "minmax"
     calibration_sentences: PositiveInt = 200

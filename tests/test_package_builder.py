@@ -92,19 +92,18 @@ def _ops_after_loading(path, tmp_path) -> list[str]:
     return list(walk(onnx.load(options.optimized_model_filepath, load_external_data=False).graph))
 
 
-def test_many_rows_graphs_run_residual_norms_unfused(built, tmp_path):
+def test_every_graph_runs_residual_norms_unfused(built, tmp_path):
     """onnxruntime fuses Add + LayerNormalization into SkipLayerNormalization on the CPU, whose
-    kernel is several times slower past one row (model/onnx_graph.py): the graphs for many rows
-    keep it apart (Sum), and int8 ones carry each residual's bias in the matrix product before it."""
+    kernel is several times slower past one row and rounds differently from the standard ops
+    (model/onnx_graph.py): every CPU graph, one row or many, keeps the residual norms apart as
+    Sum (which it does not fuse), so that a sentence's numbers are the same alone and in a batch."""
     _, _, packages, _ = built
     for precision in ("fp32", "int8_dynamic"):
         folder = packages[precision]
-        assert "SkipLayerNormalization" in _ops_after_loading(folder / "decoder.onnx", tmp_path)  # one row: fused
-        for name in ("decoder_batch.onnx", "decoder_greedy.onnx", "generate_batch.onnx"):
-            if (folder / name).is_file():
-                ops = _ops_after_loading(folder / name, tmp_path)
-                assert "SkipLayerNormalization" not in ops and ops.count("Sum") == ops.count("LayerNormalization") - (
-                    name == "generate_batch.onnx") * len(built[0].cfg.enc_ffn) * 2, (precision, name)
+        for name in ("decoder.onnx", "decoder_batch.onnx", "decoder_greedy.onnx"):
+            ops = _ops_after_loading(folder / name, tmp_path)
+            assert "SkipLayerNormalization" not in ops and ops.count("Sum") == ops.count("LayerNormalization"), \
+                (precision, name)
     graph = onnx.load(packages["int8_dynamic"] / "decoder_greedy.onnx", load_external_data=False).graph
     producer = {out: node.op_type for node in graph.node for out in node.output}
     assert {producer[node.input[0]] for node in graph.node if node.op_type == "LayerNormalization"} == {"Sum"}
@@ -134,16 +133,17 @@ def test_each_precision_is_what_its_name_says(built):
     _, _, packages, sentences = built
     meta = {p: json.loads((folder / "package.json").read_text()) for p, folder in packages.items()}
     assert {p: m["variant"] for p, m in meta.items()} == {p: p for p in packages}
-    # The weights' graphs; the search graphs are structure (at d_model 32, a third of the bytes).
+    # The weights' graphs; the search graphs are structure (at d_model 32, a third of the bytes), and
+    # so is each int8 product's row quantizer (eight nodes) and a float scale per column of 32.
     weights = {p: sum(m["files"][g]["bytes"] for g in ("encoder.onnx", "decoder.onnx")) for p, m in meta.items()}
-    assert weights["int8_dynamic"] < 0.45 * weights["fp32"]
+    assert weights["int8_dynamic"] < 0.5 * weights["fp32"]
     assert meta["int8_dynamic"]["onnx_bytes"] < 0.7 * meta["fp32"]["onnx_bytes"]
 
     def op_types(folder, graph):
         return {n.op_type for n in onnx.load(str(folder / graph), load_external_data=False).graph.node}
 
-    assert "MatMulNBits" in op_types(packages["int8_dynamic"], "decoder.onnx")
-    assert "MatMulNBits" not in op_types(packages["fp32"], "decoder.onnx")
+    assert "MatMulIntegerToFloat" in op_types(packages["int8_dynamic"], "decoder.onnx")
+    assert "MatMulIntegerToFloat" not in op_types(packages["fp32"], "decoder.onnx")
     fp16 = onnx.load(str(packages["fp16"] / "decoder.onnx"))
     assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in fp16.graph.initializer)
     # The fp32 graphs compute the position table; the fp16 ones keep it as a table (in float16 the

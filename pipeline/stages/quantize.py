@@ -17,8 +17,7 @@ from typing import Callable
 
 import onnxruntime as ort
 
-from model.onnx_quantize import (RecordingDecoder, node_groups, quantize_blockwise, quantize_dynamic,
-                                 quantize_static)
+from model.onnx_quantize import RecordingDecoder, node_groups, quantize_rows, quantize_static
 from model.onnx_generate import DECODER_GREEDY, write_generate_graph, write_many_rows_decoder
 from model.runtime import GraphSearch, OnnxDecoder, PackageSearch, Translator
 from model.shortlist import SHORTLIST_FILE
@@ -34,10 +33,9 @@ from ..timing import interleaved
 
 CALIBRATION_BATCH = 16
 _PRECISION = {
-    "int8_dynamic": "int8 weights (per channel), activations quantized at run time; for CPUs",
-    "int8_dynamic/matmul_nbits": "decoder: int8 weights in blocks of {blocks} along each column, activations "
-                                 "quantized to int8 per block at run time (MatMulNBits); encoder: int8 weights "
-                                 "per channel (MatMulInteger); for CPUs",
+    "int8_dynamic": "int8 weights per output column, activations quantized per row (per token) at run time, "
+                    "exact int32 products (MatMulIntegerToFloat): a sentence's translation does not depend on "
+                    "its batch; for CPUs",
     "int8_static": "int8 QDQ (symmetric weights and activations, calibrated); for TensorRT and other int8 runtimes",
 }
 
@@ -75,15 +73,11 @@ def run(ctx: StageContext) -> dict:
             f"{len(groups)} weight groups")
     metrics: dict = {"fp32_bleu": fp32_bleu, "guard_sentences": n_guard, "beam": fp32.generation.beam,
                      "max_bleu_drop": cfg.max_bleu_drop, "fp32_onnx_bytes": fp32.package["onnx_bytes"],
-                     "groups": list(groups), "onnxruntime": ort.__version__, "variants": {},
-                     "dynamic_kernel": cfg.dynamic_kernel}
+                     "groups": list(groups), "onnxruntime": ort.__version__, "variants": {}}
 
     makers: dict[str, Callable] = {}
-    if cfg.dynamic and cfg.dynamic_kernel == "matmul_nbits":
-        makers["int8_dynamic"] = lambda keep, out: quantize_blockwise(paths, out, groups, keep, cfg.block_size,
-                                                                     cfg.per_channel)
-    elif cfg.dynamic:
-        makers["int8_dynamic"] = lambda keep, out: quantize_dynamic(paths, out, groups, keep, cfg.per_channel)
+    if cfg.dynamic:
+        makers["int8_dynamic"] = lambda keep, out: quantize_rows(paths, out, groups, keep)
     if cfg.static:
         feeds = calibration_feeds(fp32, valid_src[: cfg.calibration_sentences], ctx)
         metrics["calibration"] = {"method": cfg.calibration, "sentences": min(cfg.calibration_sentences,
@@ -210,14 +204,9 @@ def _about(fp32_package: dict, variant: str, float_groups: list[str], calibratio
     keep = ("title", "description", "source_artifact", "src_lang", "tgt_lang", "model", "onnxruntime")
     about = {k: fp32_package[k] for k in keep if k in fp32_package}
     precision = _PRECISION[variant]
-    if variant == "int8_dynamic" and cfg.dynamic_kernel == "matmul_nbits":
-        import onnx
-
-        blocks = sorted({a.i for n in onnx.load(str(decoder)).graph.node if n.op_type == "MatMulNBits"
-                         for a in n.attribute if a.name == "block_size"})  # as chosen per matrix
-        precision = _PRECISION["int8_dynamic/matmul_nbits"].format(blocks=" / ".join(map(str, blocks)) or "-")
-        about["kernel"] = {"op": "com.microsoft.MatMulNBits", "bits": 8, "block_sizes": blocks,
-                           "preferred_block_size": cfg.block_size, "accuracy_level": 4}
+    if variant == "int8_dynamic":
+        about["kernel"] = {"op": "com.microsoft.MatMulIntegerToFloat", "weights": "int8 per output column",
+                           "activations": "int8 per row, scale max|x| / 127, stored + 128"}
     about.update(variant=variant, precision=precision, float_groups=float_groups)
     if variant == "int8_static" and calibration:
         about["calibration"] = calibration
