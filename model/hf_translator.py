@@ -4,7 +4,8 @@ translator: text in, text out, with transformers' generate or through CTranslate
 The pipeline imports such a checkpoint as a teacher (pipeline/stages/import_teacher.py) and
 uses it here to translate the KD corpus and the test sets. Both decoders take the same batches
 (sorted by source length, cut by a token budget) and the same length limit, so their greedy
-outputs agree (tests/test_hf_teacher.py). `transformers` is the `hf` extra.
+outputs agree (tests/test_hf_teacher.py). `transformers` is the `hf` extra. Every text comes out
+on one line (model/lines.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import os
 import shutil
 from pathlib import Path
 from typing import Callable, Sequence
+
+from .lines import one_line
 
 HF_EXTRA_HINT = "the imported teacher needs transformers: pip install -e '.[hf]'"
 
@@ -113,7 +116,7 @@ class _ImportedTranslator:
         raise NotImplementedError
 
     def _text(self, ids: list[int]) -> str:
-        return self.hf.decode(ids, skip_special_tokens=True).strip()
+        return one_line(self.hf.decode(ids, skip_special_tokens=True)).strip()
 
     def _content(self, row: list[int]) -> list[int]:
         """An output's ids up to its end (EOS or padding)."""
