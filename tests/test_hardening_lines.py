@@ -20,7 +20,7 @@ from pipeline.errors import StageFailed  # noqa: E402
 from pipeline.store import Store  # noqa: E402
 
 from .conftest import SMOKE, cli  # noqa: E402
-from .test_hf_teacher import _recipe, marian  # noqa: E402,F401 (the fixture, built once for this module)
+from .test_hf_teacher import _recipe, biased_to, marian  # noqa: E402,F401 (the fixture, built once for this module)
 
 HUB_OFFLINE = {"HF_HUB_OFFLINE": "1"}
 
@@ -36,8 +36,6 @@ def _one_error(proc, code: int = 2) -> str:
 @pytest.fixture(scope="module")
 def newline_marian(marian, tmp_path_factory):
     """The tiny Marian with three of its pieces holding a line break, biased to write them."""
-    import torch
-
     folder = tmp_path_factory.mktemp("newline") / "opus-mt-newline"
     shutil.copytree(marian, folder)
     vocab = json.loads((folder / "vocab.json").read_text())
@@ -46,12 +44,7 @@ def newline_marian(marian, tmp_path_factory):
     for piece, i, brk in zip(pieces, ids, ("\n", "\r\n", "\u2028")):
         vocab[piece[:2] + brk + piece[2:]] = i
     (folder / "vocab.json").write_text(json.dumps(vocab))
-    model = transformers.MarianMTModel.from_pretrained(str(folder))
-    with torch.no_grad():
-        model.final_logits_bias.fill_(-10.0)
-        model.final_logits_bias[0, ids] = 5.0
-    model.save_pretrained(folder)
-    return folder
+    return biased_to(folder, ids)
 
 
 def test_a_teacher_piece_holding_a_line_break_keeps_the_kd_corpus_aligned(newline_marian, tmp_path):
