@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+from .hf_checkpoint import check_checkpoint, from_pretrained
 from .subword import BOS, EOS, PAD, SPECIALS, UNK
 
 # A piece of the joint vocabulary that this side's SentencePiece model lacks: scored below any
@@ -35,6 +36,7 @@ class UnconvertibleTokenizer(ValueError):
 def teacher_tokenizers(checkpoint: Path) -> tuple[Tokenizer, Tokenizer | None]:
     """(source side, target side or None where one tokenizer serves both), with the teacher's ids."""
     checkpoint = Path(checkpoint)
+    check_checkpoint(checkpoint, weights=False)  # UnsafeCheckpoint (a ValueError) where it is not plain data
     if (checkpoint / "source.spm").is_file() and (checkpoint / "vocab.json").is_file():
         return _marian(checkpoint)
     return _fast(checkpoint), None
@@ -87,7 +89,7 @@ def _fast(checkpoint: Path) -> Tokenizer:
     import transformers
 
     try:
-        hf = transformers.AutoTokenizer.from_pretrained(str(checkpoint), use_fast=True)
+        hf = from_pretrained(transformers.AutoTokenizer, checkpoint, use_fast=True)
     except Exception as exc:  # a tokenizer that needs a library or file we do not have
         raise UnconvertibleTokenizer(f"transformers cannot load it ({type(exc).__name__})") from None
     if not getattr(hf, "is_fast", False):

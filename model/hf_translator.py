@@ -4,7 +4,9 @@ translator: text in, text out, with transformers' generate or through CTranslate
 The pipeline imports such a checkpoint as a teacher (pipeline/stages/import_teacher.py) and
 uses it here to translate the KD corpus and the test sets. Both decoders take the same batches
 (sorted by source length, cut by a token budget) and the same length limit, so their greedy
-outputs agree (tests/test_hf_teacher.py). `transformers` is the `hf` extra.
+outputs agree (tests/test_hf_teacher.py). `transformers` is the `hf` extra. Every checkpoint is
+opened through model/hf_checkpoint.py (checked first; no custom code, no pickle, no stdin), and
+every text comes out on one line (model/lines.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ import os
 import shutil
 from pathlib import Path
 from typing import Callable, Sequence
+
+from .hf_checkpoint import LOAD, check_checkpoint, from_pretrained, narrow_permissions, stdin_closed
+from .lines import one_line
 
 HF_EXTRA_HINT = "the imported teacher needs transformers: pip install -e '.[hf]'"
 
@@ -32,7 +37,7 @@ def require_transformers():
 def checkpoint_config(folder: Path):
     """The checkpoint's transformers config; NotSeq2Seq where it has no decoder to translate with."""
     transformers = require_transformers()
-    config = transformers.AutoConfig.from_pretrained(str(folder))
+    config = from_pretrained(transformers.AutoConfig, folder)
     if not getattr(config, "is_encoder_decoder", False):
         raise NotSeq2Seq(f"{folder}: model type '{config.model_type}' is not an encoder-decoder model: "
                          "a teacher must translate (AutoModelForSeq2SeqLM)")
@@ -70,10 +75,10 @@ def forces_eos(checkpoint: Path) -> bool:
     """Whether generate ends a sentence at its budget with a forced EOS (its generation config)."""
     transformers = require_transformers()
     try:
-        generation = transformers.GenerationConfig.from_pretrained(str(checkpoint))
+        generation = from_pretrained(transformers.GenerationConfig, checkpoint)
     except OSError:  # no generation_config.json: generate derives one from the model's config
-        generation = transformers.GenerationConfig.from_model_config(transformers.AutoConfig.from_pretrained(
-            str(checkpoint)))
+        generation = transformers.GenerationConfig.from_model_config(from_pretrained(transformers.AutoConfig,
+                                                                                     checkpoint))
     return getattr(generation, "forced_eos_token_id", None) is not None
 
 
@@ -113,7 +118,7 @@ class _ImportedTranslator:
         raise NotImplementedError
 
     def _text(self, ids: list[int]) -> str:
-        return self.hf.decode(ids, skip_special_tokens=True).strip()
+        return one_line(self.hf.decode(ids, skip_special_tokens=True)).strip()
 
     def _content(self, row: list[int]) -> list[int]:
         """An output's ids up to its end (EOS or padding)."""
@@ -125,8 +130,8 @@ class _ImportedTranslator:
         import torch
 
         if self._teacher_forced_model is None:
-            self._teacher_forced_model = require_transformers().AutoModelForSeq2SeqLM.from_pretrained(
-                str(self.checkpoint)).to(self.device).eval()
+            self._teacher_forced_model = from_pretrained(require_transformers().AutoModelForSeq2SeqLM,
+                                                         self.checkpoint, weights=True).to(self.device).eval()
         model = self._teacher_forced_model
         start, pad = model.config.decoder_start_token_id, self.hf.pad_token_id
         lengths = [len(ids) for ids in self.hf(sentences)["input_ids"]] if sentences else []
@@ -163,10 +168,10 @@ class HFTranslator(_ImportedTranslator):
             torch.set_num_threads(threads)
         checkpoint_config(checkpoint)
         self.checkpoint, self.device = Path(checkpoint), device
-        self.hf = transformers.AutoTokenizer.from_pretrained(str(checkpoint))
+        self.hf = from_pretrained(transformers.AutoTokenizer, checkpoint)
         self.tokenizer = TokenCounter(self.hf)
-        self.model = self._teacher_forced_model = transformers.AutoModelForSeq2SeqLM.from_pretrained(
-            str(checkpoint)).to(device).eval()
+        self.model = self._teacher_forced_model = from_pretrained(transformers.AutoModelForSeq2SeqLM, checkpoint,
+                                                                  weights=True).to(device).eval()
         self.position_limit = int(getattr(self.model.config, "max_position_embeddings", 512) or 512)
         self.forced_eos = forces_eos(checkpoint)
 
@@ -204,8 +209,18 @@ def convert_to_ctranslate2(checkpoint: Path, dest: Path, quantization: str | Non
         return dest
     from ctranslate2.converters import TransformersConverter
 
+    class DataOnly(TransformersConverter):  # the converter's own loads, as ours: no code, no pickle
+        def load_model(self, model_class, path, **kwargs):
+            return model_class.from_pretrained(path, **{**kwargs, **LOAD, "use_safetensors": True})
+
+        def load_tokenizer(self, tokenizer_class, path, **kwargs):
+            return tokenizer_class.from_pretrained(path, **{**kwargs, **LOAD})
+
+    check_checkpoint(checkpoint)
     tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
-    TransformersConverter(str(checkpoint)).convert(str(tmp), quantization=quantization, force=True)
+    with stdin_closed():
+        DataOnly(str(checkpoint)).convert(str(tmp), quantization=quantization, force=True)
+    narrow_permissions(tmp, checkpoint)  # private weights stay private in their converted copy
     try:
         os.rename(tmp, dest)
     except OSError:
@@ -229,6 +244,7 @@ def convert_for_serving(checkpoint: Path, dest: Path, quantization: str | None =
     for name in _TOKENIZER_FILES:
         if (checkpoint / name).is_file():
             shutil.copyfile(checkpoint / name, dest / "hf" / name)
+    narrow_permissions(dest, checkpoint)
     return dest
 
 
@@ -248,7 +264,7 @@ class CT2Translator(_ImportedTranslator):
         transformers = require_transformers()
         config = checkpoint_config(checkpoint)
         self.checkpoint, self.device = Path(checkpoint), device
-        self.hf = transformers.AutoTokenizer.from_pretrained(str(checkpoint))
+        self.hf = from_pretrained(transformers.AutoTokenizer, checkpoint)
         self.tokenizer = TokenCounter(self.hf)
         self.translator = ctranslate2.Translator(str(converted), device=device, compute_type=compute_type,
                                                  intra_threads=threads or 0)

@@ -15,6 +15,8 @@ from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from .lines import one_line
+
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = [PAD, BOS, EOS, UNK]  # ids 0..3, in this order, in the vocabularies trained here
 TARGET_FILE = "tokenizer.target.json"
@@ -80,8 +82,9 @@ class SubwordTokenizer:
         return [e.ids for e in self.target.encode_batch(list(sentences), add_special_tokens=False)]
 
     def decode(self, batch: Sequence[Sequence[int]]) -> list[str]:
+        """One text per sequence, on one line (a piece holding a line break gives a space: model/lines.py)."""
         cleaned = [[i for i in ids if i not in self._dropped] for ids in batch]
-        return self.tok.decode_batch(cleaned, skip_special_tokens=False)
+        return [one_line(text) for text in self.tok.decode_batch(cleaned, skip_special_tokens=False)]
 
     def special_ids(self) -> dict:
         return {"pad": self.pad_id, "bos": self.bos_id, "eos": self.eos_id, "unk": self.unk_id}

@@ -14,6 +14,8 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from .errors import StageFailed
+
 # The longest input line `pipeline translate` reads by default (bytes); a longer one is cut.
 DEFAULT_MAX_LINE_BYTES = 16384
 _SPACES = re.compile(r"\s+")
@@ -113,4 +115,23 @@ def reservoir_sample(items: Iterable[str], size: int, rng: random.Random) -> lis
 
 def read_split(folder: Path, name: str) -> tuple[list[str], list[str]]:
     """Read a split of a data artifact (e.g. 'train', 'valid', 'test.test_2016_flickr')."""
-    return list(split_lines(folder, name, "src")), list(split_lines(folder, name, "tgt"))
+    src, tgt = list(split_lines(folder, name, "src")), list(split_lines(folder, name, "tgt"))
+    if len(src) != len(tgt):
+        raise misaligned(folder / f"{name}.src", len(src), folder / f"{name}.tgt", len(tgt))
+    return src, tgt
+
+
+def check_aligned(first: Path, second: Path) -> int:
+    """The number of lines of two line-aligned files a stage reads side by side (src/tgt,
+    kd.src/kd.tgt, hypotheses/references); StageFailed naming both where they differ."""
+    counts = count_lines(first), count_lines(second)
+    if counts[0] != counts[1]:
+        raise misaligned(first, counts[0], second, counts[1])
+    return counts[0]
+
+
+def misaligned(first: Path, first_lines: int, second: Path, second_lines: int) -> StageFailed:
+    """The one-line failure of two files that should be line-aligned and are not (exit 1: files a
+    stage wrote; a user's data files are DataError, exit 2, in pipeline/corpus_files.py)."""
+    return StageFailed(f"{first} has {first_lines} lines but {second} has {second_lines}: "
+                       "the two files must be line-aligned")

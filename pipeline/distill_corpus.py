@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from .corpus import LineIndex, count_lines, split_lines
+from .corpus import LineIndex, check_aligned, split_lines
+from .errors import StageFailed
 
 # The kd_corpus artifact's stored distributions: TOP_K_FILE + ".lengths.npy" / ".ids.npy" / ".probs.npy".
 TOP_K_FILE = "kd.topk"
@@ -119,11 +120,11 @@ def training_pairs(job: dict, log) -> TrainingText:
     translations (none for the references). Nothing is read whole."""
     data = Path(job["data"])
     if job["kd_corpus"] is None:
-        count = count_lines(data / "train.src")
+        count = check_aligned(data / "train.src", data / "train.tgt")
         return TrainingText(lambda: _with_row(_pairs_of(data, "train"), -1), None,
                             {"train_pairs": count, "source": "references"})
     kd = Path(job["kd_corpus"])
-    kd_count, ref_count = count_lines(kd / "kd.src"), count_lines(data / "train.src")
+    kd_count, ref_count = check_aligned(kd / "kd.src", kd / "kd.tgt"), check_aligned(data / "train.src", data / "train.tgt")
     mix = float(job.get("reference_mix") or 0.0)
     extra = int(round(mix * kd_count))
     picked = random.Random(job["train"]["seed"]).sample(range(ref_count), min(extra, ref_count)) if extra else []
@@ -131,6 +132,9 @@ def training_pairs(job: dict, log) -> TrainingText:
             "reference_pairs_mixed": len(picked)}
     log(f"training on {kd_count} teacher translations" + (f" + {len(picked)} references" if picked else ""))
     top_k = TopKStore(kd) if stored_word_level(job) else None
+    if top_k is not None and len(top_k) != kd_count:
+        raise StageFailed(f"{kd / TOP_K_FILE}.lengths.npy has {len(top_k)} rows but {kd / 'kd.src'} has {kd_count} "
+                          "lines: the teacher's distributions must be line-aligned with its translations")
 
     def pairs() -> Iterator[tuple[str, str, int]]:
         rows = itertools.count() if top_k is not None else itertools.repeat(-1)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from model.files import UnsafeFile, open_regular
+from model.hf_checkpoint import UnsafeCheckpoint, file_digests
 
 from .code_digest import combined, stage_code
 from .errors import RecipeError, UserInputError
@@ -323,7 +324,12 @@ def _checkpoint_content(pretrained) -> dict:
     folder = Path(pretrained.path).expanduser()
     if not folder.is_dir():
         return {"hub_id": pretrained.path, "revision": pretrained.revision}
-    return {"file_digests": {p.name: _file_digest(p) for p in sorted(folder.iterdir()) if p.is_file()}}
+    try:  # the files an import copies, read as it reads them: never through a link
+        return {"file_digests": file_digests(folder)}
+    except (UnsafeCheckpoint, UnsafeFile) as exc:
+        raise UserInputError(f"teacher.pretrained.path: {exc}") from None
+    except OSError as exc:
+        raise UserInputError(f"teacher.pretrained.path: cannot read {folder}: {exc.strerror}") from None
 
 
 def _data_content(recipe: Recipe) -> dict:

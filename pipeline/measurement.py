@@ -238,14 +238,19 @@ def time_breakdown(translator, sample: list[str], sync) -> dict | None:
 
 def score_test_set(translator, spec: dict, batch: int) -> dict:
     """BLEU / chrF of this translator on a whole test set (for runtimes no evaluate stage covers)."""
+    from model.lines import one_line
+    from pipeline.corpus import misaligned
     from pipeline.scoring import score
 
     src = Path(spec["src"]).read_text(encoding="utf-8").split("\n")[:-1]
     refs = Path(spec["refs"]).read_text(encoding="utf-8").split("\n")[:-1]
+    if len(src) != len(refs):
+        raise misaligned(Path(spec["src"]), len(src), Path(spec["refs"]), len(refs))
     out = {}
     for beam in spec["beams"]:
         hyps = translator.translate(src, beam=beam, length_penalty=spec.get("length_penalty", 1.0),
                                     batch_tokens=spec.get("batch_tokens", 4000), max_batch=max(batch, 64))
+        hyps = [one_line(h) for h in hyps]  # one a line in the kept file, whatever the decoder wrote
         s = score(hyps, refs)
         out[f"beam{beam}"] = {k: s[k] for k in ("bleu", "chrf", "sentences", "bleu_signature", "chrf_signature")}
         if spec.get("hypotheses"):  # kept, as the evaluate stage keeps its own (the report compares them)

@@ -27,9 +27,15 @@ def load_translator(folder: Path, package: str | None = None, device: str = "cpu
     if package:
         folder = folder / package
     if is_imported_teacher(folder):  # before is_torch_model: a checkpoint has config.json too
+        from model.hf_checkpoint import UnsafeCheckpoint
         from model.hf_translator import HFTranslator
 
-        return HFTranslator(folder / "checkpoint", device=device, threads=threads)
+        from .errors import UserInputError
+
+        try:
+            return HFTranslator(folder / "checkpoint", device=device, threads=threads)
+        except UnsafeCheckpoint as exc:  # no link, custom code, pickle or oversized config is ever opened
+            raise UserInputError(str(exc)) from None
     if is_torch_model(folder):
         from model.torch_decoder import TorchTranslator
         from model.transformer import ModelConfigError

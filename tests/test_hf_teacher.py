@@ -75,8 +75,6 @@ def wordy_marian(marian, tmp_path_factory):
     """The tiny Marian with its output layer biased to a dozen whole French words: it writes
     sequences of them, which re-encode to the ids it wrote (a random model's pieces rarely do, and
     the KD corpus keeps the teacher's distributions only where they line up with the student's encoding)."""
-    import torch
-
     from model.hf_tokenizer import teacher_tokenizers
     from model.subword import SubwordTokenizer
 
@@ -87,10 +85,17 @@ def wordy_marian(marian, tmp_path_factory):
     words = [i for p, i in vocab.items() if p.startswith("▁") and len(p) > 3
              and tok.encode_target([p[1:]])[0] == [i]][:12]
     assert len(words) == 12
+    return biased_to(folder, words)
+
+
+def biased_to(folder, ids):
+    """The Marian checkpoint in folder, rewritten with its output layer biased to write `ids`."""
+    import torch
+
     model = transformers.MarianMTModel.from_pretrained(str(folder))
     with torch.no_grad():
         model.final_logits_bias.fill_(-10.0)
-        model.final_logits_bias[0, words] = 5.0
+        model.final_logits_bias[0, ids] = 5.0
     model.save_pretrained(folder)
     return folder
 

@@ -1,7 +1,8 @@
 """Evaluate stage: translate each test set with a translator, score BLEU and chrF (sacrebleu).
 
 It takes "a translator", not a torch module, so the same code scores every variant: PyTorch
-models and ONNX packages (fp32, fp16, int8) alike. Hypotheses are kept in the artifact.
+models and ONNX packages (fp32, fp16, int8) alike. Hypotheses are kept in the artifact, one a
+line, line-aligned with the test set's sources and references (model/lines.py).
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 import json
 import time
 
+from model.lines import one_line
+
 from ..context import StageContext
 from ..corpus import read_split
-from ..errors import UserInputError
+from ..errors import StageFailed, UserInputError
 from ..recipe import EvaluateNode
 from ..scoring import score
 from ..model_loading import load_translator
@@ -38,6 +41,10 @@ def run(ctx: StageContext) -> dict:
                 hyps = translator.translate(src, beam=beam, length_penalty=cfg.length_penalty,
                                             batch_tokens=cfg.batch_tokens, on_batch=bar.advance)
                 seconds = time.perf_counter() - t0
+            hyps = [one_line(h) for h in hyps]
+            if len(hyps) != len(src):
+                raise StageFailed(f"{translator.runtime} returned {len(hyps)} translations for the {len(src)} lines "
+                                  f"of {data.path / f'test.{test}.src'}")
             scores = score(hyps, refs)
             scores.update(seconds=round(seconds, 2), sentences_per_s=round(len(src) / seconds, 1))
             (ctx.out / f"{test}.beam{beam}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")

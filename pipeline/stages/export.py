@@ -26,7 +26,7 @@ from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, load_model
 
 from ..context import StageContext
-from ..corpus import read_split, split_lines
+from ..corpus import check_aligned, read_split, split_lines
 from ..errors import StageFailed
 from ..onnx_graphs import GraphOptions, float32_graphs, generation_of, variant_graphs
 from ..packaging import package_bytes, set_figures, write_package
@@ -143,6 +143,8 @@ def _enforce(variant: str, report: dict, parity_cfg: ParityConfig) -> None:
 def make_shortlist(cfg: ShortlistConfig, data: Path, tokenizer: SubwordTokenizer, model_cfg, dest: Path) -> dict:
     """Build the shortlist from the training pairs (the first cfg.max_pairs, encoded a block at a
     time) and say how it covers the validation references in batches of 32 (length-sorted)."""
+    check_aligned(data / "train.src", data / "train.tgt")
+
     def pairs():
         lines = itertools.islice(zip(split_lines(data, "train", "src"), split_lines(data, "train", "tgt")),
                                  cfg.max_pairs)

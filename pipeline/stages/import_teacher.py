@@ -5,26 +5,26 @@ The artifact holds the checkpoint's files under checkpoint/ (their digests in th
 what follows is tied to these weights) and hf_import.json, which model_loading reads to open it
 with transformers or CTranslate2. The plan's fingerprint takes the digests of a local folder's
 files (pipeline/graph.py), so changed weights rebuild everything after it.
+
+The checkpoint is untrusted data (model/hf_checkpoint.py): checked before anything opens it (no
+link, no custom code, no pickle-only weights, sizes that fit), copied as regular files with no
+wider permissions than its own and hashed as copied, checked again as copied, and only then
+opened by transformers.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
 from pathlib import Path
 
-from model.files import open_regular
+from model.hf_checkpoint import UnsafeCheckpoint, check_checkpoint, copy_checkpoint
 
 from ..context import StageContext
 from ..errors import UserInputError
 from ..recipe import PretrainedTeacher
 
 HF_IMPORT_FILE = "hf_import.json"
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # what model_bytes counts, as for our models
-# Files a checkpoint folder holds that a translator never reads.
-_SKIPPED = {".git", ".gitattributes", "README.md", "flax_model.msgpack", "tf_model.h5", "rust_model.ot"}
 
 
 def run(ctx: StageContext) -> dict:
@@ -34,30 +34,34 @@ def run(ctx: StageContext) -> dict:
     if importlib.util.find_spec("transformers") is None:
         raise UserInputError(HF_EXTRA_HINT)
     source = resolve_checkpoint(cfg)
+    dest = ctx.out / "checkpoint"
+    dest.mkdir()
     try:
-        config = checkpoint_config(source)
-    except NotSeq2Seq as exc:
+        digests = copy_checkpoint(source, dest)  # checks the folder before a byte is copied
+        planned = ((ctx.config or {}).get("checkpoint") or {}).get("file_digests")
+        if planned is not None and planned != digests:
+            changed = sorted(set(planned.items()) ^ set(digests.items()))[0][0]
+            raise UnsafeCheckpoint(f"{source / changed} changed since the run was planned; run again")
+        check_checkpoint(dest)  # what transformers will read is what was checked
+        config = checkpoint_config(dest)
+    except (NotSeq2Seq, UnsafeCheckpoint) as exc:
         raise UserInputError(str(exc)) from None
     except (OSError, ValueError) as exc:
         raise UserInputError(f"teacher.pretrained.path: {source} is not a transformers checkpoint "
                              f"({str(exc).splitlines()[0][:200]})") from None
-    dest = ctx.out / "checkpoint"
-    dest.mkdir()
-    copied = 0
-    for path in sorted(source.iterdir()):
-        if path.name in _SKIPPED or path.is_dir():
-            continue
-        with os.fdopen(open_regular(path), "rb") as src, open(dest / path.name, "wb") as out:
-            shutil.copyfileobj(src, out, 1 << 20)
-        copied += path.stat().st_size
+    copied = sum(p.stat().st_size for p in dest.iterdir())
     from model.hf_translator import HFTranslator
 
-    translator = HFTranslator(dest)  # loads: a checkpoint whose weights do not fit its config fails here
+    try:
+        translator = HFTranslator(dest)  # loads: a checkpoint whose weights do not fit its config fails here
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise UserInputError(f"teacher.pretrained.path: transformers cannot load {source}: {type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0][:200]}") from None
     (ctx.out / HF_IMPORT_FILE).write_text(json.dumps({
         "format": cfg.format, "source": cfg.path, "revision": cfg.revision, "model_type": config.model_type,
         "architectures": getattr(config, "architectures", None)}, indent=2) + "\n", encoding="utf-8")
     params = translator.num_parameters()
-    weights = sum(p.stat().st_size for p in dest.iterdir() if p.name in WEIGHT_FILES)
+    weights = sum(p.stat().st_size for p in dest.iterdir() if p.name.endswith(".safetensors"))
     ctx.log(f"imported {config.model_type} checkpoint {cfg.path}: {params:,} parameters, {copied / 2**20:.1f} MB")
     return {"role": "teacher", "imported": True, "format": cfg.format, "source": cfg.path,
             "model_type": config.model_type, "params": params, "model_bytes": weights, "checkpoint_bytes": copied,

@@ -6,7 +6,9 @@ hypothesis with the highest sentence BLEU against the human reference.
 An artifact of its own, so changing only the student re-uses it. Work is done in length-sorted
 chunks saved as they finish, so a killed run resumes where it stopped; under torchrun
 (`--nproc N`) the chunks are shared out across processes and merged in order. Nothing is held
-whole: sources are read by line offset, and the merge writes as it reads.
+whole: sources are read by line offset, and the merge writes as it reads. Every translation is
+written on one line whatever the teacher's pieces hold (model/lines.py), and the two files are
+counted once written: kd.src and kd.tgt are line-aligned or the stage fails.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import os
 import time
 from pathlib import Path
 
+from model.lines import one_line
+
 from ..context import StageContext
-from ..corpus import LineIndex, split_lines
+from ..corpus import LineIndex, check_aligned, split_lines
 from ..distill_corpus import TOP_K_FILE, TopKWriter, load_top_k, write_top_k
 from ..encoded_corpus import ENCODE_BLOCK
-from ..errors import UserInputError
+from ..errors import StageFailed, UserInputError
 from ..model_loading import is_imported_teacher
 from ..distributed import launch, worker_main, world_size
 from ..recipe import KDCorpusConfig, dump_config
@@ -63,6 +67,8 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
         student_side = SubwordTokenizer(*teacher_tokenizers(Path(job["teacher"]) / "checkpoint"))
     chunks_dir = work / "chunks"
     chunks_dir.mkdir(parents=True, exist_ok=True)
+    if closest:
+        check_aligned(data / "train.src", data / "train.tgt")
     sources = LineIndex(data / "train.src", job.get("max_sentences"))
     references = LineIndex(data / "train.tgt", job.get("max_sentences")) if closest else None
     order = np.argsort(_source_lengths(translator.tokenizer, data, len(sources), work, rank, world, progress),
@@ -238,6 +244,7 @@ def _merge_chunks(job: dict, chunks: list[list[int]], sources, chunks_dir: Path,
         for c, index in enumerate(chunks):
             part = json.loads((chunks_dir / f"{c:05d}.json").read_text(encoding="utf-8"))
             for i, h in zip(index, part["hyps"]):
+                h = one_line(h)  # a piece holding a line break must not add a line to kd.tgt
                 encoded = h.encode("utf-8")
                 starts[i], sizes[i], nonempty[i] = f.tell(), len(encoded), bool(h.strip())
                 f.write(encoded)
@@ -255,13 +262,16 @@ def _merge_chunks(job: dict, chunks: list[list[int]], sources, chunks_dir: Path,
     try:
         with open(out / "kd.src", "w", encoding="utf-8") as fs, open(out / "kd.tgt", "w", encoding="utf-8") as ft:
             for i in keep.tolist():
-                source, translation = sources[i], os.pread(fd, int(sizes[i]), int(starts[i])).decode("utf-8")
+                source, translation = one_line(sources[i]), os.pread(fd, int(sizes[i]), int(starts[i])).decode("utf-8")
                 fs.write(source + "\n")
                 ft.write(translation + "\n")
                 merged["src_words"] += len(source.split())
                 merged["tgt_words"] += len(translation.split())
     finally:
         os.close(fd)
+    written = check_aligned(out / "kd.src", out / "kd.tgt")
+    if written != len(keep):
+        raise StageFailed(f"{out / 'kd.src'} and {out / 'kd.tgt'} have {written} lines for {len(keep)} translations")
     if top_k_lengths is not None:
         row_of = np.full(count, -1, dtype=np.int64)
         row_of[keep] = np.arange(len(keep))

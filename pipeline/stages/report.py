@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..budgets import training_cut
 from ..context import StageContext
-from ..corpus import read_split
+from ..corpus import misaligned, read_split
 from ..errors import StageFailed
 from ..recipe import ReportNode, ReportTargets
 from ..report_rows import ReportRow, missing_keys, versus_lines
@@ -107,7 +107,10 @@ def hypotheses_reader(inputs: dict, bench: dict):
             return None
         if test not in references:
             references[test] = read_split(data.path, f"test.{test}")[1]
-        return path.read_text(encoding="utf-8").split("\n")[:-1], references[test]
+        hypotheses = path.read_text(encoding="utf-8").split("\n")[:-1]
+        if len(hypotheses) != len(references[test]):
+            raise misaligned(path, len(hypotheses), data.path / f"test.{test}.tgt", len(references[test]))
+        return hypotheses, references[test]
     return read
 
 

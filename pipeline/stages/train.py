@@ -131,9 +131,10 @@ def _teacher_token_table(job: dict, tokenizer: SubwordTokenizer) -> torch.Tensor
     is in its vocabulary, which the student has taken (tokenizer: {kind: teacher}, checked by the plan)."""
     folder = Path(job["teacher"])
     if is_imported_teacher(folder):
+        from model.hf_checkpoint import from_pretrained
         from model.hf_translator import require_transformers
 
-        model = require_transformers().AutoModelForSeq2SeqLM.from_pretrained(str(folder / "checkpoint"))
+        model = from_pretrained(require_transformers().AutoModelForSeq2SeqLM, folder / "checkpoint", weights=True)
         return model.get_input_embeddings().weight.detach()
     return _teacher_with_our_vocabulary(job, tokenizer, "cpu", "embeddings_from_teacher").token_table()
 
