@@ -1,7 +1,7 @@
 """Hardening, third round (issue 48), a shipped package is untrusted input to its runtime: every
 generation.json field and the tokenizer are checked against the graphs (the author may have
 re-signed package.json, so the digests pass), a shortlist's sizes before it is inflated, ids
-handed in; `pipeline translate` passes the runtime's line through."""
+handed in; and `pipeline translate` ends quietly on closed pipes and writes one line per line."""
 
 from __future__ import annotations
 
@@ -192,3 +192,36 @@ def test_translate_passes_the_runtimes_line_through(package, tmp_path):
     (copy / "decoder.onnx").unlink()  # the runtime's message, not "not a model"
     line = _one_line(_cli("translate", "--model", str(copy), input=b"A man.\n"), 1)
     assert line.endswith("decoder.onnx: missing from the package") and "not a model" not in line
+
+
+def test_closed_pipes_end_quietly(package, tmp_path):
+    model = ["translate", "--model", str(package), "--beam", "1"]
+    assert "standard input is closed" in _one_line(_cli(*model, input=None, shell="<&-"), 2)
+    assert "standard output is closed" in _one_line(_cli(*model, input=b"A man.\n", shell=">&-"), 2)
+    full = _one_line(_cli(*model, input=b"A man.\n" * 100, shell="> /dev/full"), 1)
+    assert "cannot write the translations to standard output: No space left on device" in full
+    # `| head -1`: the reader goes away after one line.
+    lines = b"".join(b"A man rides a bike number %d.\n" % i for i in range(3000))
+    (tmp_path / "in.txt").write_bytes(lines)
+    with open(tmp_path / "in.txt", "rb") as stdin:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *model, "--batch-size", "2"], cwd=REPO,
+                                stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert proc.stdout.readline()
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        proc.wait(120)
+    assert proc.returncode == 141 and err == "", err  # 128 + SIGPIPE, as a shell shows a process SIGPIPE ended
+
+
+def test_a_package_whose_pieces_decode_to_line_breaks_still_gives_one_line_per_line(package, tmp_path):
+    copy = _copy(package, tmp_path)
+    tokenizer = json.loads((copy / "tokenizer.json").read_text())
+    tokenizer["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "▁"}, "content": "\r\n\u2028\x85"}, tokenizer["decoder"]]}
+    _resign(copy, "tokenizer.json", json.dumps(tokenizer).encode())
+    proc = _cli("translate", "--model", str(copy), "--beam", "2", input=b"A man rides.\n\nTwo dogs\r play.\nA cat.\n")
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout.decode()
+    assert out.count("\n") == 4 and len(out.splitlines()) == 4 and out.splitlines()[1] == ""
+    assert not any(c in out for c in "\r\u2028\x85")
