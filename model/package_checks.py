@@ -20,6 +20,7 @@ The shortlist's own checks are in model/shortlist.py. Shipped inside every packa
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from pathlib import Path
@@ -126,12 +127,17 @@ def position_rows(graphs: list[Path]) -> int:
     return min(found, default=MAX_POSITIONS)
 
 
-def check_ids(src: list[list[int]], vocab: int) -> None:
-    """Token ids handed to the graphs directly (Translator.encode): each inside the vocabulary."""
-    for row in src:
-        if row and (min(row) < 0 or max(row) >= vocab):
-            bad = next(t for t in row if not 0 <= t < vocab)
-            raise ValueError(f"token id {bad} is outside the package's vocabulary (0 to {vocab - 1})")
+def check_ids(ids, vocab: int) -> None:
+    """Token ids handed to the graphs directly (Translator.encode's rows, Translator.step's
+    tokens): each inside the vocabulary, ValueError otherwise."""
+    try:
+        flat = (np.fromiter(itertools.chain.from_iterable(ids), np.int64) if isinstance(ids, list)
+                else np.asarray(ids, dtype=np.int64).ravel())
+    except (OverflowError, TypeError, ValueError):
+        raise ValueError("token ids must be integers inside the package's vocabulary") from None
+    outside = flat[(flat < 0) | (flat >= vocab)]
+    if outside.size:
+        raise ValueError(f"token id {outside[0]} is outside the package's vocabulary (0 to {vocab - 1})")
 
 
 def _table_rows(tensor) -> int | None:

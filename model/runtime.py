@@ -393,6 +393,7 @@ class Translator:
         self.decoder.encode(src, beam)
 
     def step(self, tokens: np.ndarray, parents: np.ndarray | None) -> np.ndarray:
+        package_checks.check_ids(tokens, self.vocab)
         return self.decoder.step(tokens, parents)
 
     def translate(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,

@@ -152,7 +152,12 @@ def test_ids_handed_to_the_graphs_must_be_inside_the_vocabulary(package):
     for ids in ([5, 200, 2], [-1, 2]):
         with pytest.raises(ValueError, match="outside the package's vocabulary"):
             translator.encode([[4, 2], ids], beam=1)
+    with pytest.raises(ValueError, match="must be integers"):
+        translator.encode([[2 ** 70, 2]], beam=1)
     translator.encode([[4, 5, 2]], beam=1)
+    with pytest.raises(ValueError, match="token id 999 is outside"):
+        translator.step(np.array([1, 999]), None)
+    assert translator.step(np.array([1]), None).shape == (1, 200)
 
 
 # ----------------------------------------------------------------------------- shortlist.npz
