@@ -1,4 +1,5 @@
-"""The `pipeline` command. Exit codes: 0 ok, 1 a run or check failed, 2 bad input."""
+"""The `pipeline` command. Exit codes: 0 ok, 1 a run or check failed, 2 bad input, 141 the reader of
+stdout went away (128 + SIGPIPE, no message)."""
 
 from __future__ import annotations
 
