@@ -170,6 +170,7 @@ class Checkpoints:
         return listed_file_problems(self.snapshots, {name: entry["snapshot"]}, record="the checkpoint", folder="folder")
 
     def _damaged(self, folder: Path, problem: str) -> PipelineError:
+        problem = problem.replace(f"{folder}/", "")  # the file's name once, after the folder's
         return PipelineError(f"{folder}: {problem}; this training cannot resume from it: remove {folder.parent} "
                              "and run again to train from the start")
 
