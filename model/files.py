@@ -12,7 +12,8 @@ An ONNX graph's external data (TensorProto.external_data "location", in the main
 subgraph of every node attribute, such as BeamSearch's encoder/decoder, in functions and in
 training graphs) must name such a file in the graph's own folder. `external_data_locations`
 reads the locations straight from the protobuf bytes (no `onnx` package needed: this file ships
-inside every package as mt_runtime/files.py), so they are checked before onnxruntime opens the graph.
+inside every package as mt_runtime/files.py), so they are checked before onnxruntime opens the graph;
+`initializers` reads a graph's constants the same way (the runtime's checks of a package's sizes).
 
 Standard library only.
 """
@@ -24,6 +25,7 @@ import hashlib
 import json
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
@@ -33,6 +35,12 @@ _KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a fifo"), (stat.S_
 
 class UnsafeFile(ValueError):
     """A path that breaks the rule above; the message says which and why."""
+
+
+def reason(exc: BaseException) -> str:
+    """An exception's message as one short line (its first line, or its type where it has none)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else type(exc).__name__
 
 
 def kind(mode: int) -> str:
@@ -172,14 +180,16 @@ def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf: memoryview) -> Iterator[tuple[int, memoryview]]:
-    """(field number, bytes) of every length-delimited field of one message; others skipped."""
+def _scan(buf: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
+    """(field number, wire type, value) of every field of one message: an int for varints, the
+    bytes of length-delimited fields; fixed-width fields are skipped."""
     pos = 0
     while pos < len(buf):
         key, pos = _varint(buf, pos)
         number, wire = key >> 3, key & 7
         if wire == 0:
-            _, pos = _varint(buf, pos)
+            value, pos = _varint(buf, pos)
+            yield number, wire, value
         elif wire == 1:
             pos += 8
         elif wire == 5:
@@ -188,12 +198,19 @@ def _fields(buf: memoryview) -> Iterator[tuple[int, memoryview]]:
             size, pos = _varint(buf, pos)
             if pos + size > len(buf):
                 raise UnsafeFile("not an ONNX file (a field runs past the end)")
-            yield number, buf[pos: pos + size]
+            yield number, wire, buf[pos: pos + size]
             pos += size
         else:
             raise UnsafeFile(f"not an ONNX file (protobuf wire type {wire})")
         if pos > len(buf):
             raise UnsafeFile("not an ONNX file (truncated)")
+
+
+def _fields(buf: memoryview) -> Iterator[tuple[int, memoryview]]:
+    """(field number, bytes) of every length-delimited field of one message; others skipped."""
+    for number, wire, value in _scan(buf):
+        if wire == 2:
+            yield number, value  # type: ignore[misc]
 
 
 def _tensor(buf: memoryview, out: list[str]) -> None:
@@ -251,6 +268,45 @@ def external_data_locations(model: bytes | memoryview) -> list[str]:
                 if n in _TRAINING_GRAPHS:
                     _graph(graph, out, 0)
     return out
+
+
+# TensorProto's dims (repeated int64, packed or not), data_type, name and raw_data.
+_TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_NAME, _TENSOR_RAW = 1, 2, 8, 9
+
+
+@dataclass(frozen=True)
+class Initializer:
+    name: str
+    dims: tuple[int, ...]
+    data_type: int  # onnx.TensorProto.DataType: 1 float, 10 float16, 7 int64, ...
+    raw: memoryview  # raw_data; empty where the values are elsewhere (typed fields, external data)
+
+
+def initializers(model: bytes | memoryview) -> Iterator[Initializer]:
+    """The initializers of a serialized ModelProto's main graph, read from the bytes as above."""
+    for number, graph in _fields(memoryview(model)):
+        if number != _MODEL_GRAPH:
+            continue
+        for n, tensor in _fields(graph):
+            if n != _GRAPH_INITIALIZER:
+                continue
+            dims: list[int] = []
+            data_type, name, raw = 0, "", memoryview(b"")
+            for field, wire, value in _scan(tensor):
+                if field == _TENSOR_DIMS and wire == 0:
+                    dims.append(value)  # type: ignore[arg-type]
+                elif field == _TENSOR_DIMS:  # packed
+                    pos = 0
+                    while pos < len(value):  # type: ignore[arg-type]
+                        dim, pos = _varint(value, pos)  # type: ignore[arg-type]
+                        dims.append(dim)
+                elif field == _TENSOR_TYPE and wire == 0:
+                    data_type = value  # type: ignore[assignment]
+                elif field == _TENSOR_NAME and wire == 2:
+                    name = bytes(value).decode("utf-8", "replace")  # type: ignore[arg-type]
+                elif field == _TENSOR_RAW and wire == 2:
+                    raw = value  # type: ignore[assignment]
+            yield Initializer(name, tuple(dims), data_type, raw)
 
 
 def check_external_data(graph: str | Path) -> list[str]:

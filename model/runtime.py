@@ -19,7 +19,6 @@ there (search="auto"); search="python" uses the step graphs and model/search.py 
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -27,6 +26,7 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
+from . import package_checks
 from .files import PACKAGE_JSON, PackageError, sha256_file, verify_package  # noqa: F401 (re-exported)
 from .search import GenerationConfig, best_of, search, translate_sentences
 from .shortlist import SHORTLIST_FILE, Shortlist, ShortlistError, sentence_width
@@ -315,7 +315,11 @@ class PackageSearch:
 
 
 class Translator:
-    """Text in, text out, with an ONNX package. Same interface as the PyTorch translator."""
+    """Text in, text out, with an ONNX package. Same interface as the PyTorch translator.
+
+    A package is checked before use: its files against package.json (model/files.py), then what
+    they hold against the graphs (model/package_checks.py, _check_content), each failure one
+    PackageError line naming the file and the field."""
 
     runtime = "onnxruntime"
 
@@ -323,10 +327,6 @@ class Translator:
                  search: str = "auto", shortlist: bool = True):
         self.folder = Path(folder)
         self.package = verify_package(self.folder)
-        gen = json.loads((self.folder / "generation.json").read_text(encoding="utf-8"))
-        known = {f.name for f in dataclasses.fields(GenerationConfig)}
-        self.generation = GenerationConfig(**{k: v for k, v in gen.items() if k in known})
-        self.tokenizer = SubwordTokenizer.load(self.folder / "tokenizer.json")
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -351,15 +351,15 @@ class Translator:
         self.device = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
         if device == "cuda" and self.device != "cuda":
             warnings.warn(f"{self.folder}: CUDA execution provider unavailable; running on the CPU", stacklevel=2)
+        self.tokenizer, self.generation = self._check_content(decoder)
         listed = self.package["files"]
         many_rows, greedy = (ort.InferenceSession(str(self.folder / name), options, providers=["CPUExecutionProvider"])
                              if self.device == "cpu" and name in listed else None
                              for name in (MANY_ROWS_DECODER, GREEDY_DECODER))
         lexical = None
         if shortlist and many_rows is not None and SHORTLIST_FILE in listed and SHORTLIST_SELECTOR in listed:
-            vocab = decoder.get_outputs()[0].shape[-1]
             try:
-                table = Shortlist.load(self.folder / SHORTLIST_FILE, vocab if isinstance(vocab, int) else -1)
+                table = Shortlist.load(self.folder / SHORTLIST_FILE, self.vocab)
             except ShortlistError as exc:
                 raise PackageError(str(exc)) from None
             lexical = (table, ort.InferenceSession(str(self.folder / SHORTLIST_SELECTOR), options,
@@ -385,11 +385,22 @@ class Translator:
         self.searcher = PackageSearch(self.decoder, self.graph_search, search)
         self.search, self.batch_search = self.searcher.one, self.searcher.many  # one sentence, several
 
+    def _check_content(self, decoder: ort.InferenceSession) -> tuple[SubwordTokenizer, GenerationConfig]:
+        """The tokenizer and generation.json, checked against the graphs (model/package_checks.py)
+        before anything runs with them."""
+        self.vocab = package_checks.vocabulary(decoder.get_outputs(), self.folder / "decoder.onnx")
+        positions = package_checks.position_rows([self.folder / "encoder.onnx", self.folder / "decoder.onnx"])
+        tokenizer = package_checks.load_tokenizer(self.folder / "tokenizer.json", self.vocab)
+        return tokenizer, package_checks.load_generation(self.folder / "generation.json", tokenizer, self.vocab,
+                                                         positions)
+
     # The IncrementalDecoder protocol, so search code can drive a Translator directly.
     def encode(self, src: list[list[int]], beam: int) -> None:
+        package_checks.check_ids(src, self.vocab)
         self.decoder.encode(src, beam)
 
     def step(self, tokens: np.ndarray, parents: np.ndarray | None) -> np.ndarray:
+        package_checks.check_ids(tokens, self.vocab)
         return self.decoder.step(tokens, parents)
 
     def translate(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,

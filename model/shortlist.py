@@ -13,6 +13,7 @@ NumPy only: this file ships inside every package (mt_runtime/), beside runtime.p
 
 from __future__ import annotations
 
+import math
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +21,11 @@ from typing import Iterable
 
 import numpy as np
 
+from .files import reason
+
 SHORTLIST_FILE = "shortlist.npz"
 MAX_WORDS = 1 << 26  # bounds what a file may claim, before anything is allocated from it
+MAX_BYTES = 1 << 28  # all the arrays of a shortlist file together (256 MiB)
 
 
 class ShortlistError(ValueError):
@@ -98,19 +102,13 @@ class Shortlist:
 
     @classmethod
     def load(cls, path: Path, vocab_size: int) -> Shortlist:
-        """Read and check a shortlist for a model of `vocab_size` words (no pickles, every id in range)."""
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in ("vocab_size", "always", "offsets", "words")}
-        except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
-            raise ShortlistError(f"{path}: not a shortlist ({exc})") from None
+        """Read and check a shortlist for a model of `vocab_size` words: no pickles, every array's
+        size checked from its header against the vocabulary and MAX_BYTES before it is read, every
+        id in range."""
+        arrays = _read_arrays(Path(path), vocab_size)
         always, offsets, words = arrays["always"], arrays["offsets"], arrays["words"]
         problem = None
-        if int(arrays["vocab_size"]) != vocab_size:
-            problem = f"made for {int(arrays['vocab_size'])} words, the model has {vocab_size}"
-        elif offsets.shape != (vocab_size + 1,) or len(words) > MAX_WORDS or len(always) > vocab_size:
-            problem = "sizes that do not fit the vocabulary"
-        elif offsets[0] != 0 or offsets[-1] != len(words) or np.any(np.diff(offsets) < 0):
+        if offsets[0] != 0 or offsets[-1] != len(words) or np.any(np.diff(offsets) < 0):
             problem = "offsets out of order"
         elif any(len(a) and (a.min() < 0 or a.max() >= vocab_size) for a in (always, words)):
             problem = "word ids outside the vocabulary"
@@ -131,6 +129,57 @@ def sentence_width(shortlist: Shortlist) -> int:
     per_word = int(np.diff(shortlist.offsets).max(initial=0))
     width = len(shortlist.always) + 3 + SENTENCE_SOURCE_WORDS * per_word
     return min(-(-width // 64) * 64, shortlist.vocab_size)
+
+
+def _read_arrays(path: Path, vocab_size: int) -> dict[str, np.ndarray]:
+    """The four arrays of a shortlist file (np.savez's zip of .npy files). Each member's npy header
+    is read first: integers only, the shapes the vocabulary allows, the zip entry's size the one
+    the header implies, MAX_BYTES in all; only then are the arrays read, each exactly its size
+    (a small file that inflates to gigabytes is refused before anything is allocated)."""
+    expected = {"vocab_size": lambda shape: shape == (),
+                "always": lambda shape: len(shape) == 1 and shape[0] <= vocab_size,
+                "offsets": lambda shape: shape == (vocab_size + 1,),
+                "words": lambda shape: len(shape) == 1 and shape[0] <= MAX_WORDS}
+    try:
+        if path.stat().st_size > MAX_BYTES + (1 << 20):
+            raise ShortlistError(f"{path}: larger than a shortlist can be ({MAX_BYTES >> 20} MiB of arrays)")
+        with zipfile.ZipFile(path) as z:
+            members, total = {}, 0
+            for name, fits in expected.items():
+                info = z.getinfo(f"{name}.npy")
+                with z.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    if version not in ((1, 0), (2, 0)):
+                        raise ShortlistError(f"{path}: {name}: npy format {version[0]}.{version[1]}")
+                    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                        np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read_header(f)
+                    header = f.tell()
+                if dtype.kind not in "iu" or dtype.itemsize > 8:
+                    raise ShortlistError(f"{path}: {name}: {dtype}, not integers")
+                if not fits(shape):
+                    raise ShortlistError(f"{path}: {name}: shape {shape} does not fit a vocabulary of "
+                                         f"{vocab_size} words")
+                size = math.prod(shape) * dtype.itemsize
+                if info.file_size != header + size:
+                    raise ShortlistError(f"{path}: {name}: {info.file_size} bytes in the file for an array of {size}")
+                members[name], total = info, total + size
+                if name == "vocab_size":  # first, and one number: a shortlist of another model's says so
+                    with z.open(info) as f:
+                        made_for = int(np.lib.format.read_array(f, allow_pickle=False))
+                    if made_for != vocab_size:
+                        raise ShortlistError(f"{path}: made for {made_for} words, the model has {vocab_size}")
+            if total > MAX_BYTES:
+                raise ShortlistError(f"{path}: {total} bytes of arrays, more than a shortlist may hold ({MAX_BYTES})")
+            arrays = {}
+            for name, info in members.items():
+                with z.open(info) as f:
+                    arrays[name] = np.lib.format.read_array(f, allow_pickle=False)
+            return arrays
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        if isinstance(exc, ShortlistError):
+            raise
+        raise ShortlistError(f"{path}: not a shortlist ({reason(exc)})") from None
 
 
 def build_shortlist(pairs: Iterable[tuple[list[int], list[int]]], vocab_size: int, frequent: int, per_word: int,

@@ -1,4 +1,5 @@
-"""The `pipeline` command. Exit codes: 0 ok, 1 a run or check failed, 2 bad input."""
+"""The `pipeline` command. Exit codes: 0 ok, 1 a run or check failed, 2 bad input, 141 the reader of
+stdout went away (128 + SIGPIPE, no message)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from rich.table import Table
 
 from .context import console
 from .corpus import DEFAULT_MAX_LINE_BYTES
-from .errors import PipelineError, RecipeError, UserInputError
+from .errors import OutputError, PipelineError, ReaderGone, RecipeError, UserInputError
 from .store import Store
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -331,16 +332,36 @@ def main() -> None:
         for line in exc.lines:
             console.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)
         sys.exit(exc.exit_code)
+    except (BrokenPipeError, ReaderGone):
+        # The reader went away (`| head -1`): quietly, with the status a shell gives a process
+        # SIGPIPE ended (128 + 13), after the run's own cleanup; nothing more goes to the pipe.
+        _discard_stdout()
+        sys.exit(128 + signal.SIGPIPE)
+    except OutputError as exc:
+        _discard_stdout()
+        fail(str(exc), exc.exit_code)
     except PipelineError as exc:
         fail(str(exc), exc.exit_code)
     except click_errors as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except BrokenPipeError:
-        sys.exit(0)
     if code == 130:  # typer turns KeyboardInterrupt into exit code 130
         interrupted()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _discard_stdout() -> None:
+    """Point standard output at /dev/null: what is still buffered for a closed pipe or a full disk
+    is dropped there, instead of failing again in the interpreter's flush at exit ("Exception
+    ignored ... BrokenPipeError")."""
+    if sys.stdout is None:
+        return
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):  # no descriptor to replace (stdout is not a file)
+        pass
 
 
 def _install_sigterm() -> None:

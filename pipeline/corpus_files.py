@@ -21,6 +21,7 @@ from .errors import DataError
 # lost its line breaks (which would otherwise be read whole into memory).
 MAX_LINE_BYTES = 1 << 20
 COMPRESSED = {".gz": "gzip", ".xz": "xz", ".bz2": "bzip2", ".zst": "zstandard"}
+ZSTD_STEP = 256  # compressed bytes per zstd decompress call (see _ZstdReader)
 
 
 def _open_binary(path: Path) -> BinaryIO:
@@ -53,30 +54,44 @@ def _open_binary(path: Path) -> BinaryIO:
 
 
 class _ZstdReader(io.RawIOBase):
-    """zstd frames decoded as they are read. A stream that ends inside a frame is an error:
-    zstandard's own stream_reader returns the decoded part silently, which would cut a corpus."""
+    """zstd frames decoded as they are read, in bounded pieces. A stream that ends inside a frame
+    is an error: zstandard's own stream_reader returns the decoded part silently, which would cut
+    a corpus. Its decompressobj has no output limit, so it is fed ZSTD_STEP compressed bytes at a
+    time: a zstd block decodes to at most 128 KiB and takes at least 4 bytes, so one call gives at
+    most (ZSTD_STEP / 4 + 1) x 128 KiB (8.1 MiB), whatever the ratio (a 65 KB file expanding to
+    2 GiB was decoded a 64 KiB read at a time: 3 GB in 10 s). What it gives is handed out through a
+    memoryview, never copied again (slicing the bytes left on every read was quadratic)."""
 
     def __init__(self, raw: BinaryIO, decompressor):
-        self._raw, self._zstd, self._pending = raw, decompressor, b""
+        import zstandard
+
+        self._raw, self._zstd, self._error = raw, decompressor, zstandard.ZstdError
         self._d = decompressor.decompressobj()
+        self._input, self._at = b"", 0  # compressed bytes read, and how far they were fed
+        self._output = memoryview(b"")  # decoded, not yet handed out
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
-        while not self._pending:
-            chunk = self._raw.read(1 << 16)
-            if not chunk:
-                if not self._d.eof:
-                    raise OSError("the zstd stream ends inside a frame (file cut short?)")
-                return 0
-            while chunk:
-                if self._d.eof:  # concatenated frames, as `zstd` writes for appended files
-                    self._d = self._zstd.decompressobj()
-                self._pending += self._d.decompress(chunk)
-                chunk = self._d.unused_data if self._d.eof else b""
-        n = min(len(buffer), len(self._pending))
-        buffer[:n], self._pending = self._pending[:n], self._pending[n:]
+        while not self._output:
+            if self._at >= len(self._input):
+                self._input, self._at = self._raw.read(1 << 16), 0
+                if not self._input:
+                    if not self._d.eof:
+                        raise OSError("the zstd stream ends inside a frame (file cut short?)")
+                    return 0
+            if self._d.eof:  # concatenated frames, as `zstd` writes for appended files
+                self._d = self._zstd.decompressobj()
+            piece = memoryview(self._input)[self._at: self._at + ZSTD_STEP]
+            try:
+                self._output = memoryview(self._d.decompress(piece))
+            except self._error as exc:  # bytes that are not zstd (after the last frame, or inside one)
+                raise OSError(str(exc)) from None
+            # The next frame starts where this one ended, inside the piece or after it.
+            self._at += len(piece) - (len(self._d.unused_data) if self._d.eof else 0)
+        n = min(len(buffer), len(self._output))
+        buffer[:n], self._output = self._output[:n], self._output[n:]
         return n
 
     def close(self) -> None:

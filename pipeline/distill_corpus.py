@@ -7,14 +7,17 @@ the way (pipeline/encoded_corpus.py) and the distributions are memory-mapped."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from model.files import reason
+
 from .corpus import LineIndex, check_aligned, split_lines
-from .errors import StageFailed
+from .errors import IntegrityError, StageFailed
 
 # The kd_corpus artifact's stored distributions: TOP_K_FILE + ".lengths.npy" / ".ids.npy" / ".probs.npy".
 TOP_K_FILE = "kd.topk"
@@ -37,6 +40,31 @@ def write_top_k(path: Path, pairs: list) -> None:
     os.replace(tmp, path)
 
 
+def chunk_problem(chunks_dir: Path, chunk: int, index: list[int], top_k: bool) -> str | None:
+    """None when a KD corpus chunk saved by an earlier run is whole: its record (NNNNN.json, written
+    last) reads, covers these sentences with one translation each, and with `top_k` lists the
+    size and sha256 of its distributions (NNNNN.npz), which match; else what is wrong."""
+    from .store import listed_file_problems
+
+    record = chunks_dir / f"{chunk:05d}.json"
+    try:
+        part = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return f"{record.name} is unreadable ({reason(exc)})"
+    hyps = part.get("hyps") if isinstance(part, dict) else None
+    if part.get("index") != index or not isinstance(hyps, list) or len(hyps) != len(index) \
+            or not all(isinstance(h, str) for h in hyps):
+        return f"{record.name} does not hold one translation for each of its {len(index)} sentences"
+    if top_k:
+        listed = part.get("top_k_file")
+        if not isinstance(listed, dict):
+            return f"{record.name} lists no distributions file"
+        problems = listed_file_problems(chunks_dir, {f"{chunk:05d}.npz": listed}, record=record.name, folder="folder")
+        if problems:
+            return problems[0].replace(f"{chunks_dir}/", "")
+    return None
+
+
 def load_top_k(path: Path) -> list:
     """write_top_k's file as per-sentence (ids, probs) pairs, None where a sentence has none."""
     import numpy as np
@@ -54,8 +82,19 @@ class TopKStore:
     def __init__(self, folder: Path):
         import numpy as np
 
-        self.lengths, self.ids, self.probs = (np.load(folder / f"{TOP_K_FILE}.{part}.npy", mmap_mode="r")
-                                              for part in ("lengths", "ids", "probs"))
+        try:
+            self.lengths, self.ids, self.probs = (np.load(folder / f"{TOP_K_FILE}.{part}.npy", mmap_mode="r",
+                                                          allow_pickle=False) for part in ("lengths", "ids", "probs"))
+        except (OSError, ValueError) as exc:
+            raise IntegrityError(f"{folder}: {TOP_K_FILE}: unreadable ({reason(exc)})") from None
+        # The three arrays must hang together before a row is cut from them (sizes only: their
+        # content is the artifact's, checked against its manifest before use).
+        lengths, ids = self.lengths, self.ids
+        if (lengths.ndim != 1 or lengths.dtype.kind not in "iu" or ids.ndim != 2 or ids.dtype.kind not in "iu"
+                or self.probs.shape != ids.shape or (len(lengths) and int(lengths.min()) < 0)
+                or int(lengths.sum()) != ids.shape[0]):
+            raise IntegrityError(f"{folder}: {TOP_K_FILE}: lengths {lengths.shape}, ids {ids.shape} and probs "
+                                 f"{self.probs.shape} do not fit together")
         self.offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=self.offsets[1:])
         self.k = int(self.ids.shape[1])
@@ -150,21 +189,23 @@ def training_pairs(job: dict, log) -> TrainingText:
 
 def encoded_training_set(text: TrainingText, tokenizer, max_positions: int, work: Path, log, progress,
                          rank: int = 0):
-    """The training pairs encoded into work/encoded (once: a resumed run opens them), memory-mapped;
-    rank 0 encodes while the others wait. Returns the corpus and `text.info` with the encoding's record."""
+    """The training pairs encoded into work/encoded (once: a resumed run opens them after checking
+    them, and encodes them again where they fail), memory-mapped; rank 0 encodes while the others
+    wait. Returns the corpus and `text.info` with the encoding's record."""
     from .distributed import world_size
     from .encoded_corpus import encode_to_disk
 
     folder = work / "encoded"
     if rank == 0:
         with progress("encoding the training pairs", total=text.info["train_pairs"], unit="pairs") as bar:
-            corpus, record = encode_to_disk(tokenizer, text.pairs(), folder, max_positions, text.top_k, bar.advance)
+            corpus, record = encode_to_disk(tokenizer, text.pairs(), folder, max_positions, text.top_k, bar.advance,
+                                            log=log)
     if world_size() > 1:
         import torch.distributed as dist
 
         dist.barrier()
     if rank != 0:
-        corpus, record = encode_to_disk(tokenizer, iter(()), folder, max_positions, text.top_k)
+        corpus, record = encode_to_disk(tokenizer, None, folder, max_positions, text.top_k)
     dropped = record["dropped_too_long"]
     log(f"encoded {record['pairs']} training pairs in {record['seconds']:.1f} s"
         + (f" ({dropped} longer than the model's {max_positions} positions dropped)" if dropped else ""))

@@ -25,6 +25,16 @@ class DataError(UserInputError):
     """A data file that cannot be used as it is (wrong checksum, mismatched lines, bad bytes)."""
 
 
+class OutputError(PipelineError):
+    """Standard output cannot be written (a full disk, an I/O error): what was not written is
+    dropped, so that the interpreter's own flush at exit does not fail again."""
+
+
+class ReaderGone(Exception):
+    """The reader of standard output went away (`| head -1`): the command ends quietly, with the
+    status of a process SIGPIPE ended. Not an OSError, which click would turn into exit 1 itself."""
+
+
 class StoreLockedError(PipelineError):
     """Another process holds the artifact store's lock."""
 

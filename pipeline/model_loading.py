@@ -2,12 +2,14 @@
 
 A translator has `translate(sentences, beam=, length_penalty=, batch_tokens=, on_batch=)`, plus
 `runtime`. PyTorch models are artifact folders with model.safetensors; ONNX packages are folders
-with encoder.onnx / decoder.onnx (see model/runtime.py).
+with package.json, encoder.onnx and decoder.onnx (see model/runtime.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from .errors import IntegrityError, UserInputError
 
 
 def is_torch_model(folder: Path) -> bool:
@@ -15,7 +17,10 @@ def is_torch_model(folder: Path) -> bool:
 
 
 def is_onnx_package(folder: Path) -> bool:
-    return (folder / "encoder.onnx").is_file() and (folder / "decoder.onnx").is_file()
+    """A folder with package.json is a package even with graphs missing: the runtime then says
+    which file package.json lists that is not there."""
+    return (folder / "package.json").is_file() or ((folder / "encoder.onnx").is_file()
+                                                   and (folder / "decoder.onnx").is_file())
 
 
 def is_imported_teacher(folder: Path) -> bool:
@@ -40,8 +45,6 @@ def load_translator(folder: Path, package: str | None = None, device: str = "cpu
         from model.torch_decoder import TorchTranslator
         from model.transformer import ModelConfigError
 
-        from .errors import UserInputError
-
         try:
             return TorchTranslator.load(folder, device=device, threads=threads)
         except ModelConfigError as exc:
@@ -49,11 +52,11 @@ def load_translator(folder: Path, package: str | None = None, device: str = "cpu
     if is_onnx_package(folder):
         from model.runtime import PackageError, Translator
 
-        from .errors import IntegrityError
-
+        # A package failing its checks (its files against package.json, or what they hold) is a
+        # check that failed, exit 1, as `artifacts verify` on a damaged artifact.
         try:
             return Translator(folder, device=device, threads=threads)
         except PackageError as exc:
             raise IntegrityError(str(exc)) from None
-    raise FileNotFoundError(f"{folder}: neither a PyTorch model (model.safetensors + config.json) "
-                            "nor an ONNX package (encoder.onnx + decoder.onnx)")
+    raise UserInputError(f"{folder}: neither a PyTorch model (model.safetensors + config.json) "
+                         "nor an ONNX package (package.json, encoder.onnx + decoder.onnx)")

@@ -35,7 +35,7 @@ from .errors import IntegrityError, UserInputError
 from .store import Artifact, now_iso, sha256_file
 
 MODEL_DIR = Path(__file__).resolve().parent.parent / "model"
-RUNTIME_FILES = ("runtime.py", "search.py", "subword.py", "lines.py", "files.py", "shortlist.py")
+RUNTIME_FILES = ("runtime.py", "search.py", "subword.py", "lines.py", "files.py", "shortlist.py", "package_checks.py")
 PACKAGE_JSON = "package.json"
 GRAPHS = ("encoder.onnx", "decoder.onnx", GENERATE, GENERATE_MANY_ROWS, DECODER_MANY_ROWS, DECODER_GREEDY, SHORTLIST_GRAPH)
 FORMAT = "mt-onnx-package/1"

@@ -43,6 +43,7 @@ Bf16 = Annotated[Literal["auto", "on", "off"],
 # The models a recipe can build (each a node of that name, exported as export.<name>), in report order.
 MODEL_NODES = ("teacher", "student", "student_ref", "pruned")
 MAX_RECIPE_BYTES = 1 << 20  # a recipe file (and each file it extends) is read up to this size
+MAX_ALIAS_VALUES = 10_000  # values YAML aliases may repeat in one recipe file, all together
 _MAX_YAML_INT = 2**63
 
 
@@ -625,7 +626,7 @@ def _read_yaml(path: Path, referrer: Path | None) -> dict:
     except OSError as exc:
         raise RecipeError([f"{path}: cannot read: {exc.strerror}"]) from None
     try:
-        data = yaml.safe_load(text)
+        data = _safe_load(text, str(path))
     except ValueError as exc:  # int(): an integer of more digits than Python converts (4300)
         raise RecipeError([f"{path}: {_digits_message(exc)}"]) from None
     except yaml.YAMLError as exc:
@@ -644,6 +645,49 @@ def _read_yaml(path: Path, referrer: Path | None) -> dict:
         raise RecipeError([f"{path}: keys must be strings, got {_short_repr(bad[0])}"])
     _check_numbers(data, str(path))
     return data
+
+
+def _safe_load(text: str, where: str) -> Any:
+    """yaml.safe_load, refusing a document whose aliases would repeat more than MAX_ALIAS_VALUES
+    values (or one that holds itself) before anything is built from it: PyYAML shares an aliased
+    value instead of copying it, but whatever walks the result (the checks here, deepcopy, the
+    schema) visits it once per alias, so nested aliases (a "billion laughs") took minutes."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_aliases(node, where)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_aliases(root: yaml.Node, where: str) -> None:
+    """RecipeError where the values under `root`, counted once per alias that reaches them, exceed
+    the distinct values by more than MAX_ALIAS_VALUES, or where a value contains itself. One pass
+    over the distinct nodes (each one's expanded size kept), without recursion."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else \
+            node.value if isinstance(node, yaml.SequenceNode) else []
+        if finished:
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in children)
+            open_nodes.discard(id(node))
+            if sizes[id(node)] - len(sizes) > MAX_ALIAS_VALUES:
+                raise RecipeError([f"{where}: YAML aliases repeat more than {MAX_ALIAS_VALUES} values; "
+                                   "a recipe may reuse a section by alias, not build a tree of them"])
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in open_nodes:
+            raise RecipeError([f"{where}: a YAML alias inside the value it names (a recursive value)"])
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
 
 
 def _digits_message(exc: ValueError) -> str:
@@ -708,7 +752,7 @@ def _apply_override(raw: dict, item: str, path: Path) -> None:
     if not all(keys):
         raise RecipeError([f"{path}: --set {item!r}: empty key"])
     try:
-        value = yaml.safe_load(text) if text.strip() else None
+        value = _safe_load(text, f"{path}: --set {dotted}") if text.strip() else None
     except ValueError as exc:  # an integer of more than 4300 digits
         raise RecipeError([f"{path}: --set {dotted}: {_digits_message(exc)}"]) from None
     except yaml.YAMLError:

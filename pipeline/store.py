@@ -252,7 +252,7 @@ class Store:
                     raise PipelineError("a stage may not write manifest.json itself")
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
-                files[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+                files[rel] = file_record(path)
             manifest = {**manifest, "format": FORMAT, "id": artifact, "files": files,
                         "bytes": sum(f["bytes"] for f in files.values())}
             write_json_atomic(tmp / MANIFEST, manifest)
@@ -572,33 +572,11 @@ def verify_folder(path: Path, manifest: dict, trusted: dict | None = None) -> li
     device or fifo, reached without following a link. `trusted`, when given, is the file list the
     user already holds for this id (the store's copy): each file must also match its digest there,
     so a folder that rewrote its own manifest still fails."""
-    problems = []
     files = manifest.get("files")
     if not isinstance(files, dict):
         return [f"{path / MANIFEST}: no file list"]
     present, problems = walk(path)
-    for rel, meta in sorted(files.items()):
-        problem = member_problem(path, rel)
-        if problem is not None:
-            if problem.endswith(": missing"):
-                problems.append(f"{path / rel}: missing")
-            else:
-                problems.append(f"{path}: manifest names a file outside the artifact or not a regular file: {problem}")
-            continue
-        target = path / rel
-        if not isinstance(meta, dict):
-            problems.append(f"{target}: manifest entry is not a mapping")
-            continue
-        size = target.stat().st_size
-        if size != meta.get("bytes"):
-            problems.append(f"{target}: size {size} bytes, manifest says {meta.get('bytes')}")
-            continue
-        digest = sha256_file(target)
-        if digest != meta.get("sha256"):
-            problems.append(f"{target}: content changed (sha256 differs from manifest)")
-        elif trusted is not None and digest != (trusted.get(rel) or {}).get("sha256"):
-            problems.append(f"{target}: differs from the store's copy of this artifact "
-                            "(sha256 differs from the digest the store holds)")
+    problems += listed_file_problems(path, files, trusted=trusted)
     if trusted is not None:
         for rel in sorted(set(trusted) - set(files)):
             problems.append(f"{path / rel}: missing (the store's copy of this artifact has it)")
@@ -607,6 +585,42 @@ def verify_folder(path: Path, manifest: dict, trusted: dict | None = None) -> li
         if rel not in listed:
             problems.append(f"{path / rel}: not in the manifest")
     return problems
+
+
+def listed_file_problems(path: Path, files: dict, record: str = "manifest", trusted: dict | None = None,
+                         folder: str = "artifact") -> list[str]:
+    """Problems of the files a record (`files`: relative path -> {"bytes", "sha256"}) lists in the
+    folder at `path`: each must be a regular file inside it, of that size and digest. Also what a
+    work folder's own record (written last, at the end of its build) is checked with."""
+    problems = []
+    for rel, meta in sorted(files.items()):
+        problem = member_problem(path, rel)
+        if problem is not None:
+            if problem.endswith(": missing"):
+                problems.append(f"{path / rel}: missing")
+            else:
+                problems.append(f"{path}: {record} names a file outside the {folder} or not a regular file: {problem}")
+            continue
+        target = path / rel
+        if not isinstance(meta, dict):
+            problems.append(f"{target}: {record} entry is not a mapping")
+            continue
+        size = target.stat().st_size
+        if size != meta.get("bytes"):
+            problems.append(f"{target}: size {size} bytes, {record} says {meta.get('bytes')}")
+            continue
+        digest = sha256_file(target)
+        if digest != meta.get("sha256"):
+            problems.append(f"{target}: content changed (sha256 differs from {record})")
+        elif trusted is not None and digest != (trusted.get(rel) or {}).get("sha256"):
+            problems.append(f"{target}: differs from the store's copy of this artifact "
+                            "(sha256 differs from the digest the store holds)")
+    return problems
+
+
+def file_record(path: Path) -> dict:
+    """{"bytes", "sha256"} of a file, as manifests and work folders' records list it."""
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
 # A work folder (work/<id>/) is written by the runner and by the worker processes it starts.

@@ -3,17 +3,22 @@
 Every input line gives exactly one output line: empty lines stay empty, invalid UTF-8 is
 replaced (with a warning), control characters are dropped, over-long lines are truncated to the
 model's limit with a warning. Whatever the tokenizer's decoder emits, an output line holds no
-line break (\n, \r, U+2028 and the others str.splitlines() splits on become spaces).
+line break (\n, \r, U+2028 and the others str.splitlines() splits on become spaces:
+model/lines.py).
 
 Input is read in bounded pieces: a line longer than --max-line-bytes (DEFAULT_MAX_LINE_BYTES,
 16 KiB: far more than the model's max_positions tokens) is cut to its first that many bytes (at
 a UTF-8 character boundary), the rest of it is skipped without being kept, and one warning goes
 to stderr; so memory stays bounded whatever one line holds.
+
+Closed pipes end quietly: standard input or output closed at the start (`<&-`, `>&-`) is one
+line, exit 2; a reader that goes away (`| head -1`) ends the command with no message and status
+141, as a process SIGPIPE ended (pipeline/cli.py); a write that fails (`> /dev/full`) is one line
+naming the error, exit 1.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 import warnings
@@ -22,16 +27,16 @@ from typing import BinaryIO, Iterator, TextIO
 
 from rich.progress import Progress, TextColumn
 
+from model.lines import one_line
+
 from .context import console
 from .corpus import DEFAULT_MAX_LINE_BYTES, normalize
-from .errors import IntegrityError, UserInputError
+from .errors import IntegrityError, OutputError, ReaderGone, UserInputError
 from .machine import usable_cores
 from .store import MANIFEST, Store
 from .model_loading import is_onnx_package, is_torch_model, load_translator
 
 DEFAULT_PACKAGES = ("int8_dynamic", "fp32", "int8_static", "fp16")
-# Every character str.splitlines() ends a line at: none may reach an output line.
-_LINE_BREAKS = re.compile("[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 _SKIP_CHUNK = 1 << 16
 
 
@@ -59,11 +64,6 @@ def resolve_model(store: Store, ref: str, package: str | None) -> tuple[Path, st
 
 def _packages(path: Path) -> list[str]:
     return sorted(p.name for p in path.iterdir() if p.is_dir() and (is_onnx_package(p) or is_torch_model(p)))
-
-
-def one_line(text: str) -> str:
-    """text with every line break replaced by a space: one output line per input line."""
-    return _LINE_BREAKS.sub(" ", text)
 
 
 def bounded_lines(stdin: BinaryIO, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
@@ -100,6 +100,10 @@ def translate_stream(store: Store, model: str, beam: int = 4, batch_size: int = 
                      stdout: TextIO | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
     if max_line_bytes < 1:
         raise UserInputError(f"--max-line-bytes must be at least 1, got {max_line_bytes}")
+    if stdin is None and sys.stdin is None:  # started with `<&-`
+        raise UserInputError("standard input is closed: nothing to translate (give the text on stdin)")
+    if stdout is None and sys.stdout is None:  # started with `>&-`
+        raise UserInputError("standard output is closed: nowhere to write the translations")
     threads = threads or usable_cores()  # all cores by default, as the benchmark's "all" row
     with store.reading():  # `artifacts gc` waits until this is done with the artifact
         folder, package = resolve_model(store, model, package)
@@ -126,8 +130,14 @@ def translate_stream(store: Store, model: str, beam: int = 4, batch_size: int = 
             console.print(f"[yellow]warning:[/yellow] {w.message}")
         if len(out) != len(block):
             raise IntegrityError(f"the translator returned {len(out)} lines for {len(block)}")
-        stdout.write("".join(one_line(line) + "\n" for line in out))
-        stdout.flush()
+        try:
+            stdout.write("".join(one_line(line) + "\n" for line in out))
+            stdout.flush()
+        except BrokenPipeError:
+            raise ReaderGone() from None  # the command ends quietly (pipeline/cli.py)
+        except OSError as exc:
+            raise OutputError(f"cannot write the translations to standard output: "
+                              f"{exc.strerror or exc} (after {done['lines'] - len(block)} lines)") from None
         block.clear()
         progress.update(task, completed=done["lines"], rate=f"{done['lines'] / done['seconds']:.1f} sentences/s")
 

@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from model.files import reason
 from model.search import GenerationConfig, greedy_search
 from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer
@@ -35,8 +36,10 @@ from model.transformer import Transformer
 from . import speed_probe
 from .budgets import budget_text, cut_text
 from .encoded_corpus import Corpus, make_batches
+from .errors import PipelineError
 from .recipe import TrainConfig
 from .scoring import bleu_only
+from .store import file_record, listed_file_problems, write_json_atomic
 
 
 def collate(corpus: Corpus, index: np.ndarray, pad: int, bos: int, eos: int, device) -> tuple:
@@ -91,7 +94,10 @@ def unwrap(model) -> Transformer:
 
 # ----------------------------------------------------------------------- checkpoints
 class Checkpoints:
-    """work/checkpoint/ (latest, for resuming) and work/snapshots/ (epoch ends, for averaging)."""
+    """work/checkpoint/ (latest, for resuming) and work/snapshots/ (epoch ends, for averaging).
+    Checked like artifacts: state.json, written last, lists the size and sha256 of the checkpoint's
+    tensors, and each kept snapshot's entry its own; a resumed run checks them before loading, and
+    a damaged checkpoint is one line naming the folder to remove."""
 
     def __init__(self, work: Path):
         self.dir = work / "checkpoint"
@@ -104,7 +110,7 @@ class Checkpoints:
         """The last checkpoint's state.json (no tensors), or None where there is none."""
         for folder in (self.dir, self.dir.with_name("checkpoint.old")):  # .old: killed between renames
             if (folder / "state.json").is_file():
-                return json.loads((folder / "state.json").read_text())
+                return self._read_state(folder)
         return None
 
     def save(self, model: Transformer, optimizer: torch.optim.Optimizer, state: dict) -> None:
@@ -115,10 +121,12 @@ class Checkpoints:
         opt_tensors, opt_meta = _flatten_optimizer(optimizer)
         opt_tensors["rng.torch"] = torch.get_rng_state()
         save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-        (tmp / "state.json").write_text(json.dumps({**state, "optimizer": opt_meta}))
+        files = {}
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
+            files[f.name] = file_record(f)
+        write_json_atomic(tmp / "state.json", {**state, "optimizer": opt_meta, "files": files})
         old = self.dir.with_name("checkpoint.old")
         if self.dir.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -129,21 +137,57 @@ class Checkpoints:
     def load(self, model: Transformer, optimizer: torch.optim.Optimizer) -> dict:
         if not self.exists() and self.dir.with_name("checkpoint.old").is_dir():
             os.rename(self.dir.with_name("checkpoint.old"), self.dir)  # killed between the two renames
-        state = json.loads((self.dir / "state.json").read_text())
-        model.load_state_dict(load_file(str(self.dir / "model.safetensors")))
-        tensors = load_file(str(self.dir / "optimizer.safetensors"))
-        torch.set_rng_state(tensors.pop("rng.torch"))
-        optimizer.load_state_dict(_unflatten_optimizer(tensors, state.pop("optimizer")))
+        state = self._read_state(self.dir)
+        try:
+            model.load_state_dict(load_file(str(self.dir / "model.safetensors")))
+            tensors = load_file(str(self.dir / "optimizer.safetensors"))
+            torch.set_rng_state(tensors.pop("rng.torch"))
+            optimizer.load_state_dict(_unflatten_optimizer(tensors, state.pop("optimizer")))
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:  # safetensors' errors too
+            raise self._damaged(self.dir, f"does not load ({reason(exc)})") from None
+        state.pop("files", None)
         return state
 
-    def save_snapshot(self, model: Transformer, name: str) -> None:
+    def _read_state(self, folder: Path) -> dict:
+        """state.json of a checkpoint folder, once the files it lists and the snapshots it keeps
+        match their sizes and digests."""
+        try:
+            state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise self._damaged(folder, f"state.json is unreadable ({reason(exc)})") from None
+        if not isinstance(state, dict) or not isinstance(state.get("kept", []), list):
+            raise self._damaged(folder, "state.json is not a checkpoint's state")
+        problems = listed_file_problems(folder, state.get("files") or {}, record="state.json", folder="folder")
+        for entry in state.get("kept", []):
+            if isinstance(entry, dict) and isinstance(entry.get("snapshot"), dict):
+                problems += self._snapshot_problems(entry)
+        if problems:
+            raise self._damaged(folder, problems[0])
+        return state
+
+    def _snapshot_problems(self, entry: dict) -> list[str]:
+        name = f"{entry.get('name')}.safetensors"
+        return listed_file_problems(self.snapshots, {name: entry["snapshot"]}, record="the checkpoint", folder="folder")
+
+    def _damaged(self, folder: Path, problem: str) -> PipelineError:
+        problem = problem.replace(f"{folder}/", "")  # the file's name once, after the folder's
+        return PipelineError(f"{folder}: {problem}; this training cannot resume from it: remove {folder.parent} "
+                             "and run again to train from the start")
+
+    def save_snapshot(self, model: Transformer, name: str) -> dict:
+        """Save an epoch end's weights; returns the file's record (size and sha256) for `kept`."""
         self.snapshots.mkdir(parents=True, exist_ok=True)
         tmp = self.snapshots / f"{name}.tmp"
         save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(tmp))
         os.replace(tmp, self.snapshots / f"{name}.safetensors")
+        return file_record(self.snapshots / f"{name}.safetensors")
 
-    def load_snapshot(self, name: str) -> dict:
-        return load_file(str(self.snapshots / f"{name}.safetensors"))
+    def load_snapshot(self, entry: dict) -> dict:
+        """The weights of a kept snapshot, checked against its record where it has one."""
+        problems = self._snapshot_problems(entry) if isinstance(entry.get("snapshot"), dict) else []
+        if problems:
+            raise self._damaged(self.snapshots, problems[0])
+        return load_file(str(self.snapshots / f"{entry['name']}.safetensors"))
 
     def drop_unkept(self, kept: list[dict]) -> None:
         """Delete every snapshot the saved checkpoint does not name (and any half-written one).
@@ -480,11 +524,12 @@ class Trainer:
         """Keep the best N epoch-end weights (by valid BLEU, then loss) for averaging. Checkpoints
         record before they delete: the new snapshot is saved here, the checkpoint naming the new
         `kept` next (fit), and only then are dropped snapshots deleted (Checkpoints.drop_unkept)."""
+        entry = dict(entry)  # its own copy: `history` holds the entry without the snapshot's record
         kept = state["kept"] + [entry]
         kept.sort(key=self._rank_key, reverse=True)
         keep_n = self.cfg.average_checkpoints
         if entry in kept[:keep_n]:
-            self.ckpt.save_snapshot(self.model, entry["name"])
+            entry["snapshot"] = self.ckpt.save_snapshot(self.model, entry["name"])
         state["kept"] = kept[:keep_n]
 
     def _finish(self, state: dict, elapsed_s: float, reason: str) -> dict:
@@ -506,11 +551,11 @@ class Trainer:
         if not kept:
             raise RuntimeError("training ended without a single validated checkpoint")
         best = kept[0]
-        self.model.load_state_dict(self.ckpt.load_snapshot(best["name"]))
+        self.model.load_state_dict(self.ckpt.load_snapshot(best))
         chosen = {"kind": "best", "from": [best["name"]], "valid_loss": best["valid_loss"],
                   "valid_bleu": best["valid_bleu"]}
         if len(kept) > 1:
-            states = [self.ckpt.load_snapshot(k["name"]) for k in kept]
+            states = [self.ckpt.load_snapshot(k) for k in kept]
             averaged = {k: sum(s[k].float() for s in states) / len(states) for k in states[0]}
             best_state = {k: v.clone() for k, v in self.model.state_dict().items()}
             self.model.load_state_dict({k: v.to(best_state[k].dtype) for k, v in averaged.items()})

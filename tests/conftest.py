@@ -107,12 +107,13 @@ else:
 """
 
 
-def run_with_peak_rss(target: str, *args: str, env: dict | None = None) -> tuple[int, float, str, str]:
+def run_with_peak_rss(target: str, *args: str, env: dict | None = None,
+                      timeout: float = 600) -> tuple[int, float, str, str]:
     """Run a module (`pipeline.cli`) or a script path in a fresh process: (exit code, its peak
     RSS in MB, stdout, stderr without the report line)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     done = subprocess.run([sys.executable, "-c", _PEAK_SHIM, target, *args], capture_output=True, env=full_env,
-                          cwd=REPO, timeout=600)
+                          cwd=REPO, timeout=timeout)
     err = done.stderr.decode(errors="replace")
     peaks = [line for line in err.splitlines() if line.startswith("PEAK_RSS_KB ")]
     peak = int(peaks[-1].split()[1]) / 1024 if peaks else float("nan")

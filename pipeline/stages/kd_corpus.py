@@ -23,12 +23,13 @@ from model.lines import one_line
 
 from ..context import StageContext
 from ..corpus import LineIndex, check_aligned, split_lines
-from ..distill_corpus import TOP_K_FILE, TopKWriter, load_top_k, write_top_k
+from ..distill_corpus import TOP_K_FILE, TopKWriter, chunk_problem, load_top_k, write_top_k
 from ..encoded_corpus import ENCODE_BLOCK
 from ..errors import StageFailed, UserInputError
 from ..model_loading import is_imported_teacher
 from ..distributed import launch, worker_main, world_size
 from ..recipe import KDCorpusConfig, dump_config
+from ..store import file_record
 
 # Sentences per saved chunk: what a resumed run keeps, and the unit processes share under
 # torchrun. Results do not depend on it beyond float noise (it bounds the batches), so it is
@@ -76,7 +77,12 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     chunk = int(os.environ.get("PIPELINE_KD_CHUNK", CHUNK))
     chunks = [order[i: i + chunk].tolist() for i in range(0, len(order), chunk)]
     mine = [c for c in range(len(chunks)) if c % world == rank]
-    todo = [c for c in mine if not (chunks_dir / f"{c:05d}.json").is_file()]
+    todo = []
+    for c in mine:  # a chunk an earlier run saved is kept where it is whole, translated again where not
+        problem = chunk_problem(chunks_dir, c, chunks[c], bool(job.get("top_k")))
+        if problem and (chunks_dir / f"{c:05d}.json").exists():
+            log(f"{chunks_dir}: {problem}; translating that chunk again")
+        todo += [c] if problem else []
     if len(todo) < len(mine):
         log(f"resuming: {len(mine) - len(todo)} of {len(mine)} chunks already translated")
     t0 = time.perf_counter()
@@ -96,6 +102,7 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
                                                          on_batch=settings["on_batch"])
                 part["hyps"] = [text for text, _, _ in done]
                 part["top_k_dropped"] = save_top_k(chunks_dir / f"{c:05d}.npz", done, student_side)
+                part["top_k_file"] = file_record(chunks_dir / f"{c:05d}.npz")
             else:
                 part["hyps"] = translator.translate(texts, **settings)
             tmp = chunks_dir / f"{c:05d}.json.tmp"
