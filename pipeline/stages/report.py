@@ -429,9 +429,9 @@ def versus_target_line(summary: dict) -> str:
         if not best["points"]:
             return f"{where}: not measured"
         theirs, ours = (" or ".join(map(str, best[f"{side}_threads"])) for side in ("ctranslate2", "ours"))
-        return (f"{where} {best['ours_faster']} of {best['points']} ours faster (lowest {best['lowest_ratio']:.2f}x at "
-                f"{best['lowest_point']}; CTranslate2 fastest at {theirs} thread{'s' if theirs != '1' else ''}, "
-                f"ours at {ours})")
+        return (f"{where} {best['ours_faster']} of {best['points']} ours faster "
+                f"(lowest {_f(best['lowest_ratio'], '{:.2f}')}x at {best['lowest_point']}; CTranslate2 fastest at "
+                f"{theirs} thread{'s' if theirs != '1' else ''}, ours at {ours})")
 
     met = {True: "met", False: "not met", None: "not measured"}[summary["met"]]
     rounds = summary.get("separate_rounds")
