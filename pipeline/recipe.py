@@ -523,12 +523,16 @@ class EvaluateNode(EvaluateConfig):
 
 class VersusConfig(Strict):
     """Ours against CTranslate2 on the same weights (the final model's int8 and float32 packages),
-    both in one process at the same thread count, taking turns batch by batch: sentences/s at each point."""
+    both in one process at the same thread count, taking turns batch by batch, and each alone in
+    a process of its own: sentences/s at each point, and each side at its own best thread count."""
 
     sentences: PositiveInt = 256  # the test set's first N: enough for several batches of 64
     batches: list[PositiveInt] = [1, 32, 64]
     beams: list[PositiveInt] = [1, 4]
     rounds: NonNegInt = 5  # passes over the sample each; the ratio is the rounds' median; 0: not measured
+    # Passes of each side alone, in a process of its own per thread count (0: not measured);
+    # fewer than `rounds` to keep the stage's time: about 4 minutes at 3 on the default recipe.
+    separate_rounds: NonNegInt = 3
 
 
 class BenchmarkConfig(Strict):

@@ -49,7 +49,10 @@ class ReportRow(TypedDict):
     source: NotRequired[str | None]
     artifact: NotRequired[str | None]
     paired: NotRequired[dict | None]
-    versus: NotRequired[dict | None]  # against CTranslate2 in one process: {peer, by_threads: {n: {points}}}
+    # Against CTranslate2: {peer, by_threads: {n: {points}}} (one process, taking turns), separate:
+    # {rounds, by_threads: {n: {ours, ctranslate2, points}}} (each alone), best: {interleaved, separate}
+    # (per point, each side at its own best thread count)
+    versus: NotRequired[dict | None]
     breakdown: NotRequired[dict | None]
     peak_rss_mb: NotRequired[float | None]
     gpu_mem_mb: NotRequired[float | None]
@@ -85,7 +88,9 @@ def figures(row: ReportRow) -> dict:
 
 
 def versus_lines(rows: list[dict]) -> list[str]:
-    """One verdict line per point of each row's one-process comparison with CTranslate2."""
+    """One verdict line per point of each row's comparison with CTranslate2 at each thread count
+    (one process; each alone beside it, where measured), then one per point with each side at
+    its own best thread count."""
     lines = []
     for r in rows:
         versus = r.get("versus")
@@ -98,12 +103,55 @@ def versus_lines(rows: list[dict]) -> list[str]:
                "rounds' own ratios" + (" (the figures are that round's)" if median_round else "") +
                ", their range in brackets" if by_batch else
                "interleaved pass after pass over the same sentences; throughput ours / theirs")
-        lines += ["", f"**{r['name']} against {versus['peer']}** (same weights, one process, the two {how}; "
+        separate = versus.get("separate") or {}
+        alone_how = (f"; \"alone\": each in a fresh process of its own, the other not loaded, {separate['rounds']} "
+                     "rounds each, their median, the two processes minutes apart" if separate else "")
+        lines += ["", f"**{r['name']} against {versus['peer']}** (same weights, one process, the two {how}{alone_how}; "
                       "above 1 is ours faster):", ""]
         for n, result in versus["by_threads"].items():
             if result.get("skipped"):
                 lines.append(f"- {n} thread{'s' if int(n) > 1 else ''}: skipped: {result['skipped']}")
                 continue
+            alone = separate.get("by_threads", {}).get(n) or {}
+            ratios = {(p["batch"], p["beam"]): p["ratio"] for p in alone.get("points", [])}
             lines += [f"- {n} thread{'s' if int(n) > 1 else ''}, {result['sentences']} sentences, "
-                      f"{result['rounds']} rounds: {p['verdict']}" for p in result["points"]]
+                      f"{result['rounds']} rounds: {p['verdict']}" + (
+                          f"; alone {ratios[p['batch'], p['beam']]:.2f}x" if (p["batch"], p["beam"]) in ratios else
+                          f"; alone: skipped: {alone['skipped']}" if alone.get("skipped") else "")
+                      for p in result["points"]]
+        lines += best_lines(versus)
     return lines
+
+
+def best_lines(versus: dict) -> list[str]:
+    """Per point, each side at its own best thread count: one process and each alone."""
+    best = versus.get("best") or {}
+    if not best.get("interleaved"):
+        return []
+    counts = sorted({int(n) for n in versus["by_threads"]})
+    alone = {(p["batch"], p["beam"]): p for p in best.get("separate") or []}
+    lines = ["", f"Each side at its own best thread count (the faster of {' and '.join(map(str, counts))} for it at "
+                 f"that point; CTranslate2's: {threads_said(best['interleaved'], 'ctranslate2')} taking turns"
+                 + (f", {threads_said(best['separate'], 'ctranslate2')} alone" if alone else "") + "):", ""]
+    for p in best["interleaved"]:
+        what, _, one_process = p["verdict"].partition(": ")
+        across = "" if p.get("same_process", True) else (
+            f" (each one's median round: ours from the {p['ours_threads']}-thread process, CTranslate2 from the "
+            f"{p['ctranslate2_threads']}-thread one)")
+        line = f"- {what}: taking turns, {one_process}{across}"
+        if (p["batch"], p["beam"]) in alone:
+            line += f"; each alone, {alone[p['batch'], p['beam']]['verdict'].partition(': ')[2]}"
+        lines.append(line)
+    return lines
+
+
+def threads_said(points: list[dict], side: str) -> str:
+    """Which thread counts a side was best at over the points: "1 thread at every point", or
+    "1 thread at 4 points, 2 at 2"."""
+    found: dict[int, int] = {}
+    for p in points:
+        found[p[f"{side}_threads"]] = found.get(p[f"{side}_threads"], 0) + 1
+    said = [f"{n} thread{'s' if n > 1 else ''}" if i == 0 else str(n) for i, n in enumerate(sorted(found))]
+    if len(found) == 1:
+        return f"{said[0]} at every point"
+    return ", ".join(f"{word} at {found[n]} point{'s' if found[n] > 1 else ''}" for word, n in zip(said, sorted(found)))

@@ -135,3 +135,53 @@ def test_ours_and_ctranslate2_are_timed_in_one_process_point_by_point(tmp_path, 
         assert ("ours faster" if point["met"] else "CTranslate2 faster") in point["verdict"]
     assert greedy["verdict"].startswith("greedy, batch 1: ours ") and " ms a sentence" in greedy["verdict"]
     assert beam["verdict"].startswith("beam 2, batch 4: ours ") and "sentences/s" in beam["verdict"]
+
+
+def test_each_side_is_also_timed_alone_in_a_process_of_its_own(tmp_path, corpus):
+    """benchmark.versus's separate processes: each side in a fresh process where the other runtime
+    is not even imported, on the same sentences, points and rounds; each point's figure is that
+    side's median round, the separate ratio ours / theirs, and best against best is read from both."""
+    import os
+    import statistics
+
+    import pipeline.stages.benchmark as bench
+    from pipeline.package_builder import build_package
+    from pipeline.recipe import BenchmarkNode
+
+    from .conftest import QuietContext
+
+    sentences, tokenizer = corpus
+    model, folder = tiny_model(tmp_path, tokenizer)
+    build_package(model, "fp32", tmp_path / "fp32", tokenizer=folder / "tokenizer.json", work=tmp_path / "work")
+    export_ctranslate2(folder, tmp_path / "ct2", "float32")
+    common = {"device": "cpu", "compute_type": "float32", "skipped": None, "source": "student", "threads": 1}
+    ours = {**common, "name": "student_onnx", "runtime": "onnxruntime", "folder": str(tmp_path / "fp32")}
+    peer = {**common, "name": "ctranslate2_student_float32", "runtime": "ctranslate2", "folder": str(tmp_path / "ct2")}
+    cfg = BenchmarkNode(final_model="student", versus={"batches": [1, 4], "beams": [1], "rounds": 2,
+                                                       "separate_rounds": 3})
+    bench.versus_ctranslate2(QuietContext(tmp_path / "jobs"), [ours, peer], sentences[:10], cfg, [1])
+
+    versus = ours["versus"]
+    together, alone = versus["by_threads"]["1"], versus["separate"]["by_threads"]["1"]
+    assert versus["separate"]["rounds"] == 3 and together["rounds"] == 2
+    mine, theirs = alone["ours"], alone["ctranslate2"]
+    assert len({os.getpid(), together["pid"], mine["pid"], theirs["pid"]}) == 4  # three fresh processes
+    assert together["runtimes_loaded"] == ["onnxruntime", "ctranslate2"]
+    assert mine["runtimes_loaded"] == ["onnxruntime"] and theirs["runtimes_loaded"] == ["ctranslate2"]
+    assert (mine["runtime"], theirs["runtime"], mine["sentences"], theirs["sentences"]) == (
+        "onnxruntime", "ctranslate2", 10, 10)
+    for side in (mine, theirs):
+        assert [(p["batch"], p["beam"]) for p in side["points"]] == [(1, 1), (4, 1)]
+        for p in side["points"]:
+            assert len(p["round_sent_per_s"]) == 3 and p["sent_per_s"] == pytest.approx(
+                statistics.median(p["round_sent_per_s"]), abs=0.01)
+    for p, a, b in zip(alone["points"], mine["points"], theirs["points"]):
+        assert p["ratio"] == pytest.approx(a["sent_per_s"] / b["sent_per_s"], abs=1e-3)
+        assert p["met"] == (p["ratio"] >= 1)
+    # One thread count: best against best is each side at 1 thread, taking turns as the one-process
+    # point says, and alone as the separate point says.
+    for best, same in zip(versus["best"]["interleaved"], together["points"]):
+        assert (best["ours_threads"], best["ctranslate2_threads"], best["same_process"]) == (1, 1, True)
+        assert best["ratio"] == same["ratio"] and "at 1 thread, CTranslate2 " in best["verdict"]
+        assert set(same["median_sent_per_s"]) == {"ours", "ctranslate2"}
+    assert [p["ratio"] for p in versus["best"]["separate"]] == [p["ratio"] for p in alone["points"]]

@@ -24,11 +24,11 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 from model.ctranslate2_export import NotConvertible, compare_greedy, export_ctranslate2, uniform_heads
 
+from .. import measurement  # what the measurement processes run: in this stage's fingerprint
 from ..context import StageContext
 from ..corpus import read_split
 from ..errors import UserInputError
@@ -36,9 +36,7 @@ from ..machine import usable_cores
 from ..recipe import MODEL_NODES, BenchmarkNode
 from ..store import Artifact, tool_versions
 
-REPO = Path(__file__).resolve().parents[2]
 PARITY_SENTENCES = 10  # sentences whose greedy output ids CTranslate2 must reproduce
-MEASURE_TIMEOUT_S = 1800  # one measurement slower than this is a row that says so, not a hung run
 CT2_TYPES = {"cpu": ("int8", "float32"), "cuda": ("int8_float16", "float16")}
 
 
@@ -230,29 +228,7 @@ def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: 
 
 def run_job(ctx: StageContext, tag: str, job: dict, threads: int) -> dict:
     """pipeline.measurement on `job` in a fresh process with `threads` for the math libraries."""
-    from .. import measurement  # runs in the child; imported here so that its code is in this stage's fingerprint
-
-    jobs = ctx.work / "jobs"
-    jobs.mkdir(parents=True, exist_ok=True)
-    result_path, log_path = jobs / f"{tag}.result.json", jobs / f"{tag}.log"
-    result_path.unlink(missing_ok=True)
-    job = {**job, "result": str(result_path)}
-    (jobs / f"{tag}.json").write_text(json.dumps(job), encoding="utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
-    with open(log_path, "w", encoding="utf-8") as log:
-        try:
-            rc = subprocess.run([sys.executable, "-m", measurement.__name__, str(jobs / f"{tag}.json")],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                timeout=MEASURE_TIMEOUT_S).returncode
-        except subprocess.TimeoutExpired:
-            return {"threads": threads, "skipped": f"measurement took over {MEASURE_TIMEOUT_S} s and was stopped "
-                                                   "(an oversubscribed machine makes multi-thread runs crawl)"}
-    if rc == 0 and result_path.is_file():
-        return json.loads(result_path.read_text(encoding="utf-8"))
-    lines = [ln for ln in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
-    return {"threads": threads, "skipped": f"measurement process failed (exit {rc}): "
-                                           f"{lines[-1][:300] if lines else 'no output'}"}
+    return measurement.run_process(ctx.work / "jobs", tag, job, threads)
 
 
 def peer_pairs(rows: list[dict], cfg: BenchmarkNode) -> list[tuple[dict, dict]]:
@@ -269,8 +245,11 @@ def versus_ctranslate2(ctx: StageContext, rows: list[dict], sample: list[str], c
                        threads: list[int]) -> None:
     """Each of our ONNX packages of the final model against CTranslate2 on the same weights and
     compute type, at every (batch, beam) of `benchmark.versus` and every thread count: one
-    process per thread count holding both (pipeline.measurement.measure_versus). Stored as
-    row["versus"]: per thread count, the points with their one-line verdicts."""
+    process per thread count holding both, taking turns (pipeline.measurement.measure_versus);
+    then, with `versus.separate_rounds`, each side alone in processes of its own (versus_alone).
+    Stored as row["versus"]: per thread count, the one-process points with their one-line
+    verdicts (by_threads) and the separate processes' (separate); per point, each side at its own
+    best thread count, from each (best: pipeline.measurement.best_vs_best)."""
     pairs = [(ours, theirs) for ours, theirs in peer_pairs(rows, cfg) if ours["runtime"] == "onnxruntime"]
     spec = cfg.versus
     if not spec.rounds or not pairs or not sample:
@@ -281,14 +260,63 @@ def versus_ctranslate2(ctx: StageContext, rows: list[dict], sample: list[str], c
             ours["versus"] = {"peer": theirs["name"], "by_threads": {}}
             for n in threads:
                 job = {"kind": "versus", "ours": engine(ours, n), "theirs": engine(theirs, n), "threads": n,
-                       "sentences": sample, "points": points, "rounds": spec.rounds}
+                       "sentences": sample, "points": points, "rounds": spec.rounds, "tokenizer": batching_file(ours)}
                 result = run_job(ctx, f"versus-{ours['name']}-t{n}", job, n)
                 ours["versus"]["by_threads"][str(n)] = result
                 bar.advance(1)
-                for point in result.get("points", []):
-                    ctx.log(f"{ours['name']} vs {theirs['name']}, {n} thread{'s' if n > 1 else ''}: {point['verdict']}")
-                if result.get("skipped"):
-                    ctx.log(f"{ours['name']} vs {theirs['name']}, {n} threads: skipped: {result['skipped']}")
+                log_points(ctx, ours, theirs, f"{n} thread{'s' if n > 1 else ''}", result)
+    if spec.separate_rounds:
+        versus_alone(ctx, pairs, sample, points, spec.separate_rounds, threads)
+    for ours, theirs in pairs:
+        versus = ours["versus"]
+        alone = (versus.get("separate") or {}).get("by_threads")
+        versus["best"] = measurement.best_vs_best(versus["by_threads"], alone)
+        for how, best in versus["best"].items():
+            log_points(ctx, ours, theirs, f"each at its best thread count, {how}", {"points": best})
+
+
+def versus_alone(ctx: StageContext, pairs: list[tuple[dict, dict]], sample: list[str], points: list[list[int]],
+                 rounds: int, threads: list[int]) -> None:
+    """Each side of every pair alone in a fresh process, the other runtime not loaded, at every
+    thread count (pipeline.measurement.measure_alone): the same sentences, batches and points as
+    the one-process comparison, `rounds` rounds each. A CTranslate2 row compared with several of
+    our packages is timed once, just before them. Stored as row["versus"]["separate"]: {rounds,
+    by_threads: {n: {"ours": its result, "ctranslate2": the peer's, "points": ours / theirs}}}."""
+    peers = {theirs["name"]: theirs for _, theirs in pairs}
+    order = [row for name, peer in peers.items() for row in (peer, *(o for o, t in pairs if t["name"] == name))]
+    batching = {theirs["name"]: batching_file(ours) for ours, theirs in reversed(pairs)}  # the first pair's
+    alone: dict[tuple[str, int], dict] = {}
+    with ctx.progress("ours and CTranslate2, each alone", total=len(order) * len(threads), unit="processes") as bar:
+        for n in threads:
+            for row in order:
+                job = {"kind": "alone", "engine": engine(row, n), "threads": n, "sentences": sample, "points": points,
+                       "rounds": rounds, "tokenizer": batching.get(row["name"]) or batching_file(row)}
+                alone[row["name"], n] = run_job(ctx, f"alone-{row['name']}-t{n}", job, n)
+                bar.advance(1)
+    for ours, theirs in pairs:
+        by_threads = {}
+        for n in threads:
+            mine, peer = alone[ours["name"], n], alone[theirs["name"], n]
+            skipped = mine.get("skipped") or peer.get("skipped")
+            by_threads[str(n)] = {"ours": mine, "ctranslate2": peer, "rounds": rounds, "sentences": len(sample),
+                                  "points": [] if skipped else measurement.separate_points(mine, peer),
+                                  **({"skipped": skipped} if skipped else {})}
+            log_points(ctx, ours, theirs, f"{n} thread{'s' if n > 1 else ''}, each alone", by_threads[str(n)])
+        ours["versus"]["separate"] = {"rounds": rounds, "by_threads": by_threads}
+
+
+def batching_file(row: dict) -> str | None:
+    """The tokenizer file that sorts a comparison's sentences into batches: our package's (the
+    CTranslate2 model of the same weights tokenizes with the same file)."""
+    path = Path(row["folder"]) / "tokenizer.json"
+    return str(path) if path.is_file() else None
+
+
+def log_points(ctx: StageContext, ours: dict, theirs: dict, how: str, result: dict) -> None:
+    for point in result.get("points", []):
+        ctx.log(f"{ours['name']} vs {theirs['name']}, {how}: {point['verdict']}")
+    if result.get("skipped"):
+        ctx.log(f"{ours['name']} vs {theirs['name']}, {how}: skipped: {result['skipped']}")
 
 
 def paired_rounds(ctx: StageContext, rows: list[dict], sample: list[str], cfg: BenchmarkNode) -> None:

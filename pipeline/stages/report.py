@@ -394,13 +394,56 @@ def targets(rows: list[dict], goals: ReportTargets = ReportTargets()) -> dict:
 
 
 def versus_summary(versus: dict) -> dict:
-    """How many of the one-process points (batch x beam x threads) ours won: throughput ours /
-    CTranslate2's >= 1."""
+    """The comparison's verdict. `met`: ours at least as fast as CTranslate2 (throughput ours /
+    theirs >= 1) at every point with each side at its own best thread count, both taking turns in
+    one process and each alone in a process of its own (None where either was not measured, or
+    left a point out, and none fell short). `points`, `ours_faster` and `lowest_ratio` count the
+    one-process points at the same thread count on both sides (`same_threads_met`: all won); on a
+    machine where one side is slow at some count, those flatter the other."""
     points = [{"threads": int(n), **p} for n, result in versus["by_threads"].items() for p in result.get("points", [])]
     won = sum(1 for p in points if p["met"])
-    return {"peer": versus["peer"], "points": len(points), "ours_faster": won,
-            "met": None if not points else won == len(points),
-            "lowest_ratio": min((p["ratio"] for p in points if p["ratio"] is not None), default=None)}
+    expected = len({(p["batch"], p["beam"]) for p in points})
+    best = versus.get("best") or {}
+    out = {"peer": versus["peer"], "points": len(points), "ours_faster": won,
+           "same_threads_met": None if not points else won == len(points),
+           "lowest_ratio": min((p["ratio"] for p in points if p["ratio"] is not None), default=None),
+           "separate_rounds": (versus.get("separate") or {}).get("rounds")}
+    for how in ("interleaved", "separate"):
+        mine = best.get(how) or []
+        lowest = min((p for p in mine if p["ratio"] is not None), key=lambda p: p["ratio"], default=None)
+        met = False if any(p["met"] is False for p in mine) else True if mine and len(mine) == expected else None
+        out[f"best_{how}"] = {
+            "points": len(mine), "ours_faster": sum(1 for p in mine if p["met"]), "met": met,
+            "lowest_ratio": lowest and lowest["ratio"], "lowest_point": lowest and lowest["verdict"].partition(":")[0],
+            "ctranslate2_threads": sorted({p["ctranslate2_threads"] for p in mine}),
+            "ours_threads": sorted({p["ours_threads"] for p in mine})}
+    verdicts = [out["best_interleaved"]["met"], out["best_separate"]["met"]]
+    out["met"] = False if False in verdicts else None if None in verdicts else True
+    out["goal"] = (">= 1.0 at every point, each side at its own best thread count, taking turns in one process "
+                   "and each alone in its own")
+    return out
+
+
+def versus_target_line(summary: dict) -> str:
+    """versus_summary in words: the best-vs-best verdicts, naming the thread counts each side was
+    fastest at, then the same-thread count."""
+    def said(how: str, where: str) -> str:
+        best = summary[f"best_{how}"]
+        if not best["points"]:
+            return f"{where}: not measured"
+        theirs, ours = (" or ".join(map(str, best[f"{side}_threads"])) for side in ("ctranslate2", "ours"))
+        return (f"{where} {best['ours_faster']} of {best['points']} ours faster "
+                f"(lowest {_f(best['lowest_ratio'], '{:.2f}')}x at {best['lowest_point']}; CTranslate2 fastest at "
+                f"{theirs} thread{'s' if theirs != '1' else ''}, ours at {ours})")
+
+    met = {True: "met", False: "not met", None: "not measured"}[summary["met"]]
+    rounds = summary.get("separate_rounds")
+    return (f"vs {summary['peer']}, throughput at every point, each side at its own best thread count: "
+            f"{said('interleaved', 'taking turns in one process')}; "
+            f"{said('separate', f'each alone in its own process ({rounds} rounds)' if rounds else 'each alone')}; "
+            f"goal >= 1.0 at every point, both ways: {met}. At the same thread count on both sides, one process: "
+            f"{summary['ours_faster']} of {summary['points']} ours faster "
+            f"(lowest {_f(summary['lowest_ratio'], '{:.2f}')}x)")
 
 
 def _peer_verdict(peer: dict) -> dict:
@@ -533,6 +576,8 @@ def markdown(report: dict) -> str:
                                 f": encoder {bd['encode_ms']:.2f} ms, "
                                 f"{bd['steps_per_sentence']:.1f} decoder steps {bd['decode_steps_ms']:.2f} ms, "
                                 f"search and tokenization {bd['other_ms']:.2f} ms" if bd else ""))
+            if t.get("vs_ctranslate2_one_process"):
+                lines.append(f"  - {versus_target_line(t['vs_ctranslate2_one_process'])}")
     lines += versus_lines(report["rows"])
     measured = [r for r in report["rows"] if not r["skipped"]]
     notes = [f"- {r['name']}: BLEU {r['bleu_source']}" for r in measured if r.get("bleu_source") and
