@@ -2,14 +2,22 @@
 
     encoder.onnx, decoder.onnx   the graphs (I/O documented in MODEL_CARD.md); an int8 encoder
                                  reads the token table from decoder.onnx's bytes
-    generate.onnx                float32 packages: both graphs inside onnxruntime's BeamSearch op,
+    generate.onnx                CPU packages: both graphs inside onnxruntime's BeamSearch op,
                                  weights read from the two files above (model/onnx_generate.py)
-    generate_batch.onnx          int8 packages: the same with kernels for many rows (beam at batch 1)
-    decoder_batch.onnx           float32 packages: decoder.onnx for many rows (batches): the top k
-                                 words per row instead of the distribution; int8 kernels for many rows
-    decoder_greedy.onnx          float32 packages: decoder_batch.onnx for greedy steps, no cache reorder
-    shortlist.npz, shortlist.onnx  where the export made one: the words each source word may become,
-                                 and the output projection restricted to a batch's (model/shortlist.py)
+    generate_batch.onnx          int8 packages with a shortlist: the op over the output vocabulary (beam)
+    decoder_batch.onnx           CPU packages: decoder.onnx for many rows (batches): the top k
+                                 words per row instead of the distribution
+    decoder_greedy.onnx          CPU packages: decoder_batch.onnx for greedy steps, no cache reorder
+    shortlist.npz, shortlist.onnx  int8 packages where the export made one: the words each source word
+                                 may become, and the output projection restricted to a batch's
+                                 (model/shortlist.py); float32 packages carry shortlist.npz only
+
+One sentence, one translation: on the CPU every graph of a package runs decoder.onnx's own nodes
+(int8 products exact in int32, each row's activations quantized by that row alone or by a fixed
+scale), and the one-sentence op and the many-row loop follow the same search rules, so a
+sentence's translation does not depend on the batch it is in: the tolerance is none (the
+evaluate stage checks every test sentence alone against its batched translation). GPU (fp16)
+packages make no such promise: cuBLAS picks its kernels by shape.
     tokenizer.json               the subword tokenizer (HF tokenizers)
     generation.json              beam, length penalty, length limits, special ids, max positions
     mt_runtime/                  the torch-free runtime (onnxruntime + tokenizers + numpy)
@@ -187,22 +195,23 @@ onnxruntime call per batch. Inputs: `input_ids` int32 [batch, src_len] (as `src_
 {_DECODER_GREEDY if "decoder_greedy" in io else ""}{_SHORTLIST if "shortlist" in io else ""}"""
 
 
-_ONE_SENTENCE_LIST = """A greedy call of one sentence (batch 1, `num_beams` 1) runs over that sentence's word list from
-`shortlist.npz` (filled to a fixed size with other words) instead of the whole vocabulary; the
-optional input `shortlisted` bool [1] (default true) set false turns that off.
+_ONE_SENTENCE_LIST = """A greedy call of one sentence (batch 1, `num_beams` 1) chooses from that sentence's word list
+(`shortlist.npz`: the special ids, the frequent words, then the candidates of its source words in
+id order, at most a fixed number; the op's vocabulary is filled to that number with words it may
+not choose) instead of the whole vocabulary; the optional input `shortlisted` bool [1] (default
+true) set false turns that off. Batches choose from the same list for each sentence.
 """
 
-_MANY_ROWS = """`generate_batch.onnx` (same inputs and output) runs the decoder's int8 matrices with a kernel
-for many rows (DynamicQuantizeMatMul on the same int8 bytes, activations quantized per call
-instead of per block of a row): `Translator` uses it for one sentence at beam > 1.
+_MANY_ROWS = """`generate_batch.onnx` (same inputs and output) searches the package's output vocabulary (every
+word `shortlist.npz` can list), normalized over it: `Translator` uses it for one sentence at
+beam > 1, as `decoder_batch.onnx` does for batches.
 """
 
 _DECODER_MANY_ROWS = """`decoder_batch.onnx` is `decoder.onnx` for a search loop over many rows: more inputs, `top_k`
 int64 [1] and `normalize` bool [1], and instead of `log_probs` the `top_k` best entries of each
 row, best first (`top_log_probs` float, `top_ids` int64 [batch, top_k]; with `normalize` false
 `top_log_probs` is the logits of the whole vocabulary [batch, vocab] and `top_ids` [batch, 0]:
-greedy search takes the argmax itself, without a softmax over the vocabulary); int8 matrices
-run as in `generate_batch.onnx`; `group` int64 [1] says how many consecutive rows are one
+greedy search takes the argmax itself, without a softmax over the vocabulary); `group` int64 [1] says how many consecutive rows are one
 sentence's beams, and `cross_*` and `src_mask` then have one row per sentence. It reads its
 weights from `decoder.onnx`. `Translator` translates several sentences at once with it and the
 package's own search loop (`mt_runtime/search.py`), which stops computing a sentence's rows
@@ -219,12 +228,12 @@ _SHORTLIST = """`shortlist.npz` lists the words each source word may become (and
 always allowed); `shortlist.onnx` takes a batch's words (`words` int64 [n]) and gives the output
 projection over them (`shortlist_weight` [d, n] and its per-word scales), which
 `decoder_batch.onnx` and `decoder_greedy.onnx` take with `shortlisted` true: their logits are
-then [batch, n], indices into `words`. `Translator` uses a batch's words for greedy search only
-(beam search compares scores across beams, which a batch's list would shift); `shortlist=False`
-turns that off. In int8 packages beam search (`generate_batch.onnx`, and `decoder_batch.onnx` with
-`normalize` true) runs over every word the shortlist can list (the words the training targets
-use): `generate_batch.onnx` normalizes over those, `decoder_batch.onnx` over the whole vocabulary
-(the words left out estimated from a sample of them); ids in and out are word ids all the same.
+then [batch, n], indices into `words`. `Translator` uses a batch's words (the union of its
+sentences' lists) for greedy search only, and masks each row to its own sentence's list (beam
+search compares scores across beams, which a batch's list would shift); `shortlist=False` turns
+that off. Beam search (`generate_batch.onnx`, and `decoder_batch.onnx` with `normalize` true)
+runs over every word the shortlist can list (the words the training targets use), normalized
+over those; ids in and out are word ids all the same.
 """
 
 

@@ -509,6 +509,7 @@ class EvaluateConfig(Strict):
     length_penalty: Annotated[float, Field(ge=0)] = 1.0
     batch_tokens: PositiveInt = 4000
     greedy_too: bool = True  # also score greedy decoding (what batch-1 serving uses)
+    alone_too: bool = True  # ONNX packages: translate each sentence alone too, and count outputs that differ
 
 
 class EvaluateNode(EvaluateConfig):

@@ -58,6 +58,9 @@ class ReportRow(TypedDict):
     gpu_mem_mb: NotRequired[float | None]
     parity: NotRequired[str]
     greedy_vs_beam: NotRequired[dict | None]  # its greedy BLEU minus its beam BLEU, with a paired interval
+    # ONNX packages: {"<test set>.beam<k>": {identical, sentences, differ}}: test sentences translated
+    # alone against the same in the evaluate stage's batches
+    alone_identical: NotRequired[dict]
     vs_teacher: NotRequired[dict | None]  # ratios against the teacher in PyTorch on the CPU
     pareto: NotRequired[bool]  # on the greedy BLEU / latency front
     pareto_beam4: NotRequired[bool]

@@ -2,7 +2,10 @@
 
 It takes "a translator", not a torch module, so the same code scores every variant: PyTorch
 models and ONNX packages (fp32, fp16, int8) alike. Hypotheses are kept in the artifact, one a
-line, line-aligned with the test set's sources and references (model/lines.py).
+line, line-aligned with the test set's sources and references (model/lines.py). An ONNX package
+also translates every sentence alone, and the stage records how many come out as in the batches
+(`alone_identical`): a package promises the same translation for a sentence in any batch, so the
+BLEU scored on batches is also the BLEU of single requests.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ def run(ctx: StageContext) -> dict:
                                   f"of {data.path / f'test.{test}.src'}")
             scores = score(hyps, refs)
             scores.update(seconds=round(seconds, 2), sentences_per_s=round(len(src) / seconds, 1))
+            if cfg.alone_too and translator.runtime == "onnxruntime":
+                scores["alone_identical"] = _alone_identical(ctx, translator, src, hyps, beam, cfg, test)
             (ctx.out / f"{test}.beam{beam}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
             results[test][f"beam{beam}"] = scores
             ctx.log(f"{test} beam {beam}: BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f} "
@@ -65,5 +70,25 @@ def run(ctx: StageContext) -> dict:
     if "beam1" in first and cfg.beam != 1:
         metrics["bleu_greedy"] = first["beam1"]["bleu"]
         metrics["chrf_greedy"] = first["beam1"]["chrf"]
+    alone = {f"{t}.{k}": v["alone_identical"] for t, r in results.items() for k, v in r.items() if "alone_identical" in v}
+    if alone:  # the BLEU above holds for every path where every sentence came out the same alone
+        metrics["alone_identical"] = alone
+        metrics["batch_invariant"] = all(v["identical"] == v["sentences"] for v in alone.values())
     (ctx.out / "scores.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     return metrics
+
+
+def _alone_identical(ctx: StageContext, translator, src: list[str], batched: list[str], beam: int, cfg: EvaluateNode,
+                     test: str) -> dict:
+    """Every sentence translated again alone (a batch of one, the path a single request takes:
+    onnxruntime's search op) against its translation in the batches above: a package promises the
+    same output either way (docs of the package format), so one BLEU holds for every path."""
+    with ctx.progress(f"{test} beam {beam}, one sentence at a time", total=len(src), unit="sentences") as bar:
+        alone = [one_line(h) for h in translator.translate(src, beam=beam, length_penalty=cfg.length_penalty,
+                                                           batch_tokens=cfg.batch_tokens, max_batch=1,
+                                                           on_batch=bar.advance)]
+    differ = [i for i, (a, b) in enumerate(zip(alone, batched)) if a != b]
+    if differ:
+        ctx.log(f"{test} beam {beam}: {len(differ)} of {len(src)} sentences translate differently alone "
+                f"(lines {', '.join(str(i + 1) for i in differ[:5])}{', ...' if len(differ) > 5 else ''})")
+    return {"identical": len(src) - len(differ), "sentences": len(src), "differ": differ[:20]}

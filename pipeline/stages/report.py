@@ -248,6 +248,8 @@ def report_row(row: dict, evaluations: dict) -> ReportRow:
                    chrf_greedy=ev.get("chrf_greedy"), bleu_beam=ev.get("beam"),
                    bleu_source=f"evaluate.{base}: {ev.get('test_set')}, beam {ev.get('beam')}"
                                + (" (run on the CPU; same weights)" if base != row["name"] else ""))
+        if ev.get("alone_identical") and base == row["name"]:
+            out["alone_identical"] = ev["alone_identical"]
     if row.get("parity"):
         p = row["parity"]
         out["parity"] = f"greedy outputs identical to our PyTorch model on {p['identical']}/{p['sentences']} sentences"
@@ -579,6 +581,7 @@ def markdown(report: dict) -> str:
             if t.get("vs_ctranslate2_one_process"):
                 lines.append(f"  - {versus_target_line(t['vs_ctranslate2_one_process'])}")
     lines += versus_lines(report["rows"])
+    lines += alone_lines(report["rows"])
     measured = [r for r in report["rows"] if not r["skipped"]]
     notes = [f"- {r['name']}: BLEU {r['bleu_source']}" for r in measured if r.get("bleu_source") and
              ("benchmark" in r["bleu_source"] or "CPU" in r["bleu_source"])]
@@ -591,3 +594,20 @@ def markdown(report: dict) -> str:
     if notes:
         lines += ["", "**Notes**:", "", *notes]
     return "\n".join(lines) + "\n"
+
+
+def alone_lines(rows: list[dict]) -> list[str]:
+    """Which packages gave every test sentence the same translation alone and in batches: for those,
+    the BLEU above is also that of single requests (the path the batch-1 latency times)."""
+    checked = [r for r in rows if r.get("alone_identical")]
+    if not checked:
+        return []
+    lines = ["", "**One sentence, one translation** (each test sentence translated again alone, a batch of one, "
+                 "against its translation in the evaluate stage's batches; identical / sentences):", ""]
+    for r in checked:
+        parts = [f"{key.replace('.beam', ', beam ')} {v['identical']}/{v['sentences']}"
+                 for key, v in r["alone_identical"].items()]
+        same = all(v["identical"] == v["sentences"] for v in r["alone_identical"].values())
+        lines.append(f"- {r['name']}: {'; '.join(parts)}"
+                     + (": one BLEU for every batch size" if same else ": the BLEU is that of the batches"))
+    return lines
