@@ -1,0 +1,75 @@
+"""One sentence, one translation (issue 52): every CPU package variant gives a sentence the same
+translation alone and in batches of any size and composition, greedy and beam, with and without
+a shortlist (the package format's promise: no tolerance on the CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from model.runtime import Translator
+from model.search import prepare_sources
+from model.shortlist import build_shortlist
+from model.subword import SubwordTokenizer
+from model.transformer import Transformer, TransformerConfig
+from pipeline.package_builder import build_package
+
+from .conftest import multi30k_head
+
+VARIANTS = ("fp32", "int8_dynamic", "int8_static")
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory, data_dir):
+    folder = tmp_path_factory.mktemp("invariance")
+    en, fr = multi30k_head(data_dir, "en", 200), multi30k_head(data_dir, "fr", 200)
+    tokenizer = SubwordTokenizer.train(en + fr, vocab_size=300)
+    tokenizer.save(folder / "tokenizer.json")
+    pairs = list(zip(tokenizer.encode(en), tokenizer.encode(fr)))
+    table, _ = build_shortlist(pairs, tokenizer.vocab_size, frequent=30, per_word=6, always=[0, 1, 2, 3])
+    table.save(folder / "shortlist.npz")
+    torch.manual_seed(3)
+    # Uneven heads (a pruned model's), a factorised table, pre-LN: the graphs' less common paths.
+    cfg = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=48, head_dim=8, enc_heads=[6, 3],
+                            dec_self_heads=[2, 6], dec_cross_heads=[6, 1], enc_ffn=[96, 64], dec_ffn=[64, 96],
+                            embed_dim=32, pre_ln=True, max_positions=64, dropout=0.0)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():  # sharper than the init: outputs end before their limits, as trained ones do
+        for p in model.parameters():
+            p.mul_(1.6)
+    calibration = prepare_sources(tokenizer, en[100:140], 64)
+    built = {}
+    for variant in VARIANTS:
+        for listed in (True, False):
+            built[variant, listed] = folder / f"{variant}-{listed}"
+            build_package(model, variant, built[variant, listed], tokenizer=folder / "tokenizer.json",
+                          work=folder / "work" / f"{variant}-{listed}", calibration=calibration,
+                          shortlist=folder / "shortlist.npz" if listed else None)
+    return built, prepare_sources(tokenizer, en[:48], 64)
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["shortlist", "whole_vocabulary"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_sentence_translates_the_same_alone_and_in_any_batch(packages, variant, listed):
+    built, sources = packages
+    translator = Translator(built[variant, listed], threads=1)
+    assert translator.describe()["shortlist"] == (listed and variant != "fp32")
+    rng = np.random.default_rng(len(variant) + listed)
+    for beam in (1, 3):
+        gen = dataclasses.replace(translator.generation, beam=beam)
+        alone = [translator.searcher([src], gen)[0] for src in sources]
+        assert len({len(a) for a in alone}) > 3  # outputs of many lengths: rows end at different steps
+        for size, shuffled in ((48, False), (7, True), (16, True), (2, True)):
+            order = rng.permutation(len(sources)) if shuffled else np.argsort([len(s) for s in sources])
+            got = {}
+            for start in range(0, len(order), size):
+                rows = order[start: start + size].tolist()
+                got.update(zip(rows, translator.searcher([sources[i] for i in rows], gen)))
+            assert [got[i] for i in range(len(sources))] == alone, (variant, listed, beam, size)
+        # The text path a user calls, in length-sorted batches as translate() makes them.
+        texts = translator.translate([translator.tokenizer.decode([s[:-1]])[0] for s in sources], beam=beam,
+                                     max_batch=16)
+        assert len(texts) == len(sources)
