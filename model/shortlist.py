@@ -81,18 +81,30 @@ class Shortlist:
                     ) -> tuple[np.ndarray, np.ndarray]:
         """(the sorted union of the sentences' sentence_words, bool [sentences, union]: the
         words each sentence may choose): a batch's greedy steps project onto the union once and
-        mask each row to its own sentence's words, so no sentence's output depends on the others."""
-        specials = list(specials)
-        lists = [self.sentence_words(s, specials, width) for s in sources]
-        present = np.zeros(self.vocab_size, dtype=bool)
-        for words in lists:
-            present[words] = True
-        union = np.flatnonzero(present)
-        place = np.zeros(self.vocab_size, dtype=np.int64)
-        place[union] = np.arange(len(union))
-        allowed = np.zeros((len(lists), len(union)), dtype=bool)
-        for row, words in enumerate(lists):
-            allowed[row, place[words]] = True
+        mask each row to its own sentence's words, so no sentence's output depends on the others.
+        The (sentence, candidate) pairs of the whole batch at once: a sentence_words call each
+        took a millisecond per batch of 32, 7% of a student's greedy batch."""
+        specials = np.asarray(list(specials), dtype=np.int64)
+        common = np.zeros(self.vocab_size, dtype=bool)  # every sentence's: specials and frequent words
+        common[self.always] = common[specials] = True
+        lengths = np.fromiter((len(s) for s in sources), dtype=np.int64, count=len(sources))
+        ids = np.fromiter((t for s in sources for t in s), dtype=np.int64, count=int(lengths.sum()))
+        rows = np.repeat(np.arange(len(sources)), lengths)
+        inside = (ids >= 0) & (ids < self.vocab_size)
+        ids, rows = ids[inside], rows[inside]  # a word twice in a sentence: its candidates set twice, no matter
+        counts = self.offsets[ids + 1] - self.offsets[ids]
+        picked = np.repeat(self.offsets[ids] - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        candidate = np.zeros((len(sources), self.vocab_size), dtype=bool)
+        candidate[np.repeat(rows, counts), self.words[picked]] = True
+        candidate[:, common] = False
+        frequent = common.copy()
+        frequent[specials] = False
+        room = width - len(specials) - int(np.count_nonzero(frequent))
+        for row in np.flatnonzero(candidate.sum(axis=1) > room):  # a long sentence: its lowest ids stay
+            candidate[row, np.flatnonzero(candidate[row])[room:]] = False
+        union = np.flatnonzero(common | candidate.any(axis=0))
+        allowed = candidate[:, union]
+        allowed[:, common[union]] = True
         return union, allowed
 
     def save(self, path: Path) -> None:

@@ -103,6 +103,21 @@ def test_a_sentences_words_are_the_specials_the_frequent_words_then_its_candidat
     assert [words[row].tolist() for row in allowed] == [[0, 1, 2, 7, 20, 25], [0, 1, 2, 7, 21, 22, 23], [0, 1, 2, 7]]
 
 
+@pytest.mark.parametrize("width,cut", [(8, True), (20, True), (64, False)])
+def test_a_batchs_words_are_its_sentences_lists(width, cut):
+    """batch_words (the batch at once) gives each row exactly sentence_words' list, long sentences
+    cut included, and their union."""
+    rng = np.random.default_rng(width)
+    pairs = [(rng.integers(3, 60, 8).tolist(), rng.integers(3, 60, 6).tolist()) for _ in range(300)]
+    table, _ = build_shortlist(pairs, vocab_size=60, frequent=4, per_word=5, always=[0, 1, 2])
+    sources = [rng.integers(0, 60, rng.integers(1, 30)).tolist() for _ in range(20)]
+    union, allowed = table.batch_words(sources, SPECIALS, width)
+    lists = [table.sentence_words(src, SPECIALS, width) for src in sources]
+    assert union.tolist() == sorted(set().union(*(set(w.tolist()) for w in lists)))
+    assert [union[row].tolist() for row in allowed] == [sorted(w.tolist()) for w in lists]
+    assert (max(len(w) for w in lists) == width) == cut  # some sentences were cut, or none
+
+
 def test_the_shortlisted_projection_gives_the_whole_ones_columns_exactly(packages):
     """int8 products are exact integer sums: a batch's columns are the whole projection's to the bit."""
     built, tables, tokenizer, sentences = packages
