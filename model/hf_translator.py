@@ -1,7 +1,7 @@
 """A Hugging Face sequence-to-sequence checkpoint (Marian, M2M100, NLLB, T5, BART, ...) as a
 translator: text in, text out, with transformers' generate or through CTranslate2.
 
-The pipeline imports such a checkpoint as a teacher (pipeline/stages/import_teacher.py) and
+The pipeline imports such a checkpoint as a teacher (pipeline/stages/import_teacher/build.py) and
 uses it here to translate the KD corpus and the test sets. Both decoders take the same batches
 (sorted by source length, cut by a token budget) and the same length limit, so their greedy
 outputs agree (tests/test_hf_teacher.py). `transformers` is the `hf` extra. Every checkpoint is

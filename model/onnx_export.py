@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from onnx import numpy_helper
 from torch import Tensor, nn
 
-from .onnx_graph import gathers_columns, splice_and_save
+from .onnx_passes.edit import gathers_columns, splice_and_save
 from .transformer import (CrossAttention, SelfAttention, Transformer, sinusoidal_frequencies, sinusoidal_positions,
                           unfactorised)
 

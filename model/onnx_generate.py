@@ -41,7 +41,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .onnx_graph import refer_to_bytes_in, replace_node
+from .onnx_passes.edit import refer_to_bytes_in, replace_node
 from .shortlist import SHORTLIST_FILE, Shortlist, sentence_width
 
 EXTERNAL_MIN_BYTES = 128  # below this a tensor's bytes cost less than a reference to them

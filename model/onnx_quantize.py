@@ -25,7 +25,7 @@ from typing import Iterable
 import numpy as np
 import onnx
 
-from .onnx_graph import (drop_unused_initializers, gathers_columns, refer_to_bytes_in, replace_node, splice_and_save,
+from .onnx_passes.edit import (drop_unused_initializers, gathers_columns, refer_to_bytes_in, replace_node, splice_and_save,
                          unfuse_skip_layer_norm)
 
 GRAPHS = ("encoder", "decoder")
@@ -317,7 +317,7 @@ def quantize_rows(paths: dict[str, Path], out: Path, groups: dict, keep_float: I
     floating-point block sum (MatMulNBits: 19% of outputs identical to the exact product), so a
     sentence's translation depended on its neighbours (843 of 1000 greedy translations identical
     alone and in batches, issue 52). Layer norms are unfused (Sum + LayerNormalization) in both
-    graphs for the same reason: one formulation on every path (model/onnx_graph.py)."""
+    graphs for the same reason: one formulation on every path (model/onnx_passes/edit.py)."""
     out.mkdir(parents=True, exist_ok=True)
     plan, share = _plan(paths, groups, keep_float)
     result = {graph: out / f"{graph}.onnx" for graph in GRAPHS}

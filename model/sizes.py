@@ -1,6 +1,6 @@
 """How big a Transformer a configuration asks for, computed before anything is allocated.
 
-One rule for recipes (pipeline/recipe.py's ModelSpec) and for a model's config.json
+One rule for recipes (pipeline/engine/recipe.py's ModelSpec) and for a model's config.json
 (TransformerConfig, which a downloaded model folder brings): every size is a positive integer
 within MAX_DIM / MAX_LAYERS, and the parameters the layers and the token table add up to stay
 within MAX_PARAMETERS. A config that asks for more is refused with one line, instead of torch

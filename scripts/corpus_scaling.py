@@ -113,7 +113,7 @@ def main() -> None:
         row = {"pairs": n, "tsv_mb": round(corpus.stat().st_size / 2 ** 20, 1)}
         shutil.rmtree(work / f"store_{n}", ignore_errors=True)  # every stage built, none reused
         for stage in stages:
-            wall, rss, code = measured([sys.executable, "-m", "pipeline.cli", "run", str(recipe), "--until", stage,
+            wall, rss, code = measured([sys.executable, "-m", "pipeline.commands.cli", "run", str(recipe), "--until", stage,
                                         "--store", str(work / f"store_{n}")], env)
             if code:
                 raise SystemExit(f"{stage} failed at {n} pairs (exit {code})")

@@ -26,11 +26,11 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 "$python" -c "import torch; print('torch', torch.__version__, 'CUDA available:', torch.cuda.is_available())"
 
-"$python" -m pipeline.cli run "$recipe" "$@" --store "$store"
-"$python" -m pipeline.cli report "$recipe" --store "$store"
+"$python" -m pipeline run "$recipe" "$@" --store "$store"
+"$python" -m pipeline report "$recipe" --store "$store"
 
 mkdir -p "$out"
-"$python" -m pipeline.cli report "$recipe" --json --store "$store" > "$out/report.json"
+"$python" -m pipeline report "$recipe" --json --store "$store" > "$out/report.json"
 "$python" - "$out" <<'EOF'
 import json, shutil, sys
 from pathlib import Path

@@ -25,8 +25,8 @@ from onnx import numpy_helper
 
 from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig, load_model
-from pipeline.package_builder import build_package
-from pipeline.timing import interleaved
+from pipeline.export.package_builder import build_package
+from pipeline.measure.timing import interleaved
 
 
 def student_shaped(d_model: int, vocab_size: int) -> Transformer:

@@ -12,7 +12,7 @@ faster; for greedy batches also the package without its shortlist ("whole"), whe
 batch 1 over the first 64 sentences.
 
 Several thread counts (`--threads 1,2`) or --separate: the benchmark stage's `versus`
-(pipeline.measurement), every timing in a fresh process, every point on all the sentences: per
+(pipeline.measure.speed), every timing in a fresh process, every point on all the sentences: per
 thread count one process holding both, taking turns, and with --separate one process per side
 holding it alone (`--separate-rounds`, default --rounds); one row per thread count and point,
 then each side at its own best thread count. This script is docs/results.md's independent timing.
@@ -24,8 +24,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from pipeline.measurement import best_vs_best, run_process, separate_points, take_turns
-from pipeline.report_rows import best_lines
+from pipeline.measure.speed import best_vs_best, run_process, separate_points, take_turns
+from pipeline.report.rows import best_lines
 
 
 def main() -> None:

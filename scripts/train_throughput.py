@@ -22,8 +22,8 @@ from torch import nn
 
 from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
-from pipeline.encoded_corpus import encode_corpus
-from pipeline.train_loop import collate, make_batches
+from pipeline.corpora.encoded import encode_corpus
+from pipeline.training.loop import collate, make_batches
 
 
 class TorchReference(nn.Module):

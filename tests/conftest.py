@@ -97,7 +97,7 @@ def _env(monkeypatch, data_dir, tmp_path):
 def cli(*args: str, store: Path | None = None, input: bytes | None = None, timeout: float = 300,
         env: dict | None = None, code: Path = REPO) -> subprocess.CompletedProcess:
     """Run the real `pipeline` command in a subprocess, from the source tree `code`."""
-    cmd = [sys.executable, "-m", "pipeline.cli", *args]
+    cmd = [sys.executable, "-m", "pipeline.commands.cli", *args]
     if store is not None:
         cmd += ["--store", str(store)]
     full_env = {**os.environ, "PYTHONPATH": str(code), "COLUMNS": "200", **(env or {})}
@@ -124,7 +124,7 @@ else:
 
 def run_with_peak_rss(target: str, *args: str, env: dict | None = None,
                       timeout: float = 600) -> tuple[int, float, str, str]:
-    """Run a module (`pipeline.cli`) or a script path in a fresh process: (exit code, its peak
+    """Run a module (`pipeline.commands.cli`) or a script path in a fresh process: (exit code, its peak
     RSS in MB, stdout, stderr without the report line)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     done = subprocess.run([sys.executable, "-c", _PEAK_SHIM, target, *args], capture_output=True, env=full_env,
@@ -142,8 +142,8 @@ class SmokeStore:
         self.root = root
 
     def build(self, until: str | None = None, *overrides: str):
-        from pipeline.runner import make_plan, run
-        from pipeline.store import Store
+        from pipeline.engine.runner import make_plan, run
+        from pipeline.engine.store import Store
 
         plan = make_plan(SMOKE, [*overrides])
         store = Store(self.root)

@@ -15,7 +15,7 @@ from model.search import prepare_sources
 from model.shortlist import build_shortlist
 from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
-from pipeline.package_builder import build_package
+from pipeline.export.package_builder import build_package
 
 from .conftest import multi30k_head
 

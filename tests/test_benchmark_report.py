@@ -17,12 +17,12 @@ import struct
 import pytest
 import torch
 
-from pipeline.recipe import BenchmarkNode, ReportTargets
-from pipeline.report_rows import ReportRow, missing_keys
-from pipeline.report_viewer import compare_runs, show_latest
-from pipeline.stages.benchmark import pick_best, thread_counts
-from pipeline.scoring import bleu_only, paired_bootstrap
-from pipeline.stages.report import bleu_uncertainty, markdown, pareto_front, step_lines, targets
+from pipeline.engine.recipe import BenchmarkNode, ReportTargets
+from pipeline.report.rows import ReportRow, missing_keys
+from pipeline.commands.report_view import compare_runs, show_latest
+from pipeline.stages.benchmark.build import pick_best, thread_counts
+from pipeline.measure.scoring import bleu_only, paired_bootstrap
+from pipeline.stages.report.build import bleu_uncertainty, markdown, pareto_front, step_lines, targets
 
 from .conftest import SMOKE, QuietContext, cli
 
@@ -269,7 +269,7 @@ def test_plot_labels_of_clustered_points_stay_in_the_axes_and_do_not_overlap():
     import matplotlib.pyplot as plt
     from matplotlib.text import Text
 
-    from pipeline.plotting import _label_points
+    from pipeline.report.plotting import _label_points
 
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
     # Four variants within 2-3.5 ms and 0.3 BLEU of each other, as int8 / fp32 / CTranslate2 rows are.
@@ -389,7 +389,7 @@ def test_the_smoke_report_says_how_far_greedy_is_from_beam(built):
 def test_paired_rounds_time_both_at_the_peers_thread_count(monkeypatch):
     """Ours chose 2 threads, CTranslate2 1: the rounds run both at 1 (the peer's best setting), so
     the comparison is at the same threads and never favours us by them."""
-    import pipeline.stages.benchmark as bench
+    import pipeline.stages.benchmark.build as bench
 
     calls = []
 
@@ -411,16 +411,16 @@ def test_paired_rounds_time_both_at_the_peers_thread_count(monkeypatch):
 
 def test_versus_runs_one_process_per_thread_count_and_the_report_says_each_point(monkeypatch, tmp_path):
     """Our ONNX rows against the CTranslate2 row of their compute type: once per thread count with
-    both engines in one process (pipeline.measurement.measure_versus), then each side alone in a
+    both engines in one process (pipeline.measure.speed.measure_versus), then each side alone in a
     process of its own per thread count (CTranslate2's timed once for both of our rows); PyTorch
     rows are not compared. As on the 2-core VMs, CTranslate2 int8 is 10x slower at 2 threads than
     at 1: the same-thread points flatter us, and best against best reads each side at its own
     fastest count, ours at 2 threads against CTranslate2 at 1, and fails where one point alone
     falls below 1."""
-    import pipeline.stages.benchmark as bench
-    from pipeline.measurement import versus_point
-    from pipeline.report_rows import versus_lines
-    from pipeline.stages.report import versus_summary, versus_target_line
+    import pipeline.stages.benchmark.build as bench
+    from pipeline.measure.speed import versus_point
+    from pipeline.report.rows import versus_lines
+    from pipeline.stages.report.build import versus_summary, versus_target_line
 
     jobs = []
     speed = {"int8_dynamic": {1: 100.0, 2: 150.0}, "int8_static": {1: 50.0, 2: 60.0},
@@ -496,8 +496,8 @@ def test_versus_runs_one_process_per_thread_count_and_the_report_says_each_point
 def test_the_verdict_needs_best_against_best_both_ways():
     """Met only when ours is at least as fast at every point, each side at its best thread count,
     taking turns and alone; not measured alone (or a point missing) is no verdict, not a pass."""
-    from pipeline.measurement import best_vs_best, versus_point
-    from pipeline.stages.report import versus_summary
+    from pipeline.measure.speed import best_vs_best, versus_point
+    from pipeline.stages.report.build import versus_summary
 
     def together(ours, theirs):
         return {"sentences": 8, "points": [{**versus_point(b, 1, o, t, 8, [o / t] * 3),
@@ -534,7 +534,7 @@ def test_the_verdict_needs_best_against_best_both_ways():
 def test_a_versus_point_shows_the_figures_of_its_median_round():
     """Each contestant's own median round can come from another minute than the median of the
     rounds' ratios and read the other way; the point shows the median-ratio round's figures."""
-    from pipeline.measurement import median_round, versus_point
+    from pipeline.measure.speed import median_round, versus_point
 
     ours_s, theirs_s = [1.0, 1.0, 2.0], [1.2, 0.9, 1.9]  # ratios 1.2, 0.9, 0.95
     ratios, middle = median_round(ours_s, theirs_s)

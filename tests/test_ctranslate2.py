@@ -109,8 +109,8 @@ def test_uneven_heads_are_refused_or_padded_with_zero_heads(tmp_path, corpus):
 def test_ours_and_ctranslate2_are_timed_in_one_process_point_by_point(tmp_path, corpus):
     """benchmark.versus: our package and the converted model, same weights, same threads, taking
     turns batch by batch at every (batch, beam); one verdict per point, from the rounds' ratios."""
-    from pipeline.measurement import measure_versus
-    from pipeline.package_builder import build_package
+    from pipeline.measure.speed import measure_versus
+    from pipeline.export.package_builder import build_package
 
     sentences, tokenizer = corpus
     model, folder = tiny_model(tmp_path, tokenizer)
@@ -144,9 +144,9 @@ def test_each_side_is_also_timed_alone_in_a_process_of_its_own(tmp_path, corpus)
     import os
     import statistics
 
-    import pipeline.stages.benchmark as bench
-    from pipeline.package_builder import build_package
-    from pipeline.recipe import BenchmarkNode
+    import pipeline.stages.benchmark.build as bench
+    from pipeline.export.package_builder import build_package
+    from pipeline.engine.recipe import BenchmarkNode
 
     from .conftest import QuietContext
 

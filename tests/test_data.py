@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.context import StageContext
-from pipeline.corpus import reservoir_sample
-from pipeline.corpus_files import MAX_LINE_BYTES, text_lines, tsv_pairs
-from pipeline.errors import DataError, RecipeError
-from pipeline.recipe import CleanConfig, DataConfig, FileSplit, dump_config, load_recipe
-from pipeline.stages import data as data_stage
+from pipeline.engine.context import StageContext
+from pipeline.corpora.splits import reservoir_sample
+from pipeline.corpora.user_files import MAX_LINE_BYTES, text_lines, tsv_pairs
+from pipeline.engine.errors import DataError, RecipeError
+from pipeline.engine.recipe import CleanConfig, DataConfig, FileSplit, dump_config, load_recipe
+from pipeline.stages.data import build as data_stage
 
 from .conftest import run_with_peak_rss
 
@@ -207,7 +207,7 @@ def _files_recipe(tmp_path, train: Path | str, name: str = "own", extra: str = "
 
 def _peak_rss_mb(args: list[str], store: Path) -> tuple[int, float, str]:
     """Run the CLI in a fresh process: its exit code, peak RSS (conftest.run_with_peak_rss), stderr."""
-    code, peak, _, err = run_with_peak_rss("pipeline.cli", *args, "--store", str(store))
+    code, peak, _, err = run_with_peak_rss("pipeline.commands.cli", *args, "--store", str(store))
     return code, peak, err
 
 

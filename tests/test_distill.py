@@ -17,12 +17,12 @@ from sacrebleu.metrics import BLEU
 
 from model.torch_decoder import TorchTranslator
 from model.transformer import load_model
-from pipeline.errors import RecipeError, UserInputError
-from pipeline.runner import make_plan, node_status
-from pipeline.corpus import read_split
-from pipeline.distill_corpus import TopKStore
-from pipeline.stages.kd_corpus import closest_to_reference
-from pipeline.stages.train import project_embedding
+from pipeline.engine.errors import RecipeError, UserInputError
+from pipeline.engine.runner import make_plan, node_status
+from pipeline.corpora.splits import read_split
+from pipeline.corpora.distilled import TopKStore
+from pipeline.stages.kd_corpus.build import closest_to_reference
+from pipeline.stages.train.build import project_embedding
 
 from .conftest import REPO, SMOKE, cli
 
@@ -90,7 +90,7 @@ def _workers_of(store) -> list[str]:
             text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if str(store) in text and "pipeline.stages.train" in text:
+        if str(store) in text and "pipeline.stages.train.build" in text:
             found.append(text)
     return found
 
@@ -144,7 +144,7 @@ def test_a_killed_runner_takes_its_side_by_side_workers_with_it(smoke, tmp_path)
     shutil.copytree(store.root, copy)
     args = ["run", str(SMOKE), "--until", "train", "--set", "distill.ablation_budget=side_by_side",
             "--set", "distill.student.train.max_epochs=6", "--set", "distill.student.train.checkpoint_every_minutes=0.01"]
-    runner = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args, "--store", str(copy)],
+    runner = subprocess.Popen([sys.executable, "-m", "pipeline.commands.cli", *args, "--store", str(copy)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
     deadline = time.monotonic() + 120

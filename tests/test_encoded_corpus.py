@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from model.subword import SubwordTokenizer
-from pipeline import encoded_corpus
-from pipeline.corpus import LineIndex, read_split
-from pipeline.distill_corpus import TopKStore, TopKWriter
-from pipeline.encoded_corpus import encode_corpus, encode_to_disk
-from pipeline.train_loop import collate, collate_soft, make_batches
+from pipeline.corpora import encoded as encoded_corpus
+from pipeline.corpora.splits import LineIndex, read_split
+from pipeline.corpora.distilled import TopKStore, TopKWriter
+from pipeline.corpora.encoded import encode_corpus, encode_to_disk
+from pipeline.training.loop import collate, collate_soft, make_batches
 
 from .conftest import run_with_peak_rss
 
@@ -107,7 +107,7 @@ def test_line_index_reads_any_line_as_split_lines_does(tmp_path):
 _CHILD = """
 import gzip, json, sys
 from model.subword import SubwordTokenizer
-from pipeline import encoded_corpus
+from pipeline.corpora import encoded as encoded_corpus
 assert "torch" not in sys.modules  # a child of its own size: no torch to start
 encoded_corpus.ENCODE_BLOCK = 2000  # both sizes many blocks: what grows is what is kept, not one block's lists
 n, data, work = int(sys.argv[1]), sys.argv[2], sys.argv[3]

@@ -16,10 +16,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.errors import RecipeError, UserInputError
-from pipeline.graph import build_graph
-from pipeline.recipe import load_recipe
-from pipeline.store import Store
+from pipeline.engine.errors import RecipeError, UserInputError
+from pipeline.engine.graph import build_graph
+from pipeline.engine.recipe import load_recipe
+from pipeline.engine.store import Store
 
 from .conftest import REPO, SMOKE, cli, count
 
@@ -32,7 +32,7 @@ def _default_sigint() -> None:
 
 
 def _spawn(store: Path, *args: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "pipeline.cli", "run", str(SMOKE), "--store", str(store), *args]
+    cmd = [sys.executable, "-m", "pipeline.commands.cli", "run", str(SMOKE), "--store", str(store), *args]
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=_default_sigint)
 

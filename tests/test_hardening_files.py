@@ -15,7 +15,7 @@ import pytest
 
 from model.files import (PackageError, UnsafeFile, check_external_data, external_data_locations, member_problem,
                          read_bounded, verify_package)
-from pipeline.store import Store
+from pipeline.engine.store import Store
 
 from .conftest import cli
 

@@ -15,9 +15,9 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
 from model.lines import one_line  # noqa: E402
-from pipeline.corpus import check_aligned  # noqa: E402
-from pipeline.errors import StageFailed  # noqa: E402
-from pipeline.store import Store  # noqa: E402
+from pipeline.corpora.splits import check_aligned  # noqa: E402
+from pipeline.engine.errors import StageFailed  # noqa: E402
+from pipeline.engine.store import Store  # noqa: E402
 
 from .conftest import SMOKE, cli  # noqa: E402
 from .test_hf_teacher import _recipe, biased_to, marian  # noqa: E402,F401 (the fixture, built once for this module)

@@ -22,7 +22,7 @@ from model.runtime import PackageError, Translator
 from model.shortlist import build_shortlist
 from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
-from pipeline.package_builder import build_package
+from pipeline.export.package_builder import build_package
 
 from .conftest import REPO, multi30k_head, run_with_peak_rss
 
@@ -63,7 +63,7 @@ def _resign(folder: Path, rel: str, data: bytes) -> None:
 
 def _cli(*args: str, input: bytes | None = b"", shell: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
-    cmd = [sys.executable, "-m", "pipeline.cli", *args]
+    cmd = [sys.executable, "-m", "pipeline.commands.cli", *args]
     if shell is not None:  # redirections Python cannot express: `<&-`, `>&-`, `> /dev/full`
         cmd = ["bash", "-c", " ".join(f"'{a}'" for a in cmd) + " " + shell]
     return subprocess.run(cmd, cwd=REPO, input=input, capture_output=True, timeout=120, env=env)
@@ -179,7 +179,7 @@ def test_a_shortlist_that_inflates_to_gigabytes_is_refused_before_anything_is_al
     _inflating_shortlist(tmp_path / "bomb.npz", 200, 1 << 26)
     assert (tmp_path / "bomb.npz").stat().st_size < 3 << 20
     _resign(copy, "shortlist.npz", (tmp_path / "bomb.npz").read_bytes())
-    code, peak, _, err = run_with_peak_rss("pipeline.cli", "translate", "--model", str(copy),
+    code, peak, _, err = run_with_peak_rss("pipeline.commands.cli", "translate", "--model", str(copy),
                                            "--store", str(tmp_path / "store"))
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 1 and len(lines) == 1 and "Traceback" not in err, err
@@ -209,7 +209,7 @@ def test_closed_pipes_end_quietly(package, tmp_path):
     lines = b"".join(b"A man rides a bike number %d.\n" % i for i in range(3000))
     (tmp_path / "in.txt").write_bytes(lines)
     with open(tmp_path / "in.txt", "rb") as stdin:
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *model, "--batch-size", "2"], cwd=REPO,
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.commands.cli", *model, "--batch-size", "2"], cwd=REPO,
                                 stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
         assert proc.stdout.readline()

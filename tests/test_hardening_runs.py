@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from model.transformer import ModelConfigError, Transformer, load_model
-from pipeline.context import progress_bar
-from pipeline.errors import PipelineError
-from pipeline.recipe import TrainConfig
-from pipeline.store import Store, hold_work_dir, work_dir_holder
-from pipeline.train_loop import Checkpoints, Trainer
-from pipeline.stream_translation import bounded_lines, one_line
+from pipeline.engine.context import progress_bar
+from pipeline.engine.errors import PipelineError
+from pipeline.engine.recipe import TrainConfig
+from pipeline.engine.store import Store, hold_work_dir, work_dir_holder
+from pipeline.training.loop import Checkpoints, Trainer
+from pipeline.commands.translate import bounded_lines, one_line
 
 from .conftest import REPO, SMOKE, cli
 from .test_training import _setup
@@ -53,7 +53,7 @@ def _processes_naming(text: str) -> list[int]:
 def test_sigkilled_nproc_run_takes_its_torchrun_workers_down(tmp_path):
     store = tmp_path / "store"
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
-    cmd = [sys.executable, "-m", "pipeline.cli", "run", str(SMOKE), "--until", "teacher", "--nproc", "2",
+    cmd = [sys.executable, "-m", "pipeline.commands.cli", "run", str(SMOKE), "--until", "teacher", "--nproc", "2",
            "--set", "teacher.train.max_epochs=50", "--store", str(store)]
     runner = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -89,7 +89,7 @@ def test_a_work_folder_held_by_a_live_worker_is_refused_and_kept_by_gc(tmp_path)
     work = store.work_dir("teacher-0123456789abcdef")
     (work / "checkpoint").mkdir()
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
-                               "from pipeline.store import hold_work_dir; hold_work_dir(__import__('pathlib').Path(sys.argv[2]), "
+                               "from pipeline.engine.store import hold_work_dir; hold_work_dir(__import__('pathlib').Path(sys.argv[2]), "
                                "'teacher worker'); print('held', flush=True); time.sleep(60)", str(REPO), str(work)],
                               stdout=subprocess.PIPE)
     try:
@@ -121,7 +121,7 @@ def test_bounded_lines_cut_long_lines_at_a_character_and_keep_the_count():
 def test_translate_cuts_a_10mb_line_and_stays_within_memory(smoke, tmp_path):
     store, arts = smoke.build("teacher")
     text = b"A man.\n" + b"word " * 2_000_000 + b"\nTwo dogs.\n"
-    proc = subprocess.run(["/usr/bin/time", "-f", "%M", sys.executable, "-m", "pipeline.cli", "translate", "--model",
+    proc = subprocess.run(["/usr/bin/time", "-f", "%M", sys.executable, "-m", "pipeline.commands.cli", "translate", "--model",
                            arts["teacher"].id, "--beam", "1", "--store", str(store.root)], cwd=REPO, input=text,
                           capture_output=True, timeout=240, env={**os.environ, "PYTHONPATH": str(REPO)})
     err = proc.stderr.decode()
@@ -168,7 +168,7 @@ def test_gc_waits_for_a_reader(tmp_path):
     (tmp_path / "store").mkdir()  # a store that exists (reading one that does not takes no lock)
     store = Store(tmp_path / "store")
     with store.reading():
-        gc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "artifacts", "gc", "--store", str(store.root)],
+        gc = subprocess.Popen([sys.executable, "-m", "pipeline.commands.cli", "artifacts", "gc", "--store", str(store.root)],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
         time.sleep(3)

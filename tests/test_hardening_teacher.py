@@ -202,7 +202,7 @@ def test_an_oversized_config_is_refused_before_anything_is_allocated(marian, tmp
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 100_000_000}))
     code, peak_mb, _, err = run_with_peak_rss(
-        "pipeline.cli", "run", str(_recipe(tmp_path, folder)), "--until", "teacher", "--store", str(tmp_path / "s"),
+        "pipeline.commands.cli", "run", str(_recipe(tmp_path, folder)), "--until", "teacher", "--store", str(tmp_path / "s"),
         env=HUB_OFFLINE)
     lines = [line for line in err.splitlines() if "error" in line.lower()]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]

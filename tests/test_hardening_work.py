@@ -19,12 +19,12 @@ import torch
 
 from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
-from pipeline.distill_corpus import TOP_K_FILE, TopKStore, TrainingText, chunk_problem, encoded_training_set, write_top_k
-from pipeline.encoded_corpus import encode_to_disk
-from pipeline.errors import IntegrityError, PipelineError, RecipeError
-from pipeline.recipe import MAX_ALIAS_VALUES, load_recipe
-from pipeline.store import file_record
-from pipeline.train_loop import Checkpoints
+from pipeline.corpora.distilled import TOP_K_FILE, TopKStore, TrainingText, chunk_problem, encoded_training_set, write_top_k
+from pipeline.corpora.encoded import encode_to_disk
+from pipeline.engine.errors import IntegrityError, PipelineError, RecipeError
+from pipeline.engine.recipe import MAX_ALIAS_VALUES, load_recipe
+from pipeline.engine.store import file_record
+from pipeline.training.loop import Checkpoints
 
 from .conftest import SMOKE, cli, multi30k_head, run_with_peak_rss
 
@@ -32,8 +32,8 @@ from .conftest import SMOKE, cli, multi30k_head, run_with_peak_rss
 _READ_ALL = """
 import sys
 from pathlib import Path
-from pipeline.corpus_files import text_lines
-from pipeline.errors import DataError
+from pipeline.corpora.user_files import text_lines
+from pipeline.engine.errors import DataError
 for name in sys.argv[1:]:
     try:
         sum(1 for _ in text_lines(Path(name)))
@@ -74,8 +74,8 @@ def test_every_codec_decompresses_in_bounded_pieces(tmp_path):
 
 def test_zstd_frames_after_the_first_and_bytes_that_are_not_zstd(tmp_path):
     zstandard = pytest.importorskip("zstandard")
-    from pipeline.corpus_files import text_lines
-    from pipeline.errors import DataError
+    from pipeline.corpora.user_files import text_lines
+    from pipeline.engine.errors import DataError
 
     compress = zstandard.ZstdCompressor().compress
     many = b"".join(compress(b"line %d\n" % i) for i in range(50))  # frames far smaller than a read
@@ -159,7 +159,7 @@ def test_a_damaged_encoded_folder_is_encoded_again(encoded_inputs, tmp_path, how
     # The resumed run's own path: the training pairs encoded again, with a line saying why.
     logged = []
     text = TrainingText(lambda: ((s, t, -1) for s, t in pairs), None, {"train_pairs": len(pairs)})
-    from pipeline.context import progress_bar
+    from pipeline.engine.context import progress_bar
 
     corpus, info = encoded_training_set(text, tok, 64, tmp_path / "work", logged.append, progress_bar)
     assert any("encoding the training pairs again" in line for line in logged), logged

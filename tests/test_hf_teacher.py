@@ -13,9 +13,9 @@ import pytest
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
 
-from pipeline.errors import RecipeError  # noqa: E402
-from pipeline.runner import make_plan, run  # noqa: E402
-from pipeline.store import Store  # noqa: E402
+from pipeline.engine.errors import RecipeError  # noqa: E402
+from pipeline.engine.runner import make_plan, run  # noqa: E402
+from pipeline.engine.store import Store  # noqa: E402
 
 from .conftest import cli  # noqa: E402
 
@@ -227,8 +227,8 @@ def test_a_student_on_the_teachers_vocabulary_learns_from_its_distributions(word
 
     from model.subword import TARGET_FILE, SubwordTokenizer
     from model.torch_decoder import TorchTranslator
-    from pipeline.corpus import read_split
-    from pipeline.distill_corpus import TopKStore
+    from pipeline.corpora.splits import read_split
+    from pipeline.corpora.distilled import TopKStore
 
     marian = wordy_marian
     recipe = _recipe(tmp_path, marian)

@@ -4,10 +4,10 @@ schedules it, and model/ stands on its own."""
 
 from __future__ import annotations
 
-from pipeline.code_digest import PROJECT_ROOT, stage_code
+from pipeline.engine.code_digest import PROJECT_ROOT, stage_code
 from pipeline.stages import STAGES
 
-MACHINERY = {"pipeline/graph.py", "pipeline/runner.py", "pipeline/cli.py", "pipeline/stages/__init__.py"}
+MACHINERY = {"pipeline/engine/graph.py", "pipeline/engine/runner.py", "pipeline/commands/cli.py", "pipeline/stages/__init__.py"}
 
 
 def test_no_stage_imports_another_stage_or_the_graph():
@@ -26,7 +26,7 @@ def test_model_never_imports_pipeline():
 
 
 def test_code_a_stage_runs_in_a_child_process_is_in_its_fingerprint():
-    # The benchmark measures in fresh processes (python -m pipeline.measurement): the runtime it
+    # The benchmark measures in fresh processes (python -m pipeline.measure.speed): the runtime it
     # times is code the stage runs, so a change to it must rebuild the benchmark.
     reached = set(stage_code(STAGES["benchmark"].module))
-    assert {"pipeline/measurement.py", "model/runtime.py", "pipeline/model_loading.py"} <= reached
+    assert {"pipeline/measure/speed.py", "model/runtime.py", "pipeline/measure/translators.py"} <= reached

@@ -23,10 +23,10 @@ from model.runtime import GraphSearch, OnnxDecoder, PackageError, Translator
 from model.search import GenerationConfig, beam_search, greedy_search
 from model.torch_decoder import TorchDecoder, TorchTranslator
 from model.transformer import Transformer, TransformerConfig
-from pipeline.errors import IntegrityError
-from pipeline.packaging import copy_packages
-from pipeline.corpus import read_split
-from pipeline.model_loading import load_translator
+from pipeline.engine.errors import IntegrityError
+from pipeline.export.packages import copy_packages
+from pipeline.corpora.splits import read_split
+from pipeline.measure.translators import load_translator
 
 NO_PRUNE = "prune=null"  # the smoke student is then the final model: node export.student
 
@@ -273,9 +273,9 @@ def test_export_package_cli(export_artifact, tmp_path):
 
 
 def test_failing_parity_fails_the_stage():
-    from pipeline.errors import StageFailed
-    from pipeline.recipe import ParityConfig
-    from pipeline.stages.export import _enforce
+    from pipeline.engine.errors import StageFailed
+    from pipeline.engine.recipe import ParityConfig
+    from pipeline.stages.export.build import _enforce
 
     good = {"finite": True, "max_abs_diff": 2e-6, "worst_case": "batch 8", "greedy_identical": "20/20",
             "beam_identical": "20/20", "greedy_mismatches": [], "beam_mismatches": []}
@@ -295,7 +295,7 @@ def test_the_float32_encoder_runs_layer_norm_unfused_with_the_same_outputs(tmp_p
     """fp32 graphs take SkipLayerNormalization apart (the standard ops were 3-4x faster on many
     rows, and the decoder's one-row and many-row graphs must run the same nodes): same outputs as
     the fused graph and as PyTorch; the decoder's residuals as Sum, which onnxruntime keeps apart."""
-    from pipeline.onnx_graphs import float32_graphs, variant_graphs
+    from pipeline.export.float_graphs import float32_graphs, variant_graphs
 
     model = tiny_uneven(pre_ln=pre_ln)
     fused, _ = float32_graphs(model, tmp_path)

@@ -1,4 +1,4 @@
-"""The one path from a PyTorch model to a package (pipeline/onnx_graphs.py, package_builder.py), figures written
+"""The one path from a PyTorch model to a package (pipeline/export/float_graphs.py, package_builder.py), figures written
 into a finished package, and the interleaved timer every in-process comparison uses."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from model.search import beam_search, greedy_search
 from model.subword import SubwordTokenizer
 from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, TransformerConfig
-from pipeline.onnx_graphs import float32_graphs, variant_graphs
-from pipeline.package_builder import build_package
-from pipeline.packaging import set_figures
-from pipeline.timing import interleaved
+from pipeline.export.float_graphs import float32_graphs, variant_graphs
+from pipeline.export.package_builder import build_package
+from pipeline.export.packages import set_figures
+from pipeline.measure.timing import interleaved
 
 from .conftest import multi30k_head
 
@@ -95,7 +95,7 @@ def _ops_after_loading(path, tmp_path) -> list[str]:
 def test_every_graph_runs_residual_norms_unfused(built, tmp_path):
     """onnxruntime fuses Add + LayerNormalization into SkipLayerNormalization on the CPU, whose
     kernel is several times slower past one row and rounds differently from the standard ops
-    (model/onnx_graph.py): every CPU graph, one row or many, keeps the residual norms apart as
+    (model/onnx_passes/edit.py): every CPU graph, one row or many, keeps the residual norms apart as
     Sum (which it does not fuse), so that a sentence's numbers are the same alone and in a batch."""
     _, _, packages, _ = built
     for precision in ("fp32", "int8_dynamic"):

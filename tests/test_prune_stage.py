@@ -10,10 +10,10 @@ import torch
 
 from model.torch_decoder import TorchTranslator
 from model.transformer import load_model
-from pipeline.context import StageContext
-from pipeline.recipe import PruneConfig, PruneFinetune, dump_config
-from pipeline.stages import prune
-from pipeline.train_loop import Trainer
+from pipeline.engine.context import StageContext
+from pipeline.engine.recipe import PruneConfig, PruneFinetune, dump_config
+from pipeline.stages.prune import build as prune
+from pipeline.training.loop import Trainer
 
 
 
@@ -140,7 +140,7 @@ def test_the_same_recipe_prunes_to_the_same_weights_and_another_seed_to_others(s
     threads): at the smoke model's size their timings are a coin toss, and each is another sum."""
     from safetensors.torch import load_file
 
-    from pipeline import speed_probe
+    from pipeline.training import speed_probe
 
     monkeypatch.setattr(speed_probe, "SWITCH_MARGIN", 0.0)  # never leave math attention or the threads set
     monkeypatch.setattr(speed_probe, "MARGIN", float("inf"))  # never take fused Adam

@@ -18,11 +18,11 @@ from model.onnx_generate import EXTERNAL_MIN_BYTES, write_generate_graph, write_
 from model.runtime import GraphSearch, OnnxDecoder, Translator
 from model.search import GenerationConfig, beam_search, greedy_search
 from model.transformer import Transformer, TransformerConfig
-from pipeline.errors import StageFailed
-from pipeline.onnx_graphs import float32_graphs, variant_graphs
-from pipeline.corpus import read_split
-from pipeline.stages.quantize import guarded_search
-from pipeline.model_loading import load_translator
+from pipeline.engine.errors import StageFailed
+from pipeline.export.float_graphs import float32_graphs, variant_graphs
+from pipeline.corpora.splits import read_split
+from pipeline.stages.quantize.build import guarded_search
+from pipeline.measure.translators import load_translator
 
 NO_PRUNE = "prune=null"
 

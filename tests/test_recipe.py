@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import RecipeError
-from pipeline.recipe import load_recipe
+from pipeline.engine.errors import RecipeError
+from pipeline.engine.recipe import load_recipe
 
 from .conftest import SMOKE, cli
 
@@ -118,7 +118,7 @@ def test_bare_yaml_on_off_means_the_word(tmp_path):
 def test_an_unfactorised_model_keeps_the_fingerprint_it_had_before_embed_dim(tmp_path):
     """embed_dim enters a model's config only when set: teachers and students configured before
     it existed are not retrained."""
-    from pipeline.recipe import dump_config
+    from pipeline.engine.recipe import dump_config
 
     path = write(tmp_path, "tokenizer: {}\nteacher: {}\n")
     plain, _ = load_recipe(path)

@@ -6,7 +6,7 @@ import json
 import shutil
 import time
 
-from pipeline.lockfile import content_digest
+from pipeline.engine.lockfile import content_digest
 
 from .conftest import REPO, SMOKE, cli
 

@@ -18,7 +18,7 @@ from model.search import prepare_sources
 from model.shortlist import Shortlist, ShortlistError, build_shortlist, sentence_width
 from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
-from pipeline.package_builder import build_package
+from pipeline.export.package_builder import build_package
 
 from .conftest import multi30k_head
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from model.transformer import Transformer, TransformerConfig
-from pipeline import machine
-from pipeline.context import progress_bar
-from pipeline.recipe import TrainConfig
-from pipeline.speed_probe import choose
-from pipeline.train_loop import Trainer, _Forecast, label_smoothed_loss
+from pipeline.engine import machine
+from pipeline.engine.context import progress_bar
+from pipeline.engine.recipe import TrainConfig
+from pipeline.training.speed_probe import choose
+from pipeline.training.loop import Trainer, _Forecast, label_smoothed_loss
 
 from .conftest import REPO, SMOKE, cli
 from .test_training import _setup
@@ -41,8 +41,8 @@ def test_probe_chooses_float32_where_bf16_is_emulated_and_warns_when_forced():
     script = textwrap.dedent("""
         import json, torch
         from tests.test_speed import _teacher_sized
-        from pipeline.speed_probe import choose
-        from pipeline.train_loop import label_smoothed_loss
+        from pipeline.training.speed_probe import choose
+        from pipeline.training.loop import label_smoothed_loss
         torch.set_num_threads(1)
         model, batch = _teacher_sized()
         loss = lambda logits: label_smoothed_loss(logits, batch[2].reshape(-1), 0.1)

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from pipeline.errors import IntegrityError, PipelineError, StoreLockedError
-from pipeline.store import Store, artifact_id, fingerprint, verify_folder
+from pipeline.engine.errors import IntegrityError, PipelineError, StoreLockedError
+from pipeline.engine.store import Store, artifact_id, fingerprint, verify_folder
 
 from .conftest import REPO
 
@@ -107,7 +107,7 @@ def test_disk_full_during_commit_leaves_store_unchanged(tmp_path, monkeypatch):
     with pytest.raises(PipelineError, match="disk full while writing artifact demo-1111"):
         with store.writing(aid) as out:
             (out / "w.bin").write_bytes(b"abc")
-            monkeypatch.setattr("pipeline.store.write_json_atomic", full)
+            monkeypatch.setattr("pipeline.engine.store.write_json_atomic", full)
             store.commit(aid, out, {"stage": "demo"})
     assert not store.exists(aid)
     assert not (store.objects / aid).exists()
@@ -123,7 +123,7 @@ def test_bad_artifact_ids_are_refused(tmp_path):
 
 HOLD_LOCK = """
 import sys, time
-from pipeline.store import Store
+from pipeline.engine.store import Store
 with Store(sys.argv[1]).lock():
     print("locked", flush=True)
     time.sleep(float(sys.argv[2]))

@@ -11,12 +11,12 @@ from safetensors.torch import load_file
 
 from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
-from pipeline.context import progress_bar
-from pipeline.recipe import TrainConfig
-from pipeline.corpus import read_split
-from pipeline.speed_probe import SpeedChoice
-from pipeline.encoded_corpus import Corpus, encode_corpus
-from pipeline.train_loop import (Trainer, ValidationSet, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss,
+from pipeline.engine.context import progress_bar
+from pipeline.engine.recipe import TrainConfig
+from pipeline.corpora.splits import read_split
+from pipeline.training.speed_probe import SpeedChoice
+from pipeline.corpora.encoded import Corpus, encode_corpus
+from pipeline.training.loop import (Trainer, ValidationSet, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss,
                                  make_batches)
 
 from .conftest import SMOKE, cli

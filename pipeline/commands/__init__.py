@@ -1,0 +1,2 @@
+"""The command line and what only it uses: the dry-run estimate, translating a stream, showing
+reports."""

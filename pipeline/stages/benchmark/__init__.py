@@ -1,0 +1,1 @@
+"""The benchmark stage: see build.py."""

@@ -1,0 +1,1 @@
+"""The evaluate stage: see build.py."""

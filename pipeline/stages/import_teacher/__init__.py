@@ -1,0 +1,1 @@
+"""The import_teacher stage: see build.py."""

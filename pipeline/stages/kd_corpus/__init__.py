@@ -1,0 +1,1 @@
+"""The kd_corpus stage: see build.py."""

@@ -1,0 +1,1 @@
+"""The prune stage: see build.py."""

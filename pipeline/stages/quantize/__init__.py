@@ -1,0 +1,1 @@
+"""The quantize stage: see build.py."""

@@ -1,0 +1,1 @@
+"""The report stage: see build.py."""

@@ -1,0 +1,1 @@
+"""The tokenizer stage: see build.py."""

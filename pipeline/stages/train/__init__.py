@@ -1,0 +1,1 @@
+"""The train stage: see build.py."""

@@ -1,0 +1,157 @@
+"""Train stage: the teacher, the distilled student and the reference-only student.
+
+With `--nproc N` the same code runs under torchrun (DistributedDataParallel: gloo on CPU, nccl
+on GPU); run as `python -m pipeline.stages.train.build JOB.json` it is one such worker, or, built side by
+side with another training, a process of its own on its share of the cores.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from model.subword import SubwordTokenizer, copy_tokenizer
+from model.transformer import Transformer, TransformerConfig, load_model, save_model
+
+from ...engine.context import StageContext
+from ...corpora.splits import read_split
+from ...corpora.distilled import encoded_training_set, training_pairs
+from ...engine.workers import launch, launch_alone, worker_main, world_size
+from ...engine.errors import UserInputError
+from ...engine.machine import usable_cores
+from ...measure.translators import is_imported_teacher
+from ...engine.recipe import TrainConfig, TrainNode, dump_config
+from ...corpora.encoded import encode_corpus
+from ...training.loop import Trainer, ValidationSet
+
+
+def run(ctx: StageContext) -> dict:
+    cfg: TrainNode = ctx.settings
+    train, matched = cfg.train, None
+    if "steps_of" in ctx.inputs:  # the ablation: the same number of steps as the model it is compared with
+        other = ctx.inputs["steps_of"]
+        matched = {"model": other.id, "steps": int(other.metrics["steps"])}
+        train = train.model_copy(update={"max_steps": matched["steps"], "max_minutes": None, "max_epochs": None})
+        ctx.log(f"budget: {matched['steps']} steps, as many as {other.id} took")
+    if ctx.cores is not None:  # built side by side with another training
+        train = train.model_copy(update={"num_threads": min(train.num_threads or ctx.cores, ctx.cores)})
+    # The worker's job: the typed settings as plain data, plus paths.
+    job = {
+        **dump_config(cfg.model_copy(update={"train": train})), "steps_matched_to": matched,
+        "data": str(ctx.input("data").path),
+        "tokenizer": str(ctx.input("tokenizer").file("tokenizer.json")),
+        "kd_corpus": str(ctx.inputs["kd_corpus"].path) if "kd_corpus" in ctx.inputs else None,
+        "teacher": str(ctx.inputs["teacher"].path) if "teacher" in ctx.inputs else None,
+        "out": str(ctx.out), "work": str(ctx.work),
+    }
+    if ctx.nproc > 1:
+        return launch(ctx, "pipeline.stages.train.build", job)
+    if ctx.cores is not None:
+        return launch_alone(ctx, "pipeline.stages.train.build", job, train.num_threads)
+    return train_job(job, ctx.log, ctx.progress)
+
+
+def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None) -> dict:
+    train_cfg = TrainConfig.model_validate(job["train"])
+    cores = max(1, usable_cores() // world_size())
+    torch.set_num_threads(train_cfg.num_threads or cores)
+    # Threads left to the machine are measured (all the cores against half); a recipe's are kept.
+    probe_threads = [cores, cores // 2] if train_cfg.num_threads is None and world_size() == 1 and cores > 1 else None
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = SubwordTokenizer.load(job["tokenizer"])
+    model_cfg = TransformerConfig.from_spec(job["model"], tokenizer.vocab_size, tokenizer.special_ids())
+    torch.manual_seed(train_cfg.seed)
+    model = Transformer(model_cfg)
+
+    text = training_pairs(job, log)
+    train, data_info = encoded_training_set(text, tokenizer, model_cfg.max_positions, Path(job["work"]), log,
+                                            progress, rank)
+    valid_src, valid_tgt = read_split(Path(job["data"]), "valid")
+    valid_corpus = encode_corpus(tokenizer, valid_src, valid_tgt, model_cfg.max_positions, drop_long=False)
+    n_bleu = min(train_cfg.valid_bleu_sentences, len(valid_src))
+    valid = ValidationSet(valid_corpus, valid_corpus.src.rows(n_bleu), valid_tgt[:n_bleu])
+
+    teacher, alpha, temperature = None, 0.0, 1.0
+    word_level = job.get("word_level") or {}
+    if word_level.get("enabled"):
+        if not word_level.get("from_kd_corpus"):  # else the KD corpus holds what the teacher would say
+            teacher = _teacher_with_our_vocabulary(job, tokenizer, device, "word-level distillation")
+        alpha, temperature = word_level["alpha"], word_level["temperature"]
+        if word_level.get("from_kd_corpus"):
+            with_soft = train.soft.present()
+            data_info["word_level_pairs"] = with_soft
+            log(f"word-level distillation from the KD corpus's stored distributions: {with_soft} of "
+                f"{len(train)} pairs (the rest learn from their labels alone)")
+    if job.get("embeddings_from_teacher"):
+        table = teacher.token_table() if teacher is not None else _teacher_token_table(job, tokenizer)
+        width = model.embed.weight.shape[1]  # embed_dim where the table is factorised
+        # An imported teacher's vocabulary may lack our <s>: that row keeps its initialisation.
+        rows = min(len(table), len(model.embed.weight))
+        with torch.no_grad():
+            projected, kept = project_embedding(table[:rows], width, float(model.embed.weight.std()))
+            model.embed.weight[:rows].copy_(projected)
+        data_info["embeddings_from_teacher"] = {"teacher_d_model": table.shape[1], "variance_kept": round(kept, 4)}
+        log(f"embedding: the teacher's, on its top {width} of {table.shape[1]} principal "
+            f"directions ({kept:.1%} of its variance)")
+
+    log(f"{model.num_parameters():,} parameters, {len(train)} training pairs, "
+        f"device {device}, threads {torch.get_num_threads()}, processes {world_size()}")
+    trainer = Trainer(model, train_cfg, train, valid, tokenizer, Path(job["work"]), log, progress, device,
+                      teacher=None if word_level.get("from_kd_corpus") else teacher, kd_alpha=alpha,
+                      kd_temperature=temperature, probe_threads=probe_threads)
+    result = trainer.fit()
+    if rank != 0:
+        return result
+    out = Path(job["out"])
+    model = trainer.model.cpu().eval()
+    save_model(model, out)
+    copy_tokenizer(job["tokenizer"], out)
+    (out / "training.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return {
+        "role": job["role"], "params": model.num_parameters(), "heads": model_cfg.total_heads(),
+        "model_bytes": (out / "model.safetensors").stat().st_size, **data_info,
+        **{k: v for k, v in result.items() if k != "history"},
+        **({"steps_matched_to": job["steps_matched_to"]} if job.get("steps_matched_to") else {}),
+        "device": device, "processes": world_size(), "threads": torch.get_num_threads(),
+    }
+
+
+def _teacher_with_our_vocabulary(job: dict, tokenizer: SubwordTokenizer, device: str, why: str) -> Transformer:
+    teacher_tok = SubwordTokenizer.load(Path(job["teacher"]) / "tokenizer.json")
+    if teacher_tok.tok.get_vocab() != tokenizer.tok.get_vocab():
+        raise UserInputError(f"{why} needs the teacher and student to share one vocabulary; "
+                             "the teacher's tokenizer differs from this recipe's")
+    return load_model(Path(job["teacher"]), device)
+
+
+def _teacher_token_table(job: dict, tokenizer: SubwordTokenizer) -> torch.Tensor:
+    """The teacher's [vocab, d_model] input embedding, in the student's ids: an imported teacher's
+    is in its vocabulary, which the student has taken (tokenizer: {kind: teacher}, checked by the plan)."""
+    folder = Path(job["teacher"])
+    if is_imported_teacher(folder):
+        from model.hf_checkpoint import from_pretrained
+        from model.hf_translator import require_transformers
+
+        model = from_pretrained(require_transformers().AutoModelForSeq2SeqLM, folder / "checkpoint", weights=True)
+        return model.get_input_embeddings().weight.detach()
+    return _teacher_with_our_vocabulary(job, tokenizer, "cpu", "embeddings_from_teacher").token_table()
+
+
+def project_embedding(weight: torch.Tensor, d_model: int, std: float) -> tuple[torch.Tensor, float]:
+    """The rows of `weight` [vocab, D] on its top d_model right singular vectors, scaled to `std`:
+    the best rank-d_model approximation of the words' dot products (which the tied output
+    projection scores with). Returns the new table and the fraction of variance it keeps."""
+    if d_model > weight.shape[1]:
+        raise UserInputError(f"embeddings_from_teacher: the student (d_model {d_model}) is wider than the "
+                             f"teacher ({weight.shape[1]}); nothing to project")
+    w = weight.detach().float().cpu()
+    _, singular, vh = torch.linalg.svd(w, full_matrices=False)
+    projected = w @ vh[:d_model].T
+    kept = float((singular[:d_model] ** 2).sum() / (singular ** 2).sum())
+    return projected * (std / float(projected.std())), kept
+
+
+if __name__ == "__main__":
+    worker_main(train_job)

@@ -1,0 +1,2 @@
+"""Training a Transformer: the loop (steps, validation, checkpoints), its speed probe and
+budgets."""
