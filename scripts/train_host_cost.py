@@ -86,7 +86,10 @@ def build_inputs(recipe: Path, work: Path) -> tuple[dict, Path, Path]:
     from pipeline.runner import make_plan, run
     from pipeline.store import Store
 
-    plan = make_plan(recipe)
+    work.mkdir(parents=True, exist_ok=True)
+    copy = work / recipe.name  # planned from a copy, so the run's lock file is written there, not beside the recipe
+    copy.write_bytes(recipe.read_bytes())
+    plan = make_plan(copy)
     store = Store(work / "store")
     run(plan, store, until="tokenizer")
     nodes = {n.name: n for n in plan.nodes}
@@ -116,25 +119,36 @@ def stand_in_kd_corpus(data: Path, tokenizer: SubwordTokenizer, k: int, folder: 
 
 # ------------------------------------------------------------------------------ timing
 class Sections:
-    """Per wrapped function, the CPU time of the thread that ran it (time.thread_time)."""
+    """Per wrapped function, the CPU time of the thread that ran it (time.thread_time), less that
+    of the wrapped functions it called (each section's own time)."""
 
     def __init__(self):
         self.spent: dict[tuple[str, str], float] = {}
         self.undo: list = []
+        self.local = threading.local()
 
     def wrap(self, owner, name: str, label: str) -> None:
         original = getattr(owner, name, None)
         if original is None:
             return
+        sections = self
 
         def timed(*args, **kwargs):
+            stack = getattr(sections.local, "stack", None)
+            if stack is None:
+                stack = sections.local.stack = []
+            stack.append(0.0)  # the time of the sections called from this one
             start = time.thread_time()
             try:
                 return original(*args, **kwargs)
             finally:
+                took = time.thread_time() - start
+                inner = stack.pop()
+                if stack:
+                    stack[-1] += took
                 where = "main" if threading.current_thread() is threading.main_thread() else "loader"
                 key = (label, where)
-                self.spent[key] = self.spent.get(key, 0.0) + time.thread_time() - start
+                sections.spent[key] = sections.spent.get(key, 0.0) + took - inner
 
         setattr(owner, name, timed)
         self.undo.append((owner, name, original))
@@ -145,13 +159,16 @@ class Sections:
         self.undo.clear()
 
 
-SECTIONS = [  # (module or class, attribute, label); missing ones are skipped
+SECTIONS = [  # (module or class, attribute, label), before and after issue 49's changes; missing ones are skipped
     ("pipeline.train_loop", "collate", "collation"),
     ("pipeline.train_loop", "collate_soft", "top-k gather"),
-    ("pipeline.train_loop", "prepare_batch", "collation and top-k gather"),
-    ("pipeline.train_loop.BatchFeed", "__next__", "waiting for the loader"),
-    ("pipeline.train_loop.HostBatch", "to", "copy to the device"),
-    ("pipeline.train_loop.Trainer", "_account", "loss bookkeeping"),
+    ("pipeline.train_batches", "collate_arrays", "collation"),
+    ("pipeline.train_batches", "_soft_at", "top-k gather"),
+    ("pipeline.train_loop", "prepare_batch", "batch assembly (positions, targets, tensors, pinning)"),
+    ("pipeline.train_batches.BatchFeed", "__next__", "batch feed (the loader's queue, when there is one)"),
+    ("pipeline.train_batches.Batch", "to", "copy to the device"),
+    ("pipeline.train_loop._RunningLoss", "add", "loss bookkeeping"),
+    ("pipeline.train_loop._RunningLoss", "text", "loss bookkeeping"),
     ("pipeline.context.ProgressHandle", "advance", "progress and logging"),
     ("pipeline.train_loop._Forecast", "update", "progress and logging"),
     ("pipeline.train_loop.Trainer", "_budget_reached", "budget check"),
