@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from model.files import reason
 from model.search import GenerationConfig, greedy_search
 from model.torch_decoder import TorchDecoder
+from model.torch_greedy import greedy_on_device
 from model.transformer import Transformer
 
 from . import speed_probe
@@ -249,6 +250,36 @@ def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: f
     ids, probs, alpha = soft if soft is not None else (None, None, 0.0)
     return _SmoothedCrossEntropy.apply(logits.float(), target, float(smoothing), ids,
                                        None if probs is None else probs.float(), float(alpha))
+
+
+# Sentences per greedy batch when validating: on the CPU as ever; on CUDA, where the search
+# stays on the device (model/torch_greedy.py), a validation set at once.
+GREEDY_CHUNK = {"host": 128, "device": 1024}
+
+
+def greedy_hypotheses(model: Transformer, sources: list[list[int]], device, on_chunk=None,
+                      on_device: bool | None = None) -> list[list[int]]:
+    """Greedy translations (ids) of `sources` (ids + EOS), in batches of similar lengths. On CUDA
+    the search runs on the device and the host looks at it every few steps (torch_greedy); on the
+    CPU, model/search.py's over TorchDecoder. The same words either way. `on_chunk(n)` after each batch."""
+    device = torch.device(device)
+    on_device = device.type == "cuda" if on_device is None else on_device
+    cfg = model.cfg
+    gen = GenerationConfig(beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
+                           max_positions=cfg.max_positions)
+    decoder = None if on_device else TorchDecoder(model, device)
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    hyps: list[list[int]] = [[] for _ in order]
+    size = GREEDY_CHUNK["device" if on_device else "host"]
+    for start in range(0, len(order), size):
+        chunk = order[start: start + size]
+        batch = [sources[i] for i in chunk]
+        found = greedy_on_device(model, batch, gen, device) if on_device else greedy_search(decoder, batch, gen)
+        for i, h in zip(chunk, found):
+            hyps[i] = h
+        if on_chunk is not None:
+            on_chunk(len(chunk))
+    return hyps
 
 
 class Trainer:
@@ -478,16 +509,7 @@ class Trainer:
         if not self.valid.sources:
             return None
         model.eval()
-        cfg = model.cfg
-        gen = GenerationConfig(beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
-                               max_positions=cfg.max_positions)
-        decoder = TorchDecoder(model, self.device)
-        order = sorted(range(len(self.valid.sources)), key=lambda i: len(self.valid.sources[i]))
-        hyps: list[list[int]] = [[] for _ in order]
-        for start in range(0, len(order), 128):
-            chunk = order[start: start + 128]
-            for i, h in zip(chunk, greedy_search(decoder, [self.valid.sources[i] for i in chunk], gen)):
-                hyps[i] = h
+        hyps = greedy_hypotheses(model, self.valid.sources, self.device)
         return bleu_only(self.tokenizer.decode(hyps), self.valid.references)
 
     def _end_of_epoch(self, state: dict, partial: bool) -> None:

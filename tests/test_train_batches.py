@@ -1,5 +1,5 @@
-"""Training batches made on the host (and ahead, in a thread) and no waits for the device per
-step: the same batches, and weights, as before."""
+"""Training batches made on the host (and ahead, in a thread), no waits for the device per step,
+validation's greedy search on the device: the same batches, weights and words as before."""
 
 from __future__ import annotations
 
@@ -11,15 +11,19 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from model.search import GenerationConfig, greedy_search
 from model.subword import SubwordTokenizer
-from model.transformer import Transformer, TransformerConfig
+from model.torch_decoder import TorchDecoder
+from model.torch_greedy import greedy_on_device
+from model.transformer import Transformer, TransformerConfig, load_model
 from pipeline.context import progress_bar
+from pipeline.corpus import read_split
 from pipeline.distill_corpus import TopKStore, TopKWriter
 from pipeline.encoded_corpus import encode_corpus, encode_to_disk, make_batches
 from pipeline.recipe import TrainConfig
 from pipeline.speed_probe import SpeedChoice
 from pipeline.train_batches import BatchFeed, prepare_batch
-from pipeline.train_loop import Trainer, ValidationSet, collate, collate_soft
+from pipeline.train_loop import Trainer, ValidationSet, collate, collate_soft, greedy_hypotheses
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 SWITCHES = SpeedChoice(bf16=False, attention="math", fused_optimizer=True, threads=1, isa="test")
@@ -220,6 +224,25 @@ class _Recording:
             self.lines.append(postfix)
 
 
+def test_greedy_search_on_the_device_finds_the_host_searchs_words(smoke):
+    """The smoke teacher's greedy translations of the validation sentences: the loop on the
+    device (ended rows dropped every few steps) gives model/search.py's words."""
+    _, arts = smoke.build("teacher")
+    model = load_model(arts["teacher"].path).eval()
+    tok = SubwordTokenizer.load(arts["teacher"].path / "tokenizer.json")
+    src, tgt = read_split(arts["data"].path, "valid")
+    sources = encode_corpus(tok, src, tgt, model.cfg.max_positions, drop_long=False).src.rows(150)
+    cfg = model.cfg
+    gen = GenerationConfig(beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
+                           max_positions=cfg.max_positions)
+    on_host = greedy_search(TorchDecoder(model), sources, gen)
+    lengths = {len(h) for h in on_host}
+    assert len(lengths) > 5  # sentences end at many different steps
+    for check_every in (1, 3, 8):
+        assert greedy_on_device(model, sources, gen, "cpu", check_every=check_every) == on_host
+    assert greedy_hypotheses(model, sources, "cpu", on_device=True) == greedy_hypotheses(model, sources, "cpu")
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_pinned_batches_reach_the_gpu_unchanged(taught):
@@ -244,3 +267,14 @@ def test_a_gpu_training_makes_its_batches_ahead_and_learns_as_without(taught, tm
                                                                        rel=1e-3)
     for k, v in runs[None][1].items():  # CUDA's own kernels may add in another order: close, not equal
         torch.testing.assert_close(v, runs[False][1][k], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_greedy_search_on_the_gpu_finds_the_host_searchs_words(smoke):
+    _, arts = smoke.build("teacher")
+    model = load_model(arts["teacher"].path).to("cuda").eval()
+    tok = SubwordTokenizer.load(arts["teacher"].path / "tokenizer.json")
+    src, tgt = read_split(arts["data"].path, "valid")
+    sources = encode_corpus(tok, src, tgt, model.cfg.max_positions, drop_long=False).src.rows(150)
+    assert greedy_hypotheses(model, sources, "cuda") == greedy_hypotheses(model, sources, "cuda", on_device=False)
