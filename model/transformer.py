@@ -310,16 +310,20 @@ class Transformer(nn.Module):
         return self.embed.weight @ self.embed_proj.weight.T
 
     # -------------------------------------------------------------------- training
-    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor | None = None) -> Tensor:
-        """Teacher-forced pass. With tgt_out, logits only at its non-pad positions ([N, V]);
-        otherwise logits for every position ([B, T, V])."""
+    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor | None = None, keep: Tensor | None = None) -> Tensor:
+        """Teacher-forced pass. With tgt_out, logits only at its non-pad positions ([N, V]); with
+        keep, the same positions given as indices into the flattened [B * T] positions, in order
+        (made on the host: on CUDA a boolean mask makes the host wait for the device); otherwise
+        logits for every position ([B, T, V])."""
         memory, src_mask = self.encode(src)
         x = self._embed(tgt_in)
         for layer in self.decoder:
             k, v = layer.cross_attn.project_memory(memory)
             x, _ = layer(x, k, v, src_mask, causal=True)
         x = self.dec_norm(x)
-        if tgt_out is not None:
+        if keep is not None:
+            x = x.reshape(-1, x.shape[-1]).index_select(0, keep)
+        elif tgt_out is not None:
             x = x[tgt_out != self.cfg.pad_id]
         return self.logits(x)
 

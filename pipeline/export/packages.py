@@ -46,7 +46,7 @@ MODEL_DIR = Path(__file__).resolve().parents[2] / "model"
 RUNTIME_FILES = ("runtime.py", "search.py", "subword.py", "lines.py", "files.py", "shortlist.py", "package_checks.py")
 PACKAGE_JSON = "package.json"
 GRAPHS = ("encoder.onnx", "decoder.onnx", GENERATE, GENERATE_MANY_ROWS, DECODER_MANY_ROWS, DECODER_GREEDY, SHORTLIST_GRAPH)
-FORMAT = "mt-onnx-package/1"
+FORMAT = "mt-onnx-package/2"  # docs/package-format.md
 _INIT = '''"""Torch-free runtime for this package: `from mt_runtime import Translator`."""
 from .runtime import PackageError, Translator, verify_package
 

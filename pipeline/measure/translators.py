@@ -35,8 +35,6 @@ def load_translator(folder: Path, package: str | None = None, device: str = "cpu
         from model.hf_checkpoint import UnsafeCheckpoint
         from model.hf_translator import HFTranslator
 
-        from ..engine.errors import UserInputError
-
         try:
             return HFTranslator(folder / "checkpoint", device=device, threads=threads)
         except UnsafeCheckpoint as exc:  # no link, custom code, pickle or oversized config is ever opened

@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from model.files import reason
 from model.search import GenerationConfig, greedy_search
 from model.torch_decoder import TorchDecoder
+from model.torch_greedy import greedy_on_device
 from model.transformer import Transformer
 
 from . import speed_probe
@@ -40,35 +41,7 @@ from ..engine.errors import PipelineError
 from ..engine.recipe import TrainConfig
 from ..measure.scoring import bleu_only
 from ..engine.store import file_record, listed_file_problems, write_json_atomic
-
-
-def collate(corpus: Corpus, index: np.ndarray, pad: int, bos: int, eos: int, device) -> tuple:
-    src = [corpus.src[i] for i in index]
-    tgt = [corpus.tgt[i] for i in index]
-    s_len, t_len = max(map(len, src)), max(map(len, tgt)) + 1
-    src_t = np.full((len(index), s_len), pad, dtype=np.int64)
-    tin = np.full((len(index), t_len), pad, dtype=np.int64)
-    tout = np.full((len(index), t_len), pad, dtype=np.int64)
-    for row, (s, t) in enumerate(zip(src, tgt)):
-        src_t[row, : len(s)] = s
-        tin[row, 0], tin[row, 1: len(t) + 1] = bos, t
-        tout[row, : len(t)], tout[row, len(t)] = t, eos
-    return tuple(torch.from_numpy(a).to(device) for a in (src_t, tin, tout))
-
-
-def collate_soft(corpus: Corpus, index: np.ndarray, positions: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pairs' stored teacher distributions as ids and probabilities [batch, positions, k]; zero
-    probabilities past a target's end and for a pair without any (it learns from its labels alone)."""
-    stored = [corpus.soft[i] for i in index]
-    k = corpus.soft.k if any(entry is not None for entry in stored) else 1
-    ids = np.zeros((len(index), positions, k), dtype=np.int64)
-    probs = np.zeros((len(index), positions, k), dtype=np.float32)
-    for row, entry in enumerate(stored):
-        if entry is not None:
-            pair_ids, pair_probs = entry
-            ids[row, : len(pair_ids)] = pair_ids
-            probs[row, : len(pair_probs)] = pair_probs
-    return torch.from_numpy(ids).to(device), torch.from_numpy(probs).to(device)
+from .batches import Batch, BatchFeed, collate, collate_soft, prepare_batch  # noqa: F401 (collate*: callers')
 
 
 def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
@@ -279,11 +252,47 @@ def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: f
                                        None if probs is None else probs.float(), float(alpha))
 
 
+# Sentences per greedy batch when validating: on the CPU as ever; on CUDA, where the search
+# stays on the device (model/torch_greedy.py), a validation set at once.
+GREEDY_CHUNK = {"host": 128, "device": 1024}
+
+
+def greedy_hypotheses(model: Transformer, sources: list[list[int]], device, on_chunk=None,
+                      on_device: bool | None = None) -> list[list[int]]:
+    """Greedy translations (ids) of `sources` (ids + EOS), in batches of similar lengths. On CUDA
+    the search runs on the device and the host looks at it every few steps (torch_greedy); on the
+    CPU, model/search.py's over TorchDecoder. The same words either way. `on_chunk(n)` after each batch."""
+    device = torch.device(device)
+    on_device = device.type == "cuda" if on_device is None else on_device
+    cfg = model.cfg
+    gen = GenerationConfig(beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
+                           max_positions=cfg.max_positions)
+    decoder = None if on_device else TorchDecoder(model, device)
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    hyps: list[list[int]] = [[] for _ in order]
+    size = GREEDY_CHUNK["device" if on_device else "host"]
+    for start in range(0, len(order), size):
+        chunk = order[start: start + size]
+        batch = [sources[i] for i in chunk]
+        found = greedy_on_device(model, batch, gen, device) if on_device else greedy_search(decoder, batch, gen)
+        for i, h in zip(chunk, found):
+            hyps[i] = h
+        if on_chunk is not None:
+            on_chunk(len(chunk))
+    return hyps
+
+
 class Trainer:
+    # The progress line's training loss (the mean since its last figure) is read from the device
+    # at most this often: reading it makes a CUDA host wait for the step to finish.
+    LOSS_EVERY_S = 1.0
+    PREFETCH_BATCHES = 2  # how many batches the loader thread keeps ready
+
     def __init__(self, model: Transformer, cfg: TrainConfig, train: Corpus, valid: ValidationSet, tokenizer,
                  work: Path, log: Callable[[str], None], progress, device: str = "cpu",
                  teacher: Transformer | None = None, kd_alpha: float = 0.0, kd_temperature: float = 1.0,
-                 probe_threads: list[int] | None = None, speed: speed_probe.SpeedChoice | None = None):
+                 probe_threads: list[int] | None = None, speed: speed_probe.SpeedChoice | None = None,
+                 prefetch: bool | None = None):
         self.cfg, self.train_set, self.valid, self.tokenizer = cfg, train, valid, tokenizer
         self.log, self.progress, self.device = log, progress, torch.device(device)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
@@ -296,6 +305,11 @@ class Trainer:
         self.probe_threads = probe_threads if self.world == 1 else None
         # Chosen when fit() starts, unless given (a caller that has chosen already, or a test).
         self.fixed_speed = speed
+        # Batches made ahead by a loader thread: on CUDA, where the device would otherwise wait
+        # for them. On the CPU a batch costs a fraction of a millisecond against a step's hundreds,
+        # and the thread would take time from the compute threads, so each step makes its own.
+        self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
+        self.running_loss = _RunningLoss(self.LOSS_EVERY_S)
         self.speed: speed_probe.SpeedChoice | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.ddp_model = self.model
@@ -333,17 +347,18 @@ class Trainer:
         while state["epoch"] < max_epochs and stop_reason is None:
             batches = make_batches(self.train_set, cfg.batch_tokens, cfg.seed, state["epoch"], self.rank, self.world)
             self.model.train()
-            with self.progress(f"epoch {state['epoch'] + 1}", total=len(batches), unit="batches") as bar:
+            with self.progress(f"epoch {state['epoch'] + 1}", total=len(batches), unit="batches") as bar, \
+                    self.batch_feed(batches[state["batch"]:]) as feed:
                 bar.advance(state["batch"])
                 t_epoch, tok_epoch = time.monotonic(), 0
-                while state["batch"] < len(batches):
-                    loss, ntok = self._train_step(batches[state["batch"]], state["step"] + 1)
+                for batch in feed:
+                    ntok = self._train_step(batch, state["step"] + 1)
                     state["step"] += 1
                     state["batch"] += 1
                     state["tokens"] += ntok
                     tok_epoch += ntok
                     rate = tok_epoch * self.world / max(1e-6, time.monotonic() - t_epoch)
-                    bar.advance(1, postfix=f"loss {loss:.3f} lr {self.optimizer.param_groups[0]['lr']:.2e} "
+                    bar.advance(1, postfix=f"{self.running_loss.text()}lr {self.optimizer.param_groups[0]['lr']:.2e} "
                                            f"{rate:.0f} tok/s{eta.update(len(batches))}")
                     stop_reason = self._budget_reached(state, elapsed(), state["batch"] / len(batches))
                     if stop_reason:
@@ -437,26 +452,31 @@ class Trainer:
         self.budget_used = progress
         return reason
 
-    def _train_step(self, index: np.ndarray, step: int) -> tuple[float, int]:
-        cfg = self.cfg
+    def batch_feed(self, indices: list[np.ndarray]) -> BatchFeed:
+        """The training batches of `indices`, in order, made on the host (ahead, in a thread, where
+        self.prefetch; pinned for the copy on CUDA)."""
         tok = self.tokenizer
-        src, tin, tout = collate(self.train_set, index, tok.pad_id, tok.bos_id, tok.eos_id, self.device)
+        soft = self.train_set.soft is not None and self.kd_alpha > 0
+        pin = self.device.type == "cuda"
+        return BatchFeed(lambda index: prepare_batch(self.train_set, index, tok.pad_id, tok.bos_id, tok.eos_id, soft, pin),
+                         indices, self.PREFETCH_BATCHES if self.prefetch else 0)
+
+    def _train_step(self, batch: Batch, step: int) -> int:
+        """One optimizer step on `batch`; returns its target tokens. Nothing here waits for the
+        device: the loss is added up there (self.running_loss)."""
+        cfg = self.cfg
+        batch = batch.to(self.device, non_blocking=True)
         lr = inverse_sqrt_lr(step, cfg.lr, cfg.warmup_steps) * cooldown_factor(self.budget_used, cfg.cooldown)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        keep = tout != tok.pad_id
-        target = tout[keep]
-        soft = None
-        if self.train_set.soft is not None and self.kd_alpha > 0:
-            ids, probs = collate_soft(self.train_set, index, tout.shape[1], self.device)
-            soft = (ids[keep], probs[keep], self.kd_alpha)
+        soft = (batch.soft_ids, batch.soft_probs, self.kd_alpha) if batch.soft_ids is not None else None
         with speed_probe.attention_context(self.speed.attention), \
                 torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.speed.bf16):
-            logits = self.ddp_model(src, tin, tout)
-            loss = label_smoothed_loss(logits, target, cfg.label_smoothing, soft)
+            logits = self.ddp_model(batch.src, batch.tgt_in, keep=batch.keep)
+            loss = label_smoothed_loss(logits, batch.target, cfg.label_smoothing, soft)
             if self.teacher is not None and self.kd_alpha > 0:
                 with torch.no_grad():
-                    teacher_logits = self.teacher(src, tin, tout)
+                    teacher_logits = self.teacher(batch.src, batch.tgt_in, keep=batch.keep)
                 t = self.kd_temperature
                 kl = F.kl_div(F.log_softmax(logits.float() / t, -1), F.log_softmax(teacher_logits.float() / t, -1),
                               log_target=True, reduction="batchmean") * t * t
@@ -466,37 +486,30 @@ class Trainer:
         if cfg.clip_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
         self.optimizer.step()
-        return loss.item(), int(target.numel())
+        self.running_loss.add(loss)
+        return batch.tokens
 
     # ---------------------------------------------------------------- validation
     @torch.no_grad()
     def valid_loss(self, model: Transformer) -> float:
+        """Cross-entropy per target token on the validation set, added up on the device (float64,
+        in batch order) and read once."""
         model.eval()
         tok = self.tokenizer
-        total, count = 0.0, 0
+        total, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
         for index in make_batches(self.valid.corpus, self.cfg.batch_tokens, 0, 0):
-            src, tin, tout = collate(self.valid.corpus, index, tok.pad_id, tok.bos_id, tok.eos_id, self.device)
-            logits = model(src, tin, tout)
-            target = tout[tout != tok.pad_id]
-            total += F.cross_entropy(logits.float(), target, reduction="sum").item()
-            count += target.numel()
-        return total / max(1, count)
+            batch = prepare_batch(self.valid.corpus, index, tok.pad_id, tok.bos_id, tok.eos_id).to(self.device)
+            logits = model(batch.src, batch.tgt_in, keep=batch.keep)
+            total += F.cross_entropy(logits.float(), batch.target, reduction="sum").double()
+            count += batch.tokens
+        return float(total) / max(1, count)
 
     @torch.no_grad()
     def valid_bleu(self, model: Transformer) -> float | None:
         if not self.valid.sources:
             return None
         model.eval()
-        cfg = model.cfg
-        gen = GenerationConfig(beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
-                               max_positions=cfg.max_positions)
-        decoder = TorchDecoder(model, self.device)
-        order = sorted(range(len(self.valid.sources)), key=lambda i: len(self.valid.sources[i]))
-        hyps: list[list[int]] = [[] for _ in order]
-        for start in range(0, len(order), 128):
-            chunk = order[start: start + 128]
-            for i, h in zip(chunk, greedy_search(decoder, [self.valid.sources[i] for i in chunk], gen)):
-                hyps[i] = h
+        hyps = greedy_hypotheses(model, self.valid.sources, self.device)
         return bleu_only(self.tokenizer.decode(hyps), self.valid.references)
 
     def _end_of_epoch(self, state: dict, partial: bool) -> None:
@@ -571,6 +584,30 @@ class Trainer:
         self.model.eval()
         result.update(chosen_checkpoint=chosen, best_valid_loss=chosen["valid_loss"], valid_bleu=chosen["valid_bleu"])
         return result
+
+
+class _RunningLoss:
+    """The training loss's mean over the steps since it was last read, added up on the device and
+    read (a wait for the device on CUDA) at most every `every_s` seconds."""
+
+    def __init__(self, every_s: float):
+        self.every_s = every_s
+        self.total: torch.Tensor | None = None
+        self.steps = 0
+        self.read_at = -math.inf
+        self.mean: float | None = None
+
+    def add(self, loss: torch.Tensor) -> None:
+        loss = loss.detach()
+        self.total = loss if self.total is None else self.total + loss
+        self.steps += 1
+
+    def text(self) -> str:
+        """'loss X ' with the latest figure ('' before the first)."""
+        if self.steps and time.monotonic() - self.read_at >= self.every_s:
+            self.mean = float(self.total) / self.steps
+            self.total, self.steps, self.read_at = None, 0, time.monotonic()
+        return "" if self.mean is None else f"loss {self.mean:.3f} "
 
 
 class _Forecast:

@@ -40,7 +40,7 @@ from ...corpora.encoded import Corpus, encode_corpus, make_batches
 from ...engine.recipe import PruneConfig, TrainConfig
 from ...measure.scoring import bleu_only
 from ...measure.timing import interleaved
-from ...training.loop import Trainer, ValidationSet, collate
+from ...training.loop import Trainer, ValidationSet, collate, greedy_hypotheses
 
 DECODER_STEPS = 20  # forced decoder steps per sentence when timing one step
 
@@ -257,18 +257,8 @@ def greedy_bleu(ctx: StageContext, model: Transformer, valid: ValidationSet, tok
                 what: str) -> float:
     """Corpus BLEU of greedy translations of the validation sentences (as the Trainer scores them)."""
     model.eval()
-    cfg = model.cfg
-    gen = GenerationConfig(beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
-                           max_positions=cfg.max_positions)
-    decoder = TorchDecoder(model, device)
-    order = sorted(range(len(valid.sources)), key=lambda i: len(valid.sources[i]))
-    hyps: list[list[int]] = [[] for _ in order]
-    with ctx.progress(what, total=len(order), unit="sentences") as bar:
-        for start in range(0, len(order), 128):
-            chunk = order[start: start + 128]
-            for i, h in zip(chunk, greedy_search(decoder, [valid.sources[i] for i in chunk], gen)):
-                hyps[i] = h
-            bar.advance(len(chunk))
+    with ctx.progress(what, total=len(valid.sources), unit="sentences") as bar:
+        hyps = greedy_hypotheses(model, valid.sources, device, on_chunk=bar.advance)
     return bleu_only(tokenizer.decode(hyps), valid.references)
 
 
