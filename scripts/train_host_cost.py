@@ -46,7 +46,8 @@ from pipeline import context, train_loop  # noqa: E402
 from pipeline.corpora.splits import split_lines  # noqa: E402
 from pipeline.corpora.distilled import TOP_K_FILE, TopKWriter, encoded_training_set, training_pairs  # noqa: E402
 from pipeline.corpora.encoded import Corpus  # noqa: E402
-from pipeline.engine.recipe import TrainConfig, dump_config  # noqa: E402
+from pipeline.engine.recipe import dump_config  # noqa: E402
+from pipeline.training.settings import TrainConfig  # noqa: E402
 from pipeline.training.speed_probe import SpeedChoice  # noqa: E402
 
 WARMUP = 10  # steps left out of the figures
@@ -83,13 +84,14 @@ def plain_progress(description, total=None, unit=""):
 # ------------------------------------------------------------------------------- inputs
 def build_inputs(recipe: Path, work: Path) -> tuple[dict, Path, Path]:
     """The recipe's data and tokenizer artifacts (built under work/store) and a stand-in KD corpus."""
-    from pipeline.engine.runner import make_plan, run
+    from pipeline.commands import plan_recipe
+    from pipeline.engine.runner import run
     from pipeline.engine.store import Store
 
     work.mkdir(parents=True, exist_ok=True)
     copy = work / recipe.name  # planned from a copy, so the run's lock file is written there, not beside the recipe
     copy.write_bytes(recipe.read_bytes())
-    plan = make_plan(copy)
+    plan = plan_recipe(copy)
     store = Store(work / "store")
     run(plan, store, until="tokenizer")
     nodes = {n.name: n for n in plan.nodes}

@@ -142,10 +142,11 @@ class SmokeStore:
         self.root = root
 
     def build(self, until: str | None = None, *overrides: str):
-        from pipeline.engine.runner import make_plan, run
+        from pipeline.commands import plan_recipe
+        from pipeline.engine.runner import run
         from pipeline.engine.store import Store
 
-        plan = make_plan(SMOKE, [*overrides])
+        plan = plan_recipe(SMOKE, [*overrides])
         store = Store(self.root)
         run(plan, store, until=until)
         return store, {n.name: store.get(n.id) for n in plan.nodes if store.exists(n.id)}

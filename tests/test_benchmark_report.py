@@ -17,7 +17,8 @@ import struct
 import pytest
 import torch
 
-from pipeline.engine.recipe import BenchmarkNode, ReportTargets
+from pipeline.stages.benchmark import BenchmarkNode
+from pipeline.stages.report import ReportTargets
 from pipeline.report.rows import ReportRow, missing_keys
 from pipeline.commands.report_view import compare_runs, show_latest
 from pipeline.stages.benchmark.build import pick_best, thread_counts

@@ -146,7 +146,7 @@ def test_each_side_is_also_timed_alone_in_a_process_of_its_own(tmp_path, corpus)
 
     import pipeline.stages.benchmark.build as bench
     from pipeline.export.package_builder import build_package
-    from pipeline.engine.recipe import BenchmarkNode
+    from pipeline.stages.benchmark import BenchmarkNode
 
     from .conftest import QuietContext
 

@@ -18,7 +18,9 @@ from pipeline.engine.context import StageContext
 from pipeline.corpora.splits import reservoir_sample
 from pipeline.corpora.user_files import MAX_LINE_BYTES, text_lines, tsv_pairs
 from pipeline.engine.errors import DataError, RecipeError
-from pipeline.engine.recipe import CleanConfig, DataConfig, FileSplit, dump_config, load_recipe
+from pipeline.commands import read_recipe
+from pipeline.engine.recipe import dump_config
+from pipeline.stages.data import CleanConfig, DataConfig, DataInputs, FileSplit
 from pipeline.stages.data import build as data_stage
 
 from .conftest import run_with_peak_rss
@@ -254,10 +256,10 @@ def _numbered(tag: str, n: int) -> list[tuple[str, str]]:
 
 def _run_data(tmp_path, train: Path | str, out: str = "out", extra: str = "") -> tuple[dict, list[str], list[str]]:
     """The data stage on a recipe's `data` section, in this process: (metrics, train.src lines, log lines)."""
-    recipe, _ = load_recipe(_files_recipe(tmp_path, train, extra=extra))
+    recipe, _ = read_recipe(_files_recipe(tmp_path, train, extra=extra))
     folder = tmp_path / out
     folder.mkdir()
-    ctx = StageContext(name="data", settings=recipe.data, config=dump_config(recipe.data), inputs={}, out=folder,
+    ctx = StageContext(name="data", settings=recipe.data, config=dump_config(recipe.data), inputs=DataInputs(), out=folder,
                        work=tmp_path / "work")
     metrics = data_stage.run(ctx)
     src = (folder / "train.src").read_text(encoding="utf-8").splitlines()
@@ -344,7 +346,7 @@ def test_errors_name_the_corpus_file_and_an_empty_split(tmp_path):
 ])
 def test_the_recipe_refuses_bad_corpus_lists(tmp_path, train, message):
     with pytest.raises(RecipeError) as exc:
-        load_recipe(_files_recipe(tmp_path, train))
+        read_recipe(_files_recipe(tmp_path, train))
     assert len(exc.value.lines) == 1 and re.search(message, exc.value.lines[0]), exc.value.lines
 
 

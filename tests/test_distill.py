@@ -18,7 +18,8 @@ from sacrebleu.metrics import BLEU
 from model.torch_decoder import TorchTranslator
 from model.transformer import load_model
 from pipeline.engine.errors import RecipeError, UserInputError
-from pipeline.engine.runner import make_plan, node_status
+from pipeline.commands import plan_recipe
+from pipeline.engine.runner import node_status
 from pipeline.corpora.splits import read_split
 from pipeline.corpora.distilled import TopKStore
 from pipeline.stages.kd_corpus.build import closest_to_reference
@@ -73,7 +74,7 @@ def test_two_processes_translate_the_same_kd_corpus_in_the_same_order(smoke, tmp
 
 
 def test_the_ablation_may_keep_its_own_budget(smoke):
-    plan = make_plan(SMOKE, ["distill.ablation_budget=own"])
+    plan = plan_recipe(SMOKE, ["distill.ablation_budget=own"])
     ref = next(n for n in plan.nodes if n.name == "student_ref")
     assert "steps_of" not in ref.inputs and ref.config["train"]["max_epochs"] == 2
 
@@ -98,11 +99,11 @@ def _workers_of(store) -> list[str]:
 def test_side_by_side_trains_the_student_and_its_ablation_at_once(smoke, tmp_path):
     """Each in its own process on its share of the cores, at the same time, for the same budget;
     their log lines reach the run log as if they had run in the runner."""
-    plan = make_plan(SMOKE, ["distill.ablation_budget=side_by_side"])
+    plan = plan_recipe(SMOKE, ["distill.ablation_budget=side_by_side"])
     nodes = {n.name: n for n in plan.nodes}
     assert nodes["student"].side_by_side == nodes["student_ref"].side_by_side == ("student", "student_ref")
     assert "steps_of" not in nodes["student_ref"].inputs
-    default = {n.name: n for n in make_plan(SMOKE).nodes}
+    default = {n.name: n for n in plan_recipe(SMOKE).nodes}
     assert nodes["student"].fingerprint != default["student"].fingerprint  # trained on a share of the cores
 
     store, _ = smoke.build("kd_corpus")
@@ -165,7 +166,7 @@ def test_a_killed_runner_takes_its_side_by_side_workers_with_it(smoke, tmp_path)
 
 def test_changing_only_the_student_reuses_the_kd_corpus(smoke):
     store, _ = smoke.build("student")
-    plan = make_plan(SMOKE, ["distill.student.train.lr=0.002"])
+    plan = plan_recipe(SMOKE, ["distill.student.train.lr=0.002"])
     rows = {r["node"]: r for r in node_status(store, plan)}
     assert rows["kd_corpus"]["state"] == "cached" and rows["teacher"]["state"] == "cached"
     assert rows["student"]["state"] == "stale" and "train.lr" in rows["student"]["reason"]
@@ -221,12 +222,12 @@ def test_word_level_distillation_from_the_distributions_the_kd_corpus_stored(smo
 
 def test_stored_distributions_need_a_greedy_corpus_that_keeps_them():
     with pytest.raises(RecipeError, match="distill.corpus.top_k"):
-        make_plan(SMOKE, ["distill.corpus.beam=1", "distill.student.word_level.enabled=true",
+        plan_recipe(SMOKE, ["distill.corpus.beam=1", "distill.student.word_level.enabled=true",
                           "distill.student.word_level.from_kd_corpus=true"])
     with pytest.raises(RecipeError, match="beam: 1"):
-        make_plan(SMOKE, ["distill.corpus.top_k=4"])
+        plan_recipe(SMOKE, ["distill.corpus.top_k=4"])
     with pytest.raises(RecipeError, match="temperature: 1"):
-        make_plan(SMOKE, ["distill.corpus.beam=1", "distill.corpus.top_k=4", "distill.student.word_level.enabled=true",
+        plan_recipe(SMOKE, ["distill.corpus.beam=1", "distill.corpus.top_k=4", "distill.student.word_level.enabled=true",
                           "distill.student.word_level.from_kd_corpus=true",
                           "distill.student.word_level.temperature=2"])
 
@@ -234,7 +235,7 @@ def test_stored_distributions_need_a_greedy_corpus_that_keeps_them():
 def test_the_ablation_may_have_its_own_dropout(smoke):
     """Same shape, its own regularization; changing it touches the ablation only."""
     store, _ = smoke.build("student_ref")  # (the ablation needs the student: its step budget)
-    plan = make_plan(SMOKE, ["distill.ablation_dropout=0.3"])
+    plan = plan_recipe(SMOKE, ["distill.ablation_dropout=0.3"])
     ref, student = (next(n for n in plan.nodes if n.name == name) for name in ("student_ref", "student"))
     assert ref.config["model"]["dropout"] == 0.3 != student.config["model"]["dropout"]
     assert {**ref.config["model"], "dropout": 0} == {**student.config["model"], "dropout": 0}
@@ -282,7 +283,7 @@ def test_a_seq_inter_corpus_holds_the_beam_hypothesis_nearest_each_reference(smo
 
 def test_seq_inter_needs_a_beam_to_choose_from():
     with pytest.raises(RecipeError, match="needs beam >= 2"):
-        make_plan(SMOKE, ["distill.corpus.selection=closest_to_reference", "distill.corpus.beam=1"])
+        plan_recipe(SMOKE, ["distill.corpus.selection=closest_to_reference", "distill.corpus.beam=1"])
 
 
 def test_the_projected_embedding_keeps_the_words_dot_products():
@@ -310,7 +311,7 @@ def test_the_student_may_start_from_the_teachers_embedding(smoke):
     table = load_model(student.path).embed.weight.detach()
     want, _ = project_embedding(teacher_table, table.shape[1], float(table.std()))
     torch.testing.assert_close(table, want, atol=1e-5, rtol=1e-4)
-    plan = make_plan(SMOKE, ["distill.student.embeddings_from_teacher=false", "distill.student.train.lr=1e-9",
+    plan = plan_recipe(SMOKE, ["distill.student.embeddings_from_teacher=false", "distill.student.train.lr=1e-9",
                              "distill.student.train.max_epochs=1"])
     rows = {r["node"]: r for r in node_status(store, plan)}
     assert rows["kd_corpus"]["state"] == "cached" and rows["student"]["state"] == "stale"
@@ -318,11 +319,11 @@ def test_the_student_may_start_from_the_teachers_embedding(smoke):
 
 def test_a_student_wider_than_its_teacher_cannot_take_its_embedding():
     with pytest.raises(RecipeError, match="wider than the teacher's"):
-        make_plan(SMOKE, ["distill.student.embeddings_from_teacher=true", "distill.student.model.d_model=64"])
+        plan_recipe(SMOKE, ["distill.student.embeddings_from_teacher=true", "distill.student.model.d_model=64"])
 
 
 def test_the_ablation_may_start_from_the_teachers_embedding_too():
-    plain, both = (make_plan(SMOKE, overrides) for overrides in
+    plain, both = (plan_recipe(SMOKE, overrides) for overrides in
                    ([], ["distill.ablation_embeddings_from_teacher=true"]))
     ref_plain, ref_both = (next(n for n in plan.nodes if n.name == "student_ref") for plan in (plain, both))
     assert ref_plain.config["embeddings_from_teacher"] is False and "teacher" not in ref_plain.inputs

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from pipeline.engine.errors import RecipeError, UserInputError
 from pipeline.engine.graph import build_graph
-from pipeline.engine.recipe import load_recipe
+from pipeline.stages import STAGES
+from pipeline.commands import read_recipe
 from pipeline.engine.store import Store
 
 from .conftest import REPO, SMOKE, cli, count
@@ -164,8 +165,8 @@ def test_fuzzed_recipes_never_crash(tmp_path, doc):
         return
     path.write_text(text, encoding="utf-8")
     try:
-        recipe, _ = load_recipe(path)
-        build_graph(recipe, path)
+        recipe, _ = read_recipe(path)
+        build_graph(recipe, path, STAGES)
     except (RecipeError, UserInputError) as exc:
         text = str(exc)
         assert text and "Traceback" not in text
@@ -179,8 +180,8 @@ def test_fuzzed_bytes_never_crash_the_loader(tmp_path, blob):
     path = tmp_path / "bytes.yaml"
     path.write_bytes(blob)
     try:
-        recipe, _ = load_recipe(path)
-        build_graph(recipe, path)
+        recipe, _ = read_recipe(path)
+        build_graph(recipe, path, STAGES)
     except (RecipeError, UserInputError):
         pass
 

@@ -19,7 +19,7 @@ import torch
 from model.transformer import ModelConfigError, Transformer, load_model
 from pipeline.engine.context import progress_bar
 from pipeline.engine.errors import PipelineError
-from pipeline.engine.recipe import TrainConfig
+from pipeline.training.settings import TrainConfig
 from pipeline.engine.store import Store, hold_work_dir, work_dir_holder
 from pipeline.training.loop import Checkpoints, Trainer
 from pipeline.commands.translate import bounded_lines, one_line

@@ -22,7 +22,8 @@ from model.transformer import Transformer, TransformerConfig
 from pipeline.corpora.distilled import TOP_K_FILE, TopKStore, TrainingText, chunk_problem, encoded_training_set, write_top_k
 from pipeline.corpora.encoded import encode_to_disk
 from pipeline.engine.errors import IntegrityError, PipelineError, RecipeError
-from pipeline.engine.recipe import MAX_ALIAS_VALUES, load_recipe
+from pipeline.commands import read_recipe
+from pipeline.engine.recipe import MAX_ALIAS_VALUES
 from pipeline.engine.store import file_record
 from pipeline.training.loop import Checkpoints
 
@@ -101,7 +102,7 @@ def test_nested_yaml_aliases_are_refused_before_anything_walks_them(tmp_path, de
     assert len(path.read_bytes()) < 1000
     started = time.monotonic()
     with pytest.raises(RecipeError, match="YAML aliases repeat more than"):
-        load_recipe(path)
+        read_recipe(path)
     assert time.monotonic() - started < 1  # depth 7 took 18 s, depth 11 over a minute
     if depth == 11:
         for command, store in (("validate", None), ("status", tmp_path / "store")):
@@ -114,14 +115,14 @@ def test_yaml_aliases_within_the_bound_and_recursive_ones(tmp_path):
     reused = tmp_path / "reused.yaml"
     reused.write_text(f"extends: {SMOKE}\nteacher: {{train: &train {{lr: 0.002, warmup_steps: 10}}}}\n"
                       "distill: {student: {train: *train}}\n")
-    raw = load_recipe(reused)[1]
+    raw = read_recipe(reused)[1]
     assert raw["teacher"]["train"]["lr"] == raw["distill"]["student"]["train"]["lr"] == 0.002
     (tmp_path / "self.yaml").write_text("a: &a [1, *a]\n")
     with pytest.raises(RecipeError, match="a YAML alias inside the value it names"):
-        load_recipe(tmp_path / "self.yaml")
+        read_recipe(tmp_path / "self.yaml")
     big = "[" + ", ".join(["&b [" + ", ".join(["1"] * 100) + "]"] + ["*b"] * (MAX_ALIAS_VALUES // 100 + 1)) + "]"
     with pytest.raises(RecipeError, match=r"--set teacher.note: YAML aliases repeat more than"):
-        load_recipe(SMOKE, [f"teacher.note={big}"])
+        read_recipe(SMOKE, [f"teacher.note={big}"])
 
 
 # ----------------------------------------------------------------------------- 3. encoded shards

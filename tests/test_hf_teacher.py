@@ -14,7 +14,8 @@ transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
 
 from pipeline.engine.errors import RecipeError  # noqa: E402
-from pipeline.engine.runner import make_plan, run  # noqa: E402
+from pipeline.commands import plan_recipe  # noqa: E402
+from pipeline.engine.runner import run  # noqa: E402
 from pipeline.engine.store import Store  # noqa: E402
 
 from .conftest import cli  # noqa: E402
@@ -108,7 +109,7 @@ def _recipe(tmp_path, path, decoder=None):
 
 def test_an_imported_teacher_is_distilled_through_both_decoders(marian, tmp_path):
     store = Store(tmp_path / "store")
-    plan = make_plan(_recipe(tmp_path, marian), [])
+    plan = plan_recipe(_recipe(tmp_path, marian), [])
     run(plan, store)
     arts = {n.name: store.get(n.id) for n in plan.nodes if store.exists(n.id)}
     teacher, kd = arts["teacher"], arts["kd_corpus"]
@@ -150,12 +151,12 @@ def test_an_imported_teacher_is_distilled_through_both_decoders(marian, tmp_path
     # The fingerprint follows the weights: other weights, a new teacher and all that follows.
     changed = tmp_path / "changed"
     shutil.copytree(marian, changed)
-    again = {n.name: n.fingerprint for n in make_plan(_recipe(tmp_path, changed), []).nodes}
+    again = {n.name: n.fingerprint for n in plan_recipe(_recipe(tmp_path, changed), []).nodes}
     assert again["teacher"] == {n.name: n.fingerprint for n in plan.nodes}["teacher"]  # same bytes, same teacher
     weights = bytearray((changed / "model.safetensors").read_bytes())
     weights[len(weights) // 2] ^= 0x40  # one weight's exponent bit
     (changed / "model.safetensors").write_bytes(bytes(weights))
-    other = {n.name: n.fingerprint for n in make_plan(_recipe(tmp_path, changed), []).nodes}
+    other = {n.name: n.fingerprint for n in plan_recipe(_recipe(tmp_path, changed), []).nodes}
     assert other["teacher"] != again["teacher"] and other["student"] != again["student"]
 
 
@@ -190,7 +191,7 @@ def test_an_imported_teacher_is_not_also_trained(marian, tmp_path):
     recipe = _recipe(tmp_path, marian)
     recipe.write_text(recipe.read_text().replace("  pretrained:", "  model: {d_model: 32}\n  pretrained:"))
     with pytest.raises(RecipeError, match="drop teacher.model"):
-        make_plan(recipe, [])
+        plan_recipe(recipe, [])
 
 
 def test_the_teachers_vocabulary_splits_text_as_marian_does(marian, data_dir):
@@ -238,7 +239,7 @@ def test_a_student_on_the_teachers_vocabulary_learns_from_its_distributions(word
                                    "    embeddings_from_teacher: true\n    model: {d_model: 16")
     recipe.write_text(text)
     store = Store(tmp_path / "store")
-    plan = make_plan(recipe, ["export={}", "quantize={}"])
+    plan = plan_recipe(recipe, ["export={}", "quantize={}"])
     run(plan, store, until="quantize")
     arts = {n.name: store.get(n.id) for n in plan.nodes if store.exists(n.id)}
     tokenizer, kd, student = arts["tokenizer"], arts["kd_corpus"], arts["student"]
@@ -295,10 +296,10 @@ def test_the_teachers_vocabulary_needs_an_imported_teacher_and_its_distributions
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: x\ndata: {source: multi30k}\ntokenizer: {kind: teacher}\n", encoding="utf-8")
     with pytest.raises(RecipeError, match="needs teacher.pretrained"):
-        make_plan(recipe, [])
+        plan_recipe(recipe, [])
     recipe = _recipe(tmp_path, marian)  # an imported teacher is not run in the student's training loop
     with pytest.raises(RecipeError, match="set from_kd_corpus: true"):
-        make_plan(recipe, ["tokenizer={kind: teacher}", "distill.student.word_level.enabled=true"])
+        plan_recipe(recipe, ["tokenizer={kind: teacher}", "distill.student.word_level.enabled=true"])
 
 
 def test_a_fast_tokenizer_converts_with_its_ids(tmp_path, data_dir):

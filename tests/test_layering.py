@@ -1,32 +1,116 @@
-"""The house's rules, read from the imports (lazy ones inside functions included): a stage is a
+"""The house's rules, read from the imports (lazy ones inside functions included): model/ stands on
+its own; pipeline/'s subpackages are layers, each importing only the layers below it; a stage is a
 thin layer over library modules, so no stage reaches another stage or the machinery that
-schedules it, and model/ stands on its own."""
+schedules it; and nothing imports in a circle."""
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
+
 from pipeline.engine.code_digest import PROJECT_ROOT, stage_code
-from pipeline.stages import STAGES
+from pipeline.stages import BY_KIND, STAGES
 
-MACHINERY = {"pipeline/engine/graph.py", "pipeline/engine/runner.py", "pipeline/commands/cli.py", "pipeline/stages/__init__.py"}
+# pipeline/'s subpackages, lowest first: a module may import its own subpackage and those ranked
+# below it (docs/architecture.md draws them).
+LAYERS = {"engine": 1, "corpora": 2, "measure": 3, "export": 3, "report": 3, "training": 4, "stages": 5,
+          "commands": 6}
+MACHINERY = {"pipeline/engine/graph.py", "pipeline/engine/runner.py", "pipeline/stages/__init__.py"}
 
 
-def test_no_stage_imports_another_stage_or_the_graph():
-    for kind, info in STAGES.items():
-        own = info.module.replace(".", "/") + ".py"
-        reached = set(stage_code(info.module))
-        assert own in reached
-        others = {f for f in reached if f.startswith("pipeline/stages/") and f != own}
-        assert not others and not reached & MACHINERY, f"{kind} reaches {sorted(others | (reached & MACHINERY))}"
+def _modules() -> dict[str, str]:
+    """module name -> path, for every module of model/ and pipeline/."""
+    out = {}
+    for path in sorted([*PROJECT_ROOT.glob("model/**/*.py"), *PROJECT_ROOT.glob("pipeline/**/*.py")]):
+        parts = list(path.relative_to(PROJECT_ROOT).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(name: str, path, modules: dict) -> set[str]:
+    """The project modules `name` imports (`from pkg import module` names the module, not pkg)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parent = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{parent}.{base}" if base else parent
+            named = [f"{base}.{a.name}" for a in node.names]
+            found |= {m for m in named if m in modules}
+            if not all(m in modules for m in named):
+                found.add(base)
+    return {m for m in found if m in modules and m != name}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _layer(module: str) -> tuple[str, int]:
+    parts = module.split(".")
+    if parts[0] == "model":
+        return "model", 0
+    sub = parts[1] if len(parts) > 1 else ""
+    return sub, LAYERS.get(sub, 7)  # pipeline/__init__ and __main__: the top
 
 
 def test_model_never_imports_pipeline():
-    for path in sorted((PROJECT_ROOT / "model").glob("*.py")):
-        reached = stage_code(f"model.{path.stem}")
-        assert all(f.startswith("model/") for f in reached), f"model/{path.name} reaches {sorted(reached)}"
+    for name, imported in _graph().items():
+        if name.startswith("model"):
+            assert all(m.startswith("model") for m in imported), f"{name} imports {sorted(imported)}"
+
+
+def test_every_subpackage_imports_only_the_layers_below_it():
+    upward = []
+    for name, imported in _graph().items():
+        sub, rank = _layer(name)
+        upward += [f"{name} -> {m}" for m in imported if _layer(m)[0] != sub and _layer(m)[1] >= rank]
+    assert not upward, upward
+
+
+def test_no_import_cycle():
+    graph, state, cycles = _graph(), {}, []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = "open"
+        for up in sorted(graph[name]):
+            if state.get(up) == "open":
+                cycles.append(path[path.index(up):] + [up] if up in path else [name, up])
+            elif up not in state:
+                visit(up, path + [up])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, cycles
+
+
+def test_no_stage_imports_another_stage_or_the_machinery():
+    for stage in STAGES:
+        own = f"pipeline/stages/{stage.kind}/"
+        reached = set(stage_code(stage.declaration)) | set(stage_code(stage.build))
+        assert own + "build.py" in reached and own + "__init__.py" in reached
+        others = {f for f in reached if f.startswith("pipeline/stages/") and not f.startswith(own)}
+        assert not others and not reached & MACHINERY, f"{stage.kind} reaches {sorted(others | (reached & MACHINERY))}"
+
+
+def test_the_registry_imports_no_torch():
+    # Planning a run (and `export-package`, `report`) reads every declaration: none imports torch.
+    code = "import sys; import pipeline.stages, pipeline.commands.cli; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
 
 
 def test_code_a_stage_runs_in_a_child_process_is_in_its_fingerprint():
     # The benchmark measures in fresh processes (python -m pipeline.measure.speed): the runtime it
     # times is code the stage runs, so a change to it must rebuild the benchmark.
-    reached = set(stage_code(STAGES["benchmark"].module))
+    reached = set(stage_code(BY_KIND["benchmark"].build))
     assert {"pipeline/measure/speed.py", "model/runtime.py", "pipeline/measure/translators.py"} <= reached

@@ -274,7 +274,7 @@ def test_export_package_cli(export_artifact, tmp_path):
 
 def test_failing_parity_fails_the_stage():
     from pipeline.engine.errors import StageFailed
-    from pipeline.engine.recipe import ParityConfig
+    from pipeline.stages.export import ParityConfig
     from pipeline.stages.export.build import _enforce
 
     good = {"finite": True, "max_abs_diff": 2e-6, "worst_case": "batch 8", "greedy_identical": "20/20",

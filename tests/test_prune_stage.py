@@ -11,7 +11,8 @@ import torch
 from model.torch_decoder import TorchTranslator
 from model.transformer import load_model
 from pipeline.engine.context import StageContext
-from pipeline.engine.recipe import PruneConfig, PruneFinetune, dump_config
+from pipeline.engine.recipe import dump_config
+from pipeline.stages.prune import PruneConfig, PruneFinetune, PruneInputs
 from pipeline.stages.prune import build as prune
 from pipeline.training.loop import Trainer
 
@@ -69,7 +70,7 @@ def test_prune_resumes_after_a_kill(smoke, tmp_path, monkeypatch):
                            importance_batches=2, valid_bleu_sentences=2, latency_sentences=1, latency_repeats=1,
                            # one batch per epoch, so the Trainer checkpoints after every step
                            finetune=PruneFinetune(steps=2, batch_tokens=100_000))
-    inputs = {"data": arts["data"], "model": arts["student"], "kd_corpus": arts["kd_corpus"]}
+    inputs = PruneInputs(data=arts["data"], model=arts["student"], kd_corpus=arts["kd_corpus"])
 
     def context(name):
         (tmp_path / name).mkdir()
@@ -116,7 +117,7 @@ def test_max_bleu_drop_rolls_back_the_step_past_the_tolerance(smoke, tmp_path, m
     monkeypatch.setattr(prune, "greedy_bleu", lambda *args: next(scripted))
     (tmp_path / "out").mkdir()
     ctx = StageContext(name="pruned", settings=settings, config=dump_config(settings),
-                       inputs={"data": arts["data"], "model": arts["student"]}, out=tmp_path / "out",
+                       inputs=PruneInputs(data=arts["data"], model=arts["student"]), out=tmp_path / "out",
                        work=tmp_path / "work")
     m = prune.run(ctx)
     assert [s["accepted"] for s in m["steps"]] == [True, False]
@@ -152,7 +153,7 @@ def test_the_same_recipe_prunes_to_the_same_weights_and_another_seed_to_others(s
                                finetune=PruneFinetune(steps=3, batch_tokens=1200, seed=seed, bf16="off"))
         (tmp_path / name / "out").mkdir(parents=True)
         ctx = StageContext(name="pruned", settings=settings, config=dump_config(settings),
-                           inputs={"data": arts["data"], "model": arts["student"]}, out=tmp_path / name / "out",
+                           inputs=PruneInputs(data=arts["data"], model=arts["student"]), out=tmp_path / name / "out",
                            work=tmp_path / name / "work")
         metrics = prune.run(ctx)
         return metrics["heads_after"], load_file(str(ctx.out / "model.safetensors"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.engine.errors import RecipeError
-from pipeline.engine.recipe import load_recipe
+from pipeline.commands import read_recipe
 
 from .conftest import SMOKE, cli
 
@@ -62,7 +62,7 @@ def test_missing_recipe_file(tmp_path):
 def test_several_problems_each_get_a_line(tmp_path):
     path = write(tmp_path, "tokenizer:\n  vocab_size: 0\n  knd: bpe\n")
     with pytest.raises(RecipeError) as exc:
-        load_recipe(path)
+        read_recipe(path)
     assert len(exc.value.lines) == 2
     assert any("tokenizer.knd: unknown key (did you mean 'kind'?)" in line for line in exc.value.lines)
 
@@ -70,7 +70,7 @@ def test_several_problems_each_get_a_line(tmp_path):
 def test_extends_merges_and_child_wins(tmp_path):
     write(tmp_path, "tokenizer: {vocab_size: 500, kind: bpe}\nteacher:\n  train: {lr: 0.002}\n", "base.yaml")
     child = write(tmp_path, "extends: base.yaml\ntokenizer: {vocab_size: 700}\n", "child.yaml")
-    recipe, raw = load_recipe(child)
+    recipe, raw = read_recipe(child)
     assert recipe.tokenizer.vocab_size == 700 and recipe.tokenizer.kind == "bpe"
     assert recipe.teacher.train.lr == 0.002
     assert recipe.name == "child"
@@ -80,21 +80,21 @@ def test_extends_cycle_is_an_error(tmp_path):
     write(tmp_path, "extends: b.yaml\n", "a.yaml")
     write(tmp_path, "extends: a.yaml\n", "b.yaml")
     with pytest.raises(RecipeError, match="cycle"):
-        load_recipe(tmp_path / "a.yaml")
+        read_recipe(tmp_path / "a.yaml")
 
 
 def test_overrides_are_typed_and_validated(tmp_path):
     path = write(tmp_path, "tokenizer: {}\nteacher: {}\n")
-    recipe, raw = load_recipe(path, ["teacher.train.max_epochs=2", "teacher.model.pre_ln=true",
+    recipe, raw = read_recipe(path, ["teacher.train.max_epochs=2", "teacher.model.pre_ln=true",
                                      "tokenizer.kind=bpe"])
     assert recipe.teacher.train.max_epochs == 2 and recipe.teacher.model.pre_ln is True
     assert raw["teacher"]["train"]["max_epochs"] == 2
     with pytest.raises(RecipeError, match=r"teacher\.train\.lr: must be > 0, got -1"):
-        load_recipe(path, ["teacher.train.lr=-1"])
+        read_recipe(path, ["teacher.train.lr=-1"])
     with pytest.raises(RecipeError, match="expected KEY=VALUE"):
-        load_recipe(path, ["teacher.train.lr"])
+        read_recipe(path, ["teacher.train.lr"])
     # A null removes an optional section.
-    recipe, _ = load_recipe(path, ["teacher=null"])
+    recipe, _ = read_recipe(path, ["teacher=null"])
     assert recipe.teacher is None
 
 
@@ -107,12 +107,12 @@ def test_shipped_recipes_validate():
 def test_bare_yaml_on_off_means_the_word(tmp_path):
     """YAML 1.1 reads `on`/`off` as booleans; for a three-way switch the user meant the word."""
     path = write(tmp_path, "tokenizer: {}\nteacher:\n  train: {bf16: on}\n")
-    recipe, _ = load_recipe(path)
+    recipe, _ = read_recipe(path)
     assert recipe.teacher.train.bf16 == "on"
-    recipe, _ = load_recipe(path, ["teacher.train.bf16=off"])
+    recipe, _ = read_recipe(path, ["teacher.train.bf16=off"])
     assert recipe.teacher.train.bf16 == "off"
     with pytest.raises(RecipeError, match=r"teacher\.train\.bf16: must be one of"):
-        load_recipe(path, ["teacher.train.bf16=sometimes"])
+        read_recipe(path, ["teacher.train.bf16=sometimes"])
 
 
 def test_an_unfactorised_model_keeps_the_fingerprint_it_had_before_embed_dim(tmp_path):
@@ -121,9 +121,9 @@ def test_an_unfactorised_model_keeps_the_fingerprint_it_had_before_embed_dim(tmp
     from pipeline.engine.recipe import dump_config
 
     path = write(tmp_path, "tokenizer: {}\nteacher: {}\n")
-    plain, _ = load_recipe(path)
+    plain, _ = read_recipe(path)
     assert "embed_dim" not in dump_config(plain.teacher)["model"]
-    factorised, _ = load_recipe(path, ["teacher.model.embed_dim=32"])
+    factorised, _ = read_recipe(path, ["teacher.model.embed_dim=32"])
     assert dump_config(factorised.teacher)["model"]["embed_dim"] == 32
 
 

@@ -15,7 +15,7 @@ import torch
 from model.transformer import Transformer, TransformerConfig
 from pipeline.engine import machine
 from pipeline.engine.context import progress_bar
-from pipeline.engine.recipe import TrainConfig
+from pipeline.training.settings import TrainConfig
 from pipeline.training.speed_probe import choose
 from pipeline.training.loop import Trainer, _Forecast, label_smoothed_loss
 

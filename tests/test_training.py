@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
 from pipeline.engine.context import progress_bar
-from pipeline.engine.recipe import TrainConfig
+from pipeline.training.settings import TrainConfig
 from pipeline.corpora.splits import read_split
 from pipeline.training.speed_probe import SpeedChoice
 from pipeline.corpora.encoded import Corpus, encode_corpus

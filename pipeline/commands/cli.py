@@ -50,10 +50,11 @@ def run(recipe: RecipeArg, set_: SetOpt = None, until: Annotated[Optional[str], 
             "--dry-run", help="Build nothing: say what would be built and how long it would take here "
                               "(trainings measured by a short probe).")] = False) -> None:
     """Build every artifact of the recipe that is not already in the store."""
-    from ..engine.runner import make_plan, run as run_plan, summary_table
+    from ..engine.runner import run as run_plan, summary_table
+    from . import plan_recipe
 
     started = time.monotonic()
-    plan = make_plan(recipe, set_ or [])
+    plan = plan_recipe(recipe, set_ or [])
     st = _store(store)
     if dry_run:
         _dry_run(plan, st, until)
@@ -102,9 +103,10 @@ def _minutes(seconds: float) -> str:
 def status(recipe: RecipeArg, set_: SetOpt = None, store: StoreOpt = None,
            json_out: Annotated[bool, typer.Option("--json", help="One JSON object per stage.")] = False) -> None:
     """Per stage: cached, stale (with the reason) or missing."""
-    from ..engine.runner import make_plan, node_status
+    from ..engine.runner import node_status
+    from . import plan_recipe
 
-    plan = make_plan(recipe, set_ or [])
+    plan = plan_recipe(recipe, set_ or [])
     rows = node_status(_store(store), plan)
     if json_out:
         for row in rows:
@@ -123,9 +125,9 @@ def status(recipe: RecipeArg, set_: SetOpt = None, store: StoreOpt = None,
 @app.command()
 def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
     """Check a recipe without running anything."""
-    from ..engine.runner import make_plan
+    from . import plan_recipe
 
-    plan = make_plan(recipe, set_ or [])
+    plan = plan_recipe(recipe, set_ or [])
     print(f"{recipe}: ok ({len(plan.nodes)} stages: {', '.join(n.name for n in plan.nodes)})")
 
 

@@ -103,7 +103,7 @@ def _training(node: Node, plan, pairs: int | None, spec: dict | None = None, tra
     import torch
 
     from ..training import speed_probe
-    from ..engine.recipe import TrainConfig
+    from ..training.settings import TrainConfig
     from ..training.loop import label_smoothed_loss
 
     cfg = TrainConfig.model_validate(train or node.config["train"])

@@ -14,7 +14,6 @@ from rich.console import Console
 from rich.table import Table
 
 from ..engine.errors import UserInputError
-from ..engine.recipe import load_recipe
 from ..report.rows import ReportRow, figures, versus_lines
 from ..engine.store import Store
 
@@ -50,7 +49,9 @@ def load_report(store: Store, report_id: str) -> dict:
 
 
 def latest_report(store: Store, recipe_path: str | Path) -> dict:
-    recipe, _ = load_recipe(recipe_path)
+    from . import read_recipe
+
+    recipe, _ = read_recipe(recipe_path)
     pointer = store.latest(recipe.name, recipe_path)
     if pointer is None:
         raise UserInputError(f"no run of recipe '{recipe.name}' in {store.root}: run `pipeline run {recipe_path}` first")
@@ -172,7 +173,7 @@ def add_bleu_intervals(store: Store, rows: list[dict], a: dict, b: dict) -> None
     test sentences (pipeline.measure.scoring.paired_bootstrap), where both reports can still reach their
     hypotheses; whether a change between two runs is more than one test set's noise."""
     from ..measure.scoring import paired_bootstrap
-    from ..stages.report.build import hypotheses_reader
+    from ..report.hypotheses import hypotheses_reader
 
     readers = []
     for report in (a, b):
@@ -185,7 +186,8 @@ def add_bleu_intervals(store: Store, rows: list[dict], a: dict, b: dict) -> None
             if data is not None and store.exists(data):
                 inputs["data"] = store.get(data)
         bench = inputs["benchmark"].metrics if "benchmark" in inputs else {}
-        readers.append(hypotheses_reader(inputs, bench))
+        evaluations = {role.removeprefix("evaluate."): art for role, art in inputs.items() if role.startswith("evaluate.")}
+        readers.append(hypotheses_reader(inputs.get("data"), inputs.get("benchmark"), evaluations, bench))
     beams = [{r["name"]: r.get("bleu_beam") for r in report["rows"]} for report in (a, b)]
     for entry in rows:
         entry["bleu_delta_ci95"] = None

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,6 @@ from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
-from .store import Artifact
 
 console = Console(stderr=True, highlight=False)
 
@@ -79,7 +77,7 @@ class StageContext:
     name: str  # the node: "teacher", "evaluate.pruned"
     settings: Any  # typed config section (pydantic) or plain data
     config: Any  # the plain config that was fingerprinted
-    inputs: dict[str, Artifact]
+    inputs: Any  # the stage's Inputs (its declaration's): ctx.inputs.data, ctx.inputs.teacher (None if not read)
     out: Path  # write the artifact's files here (a temporary folder, renamed when complete)
     work: Path  # scratch that survives a crash (checkpoints); deleted after success
     nproc: int = 1  # processes for stages that can use several (training, corpus translation)
@@ -88,12 +86,6 @@ class StageContext:
     events: list[dict] = field(default_factory=list)
     # Where `status` lines go instead of the console (the runner's live display of side-by-side builds).
     on_status: Callable[[str], None] | None = None
-
-    def input(self, role: str) -> Artifact:
-        try:
-            return self.inputs[role]
-        except KeyError:
-            raise KeyError(f"stage {self.name} has no input {role!r} (has {sorted(self.inputs)})") from None
 
     def log(self, message: str, *, markup: bool = True, **data: Any) -> None:
         """A line for the user, also kept in the run log. markup=False: show `message` as it is
@@ -110,7 +102,3 @@ class StageContext:
 
     def progress(self, description: str, total: float | None = None, unit: str = ""):
         return progress_bar(description, total, unit)
-
-
-def is_interactive() -> bool:
-    return sys.stderr.isatty()

@@ -13,14 +13,12 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from rich.markup import escape
 from rich.progress import Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import stages
-from ..training.budgets import training_cut
 from .code_digest import changed_files
 from .context import StageContext, console
 from .workers import interrupt_children
@@ -28,13 +26,14 @@ from .errors import PipelineError, UserInputError
 from .graph import Node, build_graph, resolve_builds, select
 from .lockfile import content_digest, write_lock
 from .machine import machine_info, usable_cores
-from .recipe import Recipe, load_recipe
-from .store import Store, now_iso, safe_name, tool_versions
+from .recipe import load_recipe
+from .stage import Stage
+from .store import Store, now_iso, safe_name, tool_versions, training_cut
 
 
 @dataclass
 class Plan:
-    recipe: Recipe
+    recipe: Any  # the registry's recipe schema
     raw: dict
     path: Path
     overrides: list[str]
@@ -47,15 +46,13 @@ class Plan:
         return self.recipe.name
 
 
-def make_plan(recipe_path: str | Path, overrides: list[str] = ()) -> Plan:
-    recipe, raw = load_recipe(recipe_path, list(overrides))
-    machine = machine_info() if _needs_machine(recipe) else None
-    nodes = build_graph(recipe, recipe_path, machine)
+def make_plan(recipe_path: str | Path, overrides: list[str], stages: Sequence[Stage], schema: type) -> Plan:
+    """The recipe read against `schema` and planned by `stages` (pipeline/stages: STAGES, Recipe).
+    The machine enters the fingerprints of the stages whose numbers depend on it."""
+    recipe, raw = load_recipe(recipe_path, list(overrides), schema)
+    machine = machine_info()
+    nodes = build_graph(recipe, recipe_path, stages, machine)
     return Plan(recipe, raw, Path(recipe_path), list(overrides), nodes, machine)
-
-
-def _needs_machine(recipe: Recipe) -> bool:
-    return recipe.benchmark is not None or (recipe.export is not None and recipe.export.fp16)
 
 
 # ------------------------------------------------------------------------------ status
@@ -98,7 +95,7 @@ def _why_changed(node: Node, before: dict, by_name: dict[str, Node]) -> str:
         reasons.append("code changed (the last build predates code digests)")
     elif files := changed_files(before["code"], node.code):
         reasons.append(f"code changed: {_first_few(files)}")
-    if before.get("version") != stages.STAGES[node.stage].version:
+    if before.get("version") != node.spec.version:
         reasons.append("stage version bumped")
     return "; ".join(reasons) or "artifact missing from the store"
 
@@ -324,12 +321,12 @@ def _build(node: Node, record: dict, built: dict, store: Store, nproc: int, run_
            cores: int | None = None, on_status: Callable[[str], None] | None = None) -> None:
     t0 = time.monotonic()
     console.print(f"[cyan]▶[/cyan] {node.name:<22} building {node.id}")
-    run_stage = stages.load(node.stage)
+    run_stage = node.spec.load()
     inputs = {role: built[up] for role, up in node.inputs.items()}
     work = store.work_dir(node.id)
     stage_started = now_iso()
     with store.writing(node.id) as out:
-        ctx = StageContext(name=node.name, settings=node.settings, config=node.config, inputs=inputs,
+        ctx = StageContext(name=node.name, settings=node.settings, config=node.config, inputs=node.spec.inputs.of(inputs),
                            out=out, work=work, nproc=nproc, cores=cores, on_status=on_status)
         record["events"] = ctx.events
         try:
@@ -349,7 +346,7 @@ def _build(node: Node, record: dict, built: dict, store: Store, nproc: int, run_
         duration = round(time.monotonic() - t0, 3)
         manifest = {
             "stage": node.name, "kind": node.stage, "fingerprint": node.fingerprint,
-            "code_version": stages.STAGES[node.stage].version, "code": node.code, "config": node.config,
+            "code_version": node.spec.version, "code": node.code, "config": node.config,
             "inputs": {role: built[up].id for role, up in node.inputs.items()},
             "metrics": metrics, "created": now_iso(), "started": stage_started,
             "duration_s": duration, "versions": tool_versions(),
@@ -372,7 +369,7 @@ def _update_latest(store: Store, plan: Plan, node: Node, run_id: str, artifact) 
     pointer.update(recipe_path=str(plan.path), run=run_id, updated=now_iso())
     pointer["nodes"][node.name] = {
         "id": node.id, "fingerprint": node.fingerprint, "stage": node.stage,
-        "version": stages.STAGES[node.stage].version, "code": node.code, "config": node.config,
+        "version": node.spec.version, "code": node.code, "config": node.config,
         "inputs": {role: by_name[up].input_key for role, up in node.inputs.items()},
         "input_ids": {role: by_name[up].id for role, up in node.inputs.items()},
         "content": content_digest(artifact.manifest),

@@ -35,10 +35,10 @@ from model.torch_greedy import greedy_on_device
 from model.transformer import Transformer
 
 from . import speed_probe
-from .budgets import budget_text, cut_text
+from .settings import budget_text, cut_text
 from ..corpora.encoded import Corpus, make_batches
 from ..engine.errors import PipelineError
-from ..engine.recipe import TrainConfig
+from .settings import TrainConfig
 from ..measure.scoring import bleu_only
 from ..engine.store import file_record, listed_file_problems, write_json_atomic
 from .batches import Batch, BatchFeed, collate, collate_soft, prepare_batch  # noqa: F401 (collate*: callers')

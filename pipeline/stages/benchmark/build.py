@@ -17,7 +17,6 @@ them), and their greedy outputs are compared with our PyTorch model's.
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 import os
@@ -33,7 +32,8 @@ from ...engine.context import StageContext
 from ...corpora.splits import read_split
 from ...engine.errors import UserInputError
 from ...engine.machine import usable_cores
-from ...engine.recipe import MODEL_NODES, BenchmarkNode
+from ...engine.stage import Variant
+from . import BenchmarkInputs, BenchmarkNode
 from ...engine.store import Artifact, tool_versions
 
 PARITY_SENTENCES = 10  # sentences whose greedy output ids CTranslate2 must reproduce
@@ -42,7 +42,7 @@ CT2_TYPES = {"cpu": ("int8", "float32"), "cuda": ("int8_float16", "float16")}
 
 def run(ctx: StageContext) -> dict:
     cfg: BenchmarkNode = ctx.settings
-    data = ctx.input("data")
+    data = ctx.inputs.data
     test_sets = data.metrics.get("test_sets", [])
     test_set = cfg.test_set or (test_sets[0] if test_sets else None)
     if test_set not in test_sets:
@@ -93,46 +93,40 @@ def run(ctx: StageContext) -> dict:
 
 
 # ---------------------------------------------------------------------------------- rows
-def new_row(name: str, variant: str, runtime: str, device: str, compute_type: str, node: str,
-            package: str | None, skipped: str | None = None) -> dict:
-    return {"name": name, "variant": variant, "runtime": runtime, "device": device, "compute_type": compute_type,
-            "node": node, "package": package, "source": None, "artifact": None, "files": None, "folder": None,
+def new_row(v: Variant) -> dict:
+    """A row of the benchmark's results (kept as JSON in its manifest): the variant, then what
+    was measured."""
+    return {"name": v.name, "variant": v.variant, "runtime": v.runtime, "device": v.device,
+            "compute_type": v.compute_type, "node": v.node, "package": v.package, "source": v.source,
+            "artifact": None, "files": None, "folder": None,
             "params": None, "heads": None, "bytes": None, "threads": None, "latency_ms": None, "throughput": None,
-            "peak_rss_mb": None, "gpu_mem_mb": None, "load_s": None, "breakdown": None, "skipped": skipped,
+            "peak_rss_mb": None, "gpu_mem_mb": None, "load_s": None, "breakdown": None, "skipped": v.skipped,
             "note": None, "by_threads": {}}
 
 
 def variant_rows(ctx: StageContext, cfg: BenchmarkNode, has_cuda: bool) -> list[dict]:
     rows = []
     onnx_ready = importlib.util.find_spec("model.runtime") is not None
+    inputs: BenchmarkInputs = ctx.inputs
     for v in cfg.variants:
-        row = new_row(v["name"], v["variant"], v["runtime"], v["device"], v["compute_type"], v["node"],
-                      v["package"], v.get("skipped"))
-        rows.append(row)
+        rows.append(new_row(v))
         # On a GPU machine the float32 models also run on CUDA (int8 ONNX kernels are CPU-only).
-        if "cuda" in cfg.devices and v["device"] == "cpu" and v["compute_type"] == "float32":
-            rows.append({**copy.deepcopy(row), "name": f"{v['name']}_cuda", "device": "cuda"})
-    source_of = {v["name"]: source_model(v, cfg.final_model) for v in cfg.variants}
+        if "cuda" in cfg.devices and v.device == "cpu" and v.compute_type == "float32":
+            rows.append(new_row(v.model_copy(update={"name": f"{v.name}_cuda", "device": "cuda"})))
     for row in rows:
         base = row["name"].removesuffix("_cuda")
         row["skipped"] = row["skipped"] or skip_reason(row, cfg, has_cuda, onnx_ready)
-        artifact = ctx.inputs.get(base)
+        artifact = inputs.variants.get(base)
         if artifact is None:
             row["skipped"] = row["skipped"] or f"no input artifact for {base}"
             continue
         row["artifact"] = artifact.id
         row["folder"] = str(artifact.path / row["package"] if row["package"] else artifact.path)
         row["bytes"] = model_bytes(Path(row["folder"])) if Path(row["folder"]).is_dir() else None
-        row["source"] = source_of[base]
-        source = ctx.inputs.get(row["source"])
+        source = inputs.variants.get(row["source"])
         if source is not None:
             row["params"], row["heads"] = model_facts(source)
     return rows
-
-
-def source_model(variant: dict, final_model: str | None) -> str:
-    """The PyTorch model a variant was made from (whose params and heads it has)."""
-    return variant["variant"] if variant["variant"] in MODEL_NODES else final_model
 
 
 def skip_reason(row: dict, cfg: BenchmarkNode, has_cuda: bool, onnx_ready: bool) -> str | None:
@@ -154,10 +148,11 @@ def peer_rows(ctx: StageContext, cfg: BenchmarkNode, has_cuda: bool, sample: lis
     model = cfg.final_model
     if model is None:
         return []
-    rows = [new_row(f"ctranslate2_{model}_{ct}" + ("_cuda" if device == "cuda" else ""), model, "ctranslate2",
-                    device, ct, model, None) for device in ("cpu", "cuda") for ct in CT2_TYPES[device]]
+    rows = [new_row(Variant(name=f"ctranslate2_{model}_{ct}" + ("_cuda" if device == "cuda" else ""), variant=model,
+                            node=model, source=model, runtime="ctranslate2", device=device, compute_type=ct))
+            for device in ("cpu", "cuda") for ct in CT2_TYPES[device]]
     missing = None if importlib.util.find_spec("ctranslate2") else "ctranslate2 is not installed (pip install '.[peer]')"
-    artifact = ctx.input(model)
+    artifact = ctx.inputs.variants[model]
     params, heads = model_facts(artifact)
     pad, note = False, None
     try:
@@ -185,12 +180,13 @@ def peer_rows(ctx: StageContext, cfg: BenchmarkNode, has_cuda: bool, sample: lis
 def imported_teacher_rows(ctx: StageContext, cfg: BenchmarkNode) -> list[dict]:
     """An imported teacher through CTranslate2 (its own converter), int8 and float32 on the CPU,
     beside its transformers row: what the model the user started from costs at its fastest."""
-    artifact = ctx.inputs.get("teacher")
+    artifact = ctx.inputs.variants.get("teacher")
     if artifact is None or not artifact.metrics.get("imported"):
         return []
     rows = []
     for ct in CT2_TYPES["cpu"]:
-        row = new_row(f"ctranslate2_teacher_{ct}", "teacher", "ctranslate2", "cpu", ct, "teacher", None)
+        row = new_row(Variant(name=f"ctranslate2_teacher_{ct}", variant="teacher", node="teacher", source="teacher",
+                              runtime="ctranslate2", compute_type=ct))
         rows.append(row)
         row["skipped"] = skip_reason(row, cfg, False, onnx_ready=True) or (
             None if importlib.util.find_spec("ctranslate2") else "ctranslate2 is not installed (pip install '.[peer]')")

@@ -23,7 +23,7 @@ from ...engine.context import StageContext
 from ...corpora.splits import normalize, write_pairs
 from ...corpora.user_files import aligned_pairs, tsv_pairs
 from ...engine.errors import DataError
-from ...engine.recipe import CleanConfig, DataConfig, FileSplit
+from . import CleanConfig, DataConfig, FileSplit
 
 # Digests of the files in multi30k/dataset data/task1/raw (the public download location).
 MULTI30K_SHA256 = {

@@ -18,15 +18,15 @@ from model.lines import one_line
 from ...engine.context import StageContext
 from ...corpora.splits import read_split
 from ...engine.errors import StageFailed, UserInputError
-from ...engine.recipe import EvaluateNode
+from . import EvaluateInputs, EvaluateNode
 from ...measure.scoring import score
 from ...measure.translators import load_translator
 
 
 def run(ctx: StageContext) -> dict:
     cfg: EvaluateNode = ctx.settings
-    data = ctx.input("data")
-    model = ctx.input("model")
+    inputs: EvaluateInputs = ctx.inputs
+    data, model = inputs.data, inputs.model
     available = data.metrics.get("test_sets", [])
     test_sets = cfg.test_sets or available
     unknown = [t for t in test_sets if t not in available]

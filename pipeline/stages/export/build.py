@@ -30,18 +30,19 @@ from ...corpora.splits import check_aligned, read_split, split_lines
 from ...engine.errors import StageFailed
 from ...export.float_graphs import GraphOptions, float32_graphs, generation_of, variant_graphs
 from ...export.packages import package_bytes, set_figures, write_package
-from ...engine.recipe import ExportConfig, ParityConfig, ShortlistConfig
+from . import ExportConfig, ExportInputs, ParityConfig, ShortlistConfig
 from ...measure.timing import interleaved
 
 
 def run(ctx: StageContext) -> dict:
     cfg: ExportConfig = ctx.settings
     parity_cfg = cfg.parity
-    source = ctx.input("model")
+    inputs: ExportInputs = ctx.inputs
+    source = inputs.model
     threads = parity_cfg.threads
     model = load_model(source.path)
     tokenizer = SubwordTokenizer.load(source.file("tokenizer.json"))
-    valid_src, _ = read_split(ctx.input("data").path, "valid")
+    valid_src, _ = read_split(inputs.data.path, "valid")
     sentences = valid_src[: parity_cfg.decode_sentences]
 
     options = GraphOptions(opset=cfg.opset, fused_attention=cfg.fused_attention, optimize=cfg.optimize)
@@ -53,11 +54,11 @@ def run(ctx: StageContext) -> dict:
             f"{len(sentences)} validation sentences")
 
     generation = generation_of(model.cfg, parity_cfg.beam)
-    data_metrics = ctx.input("data").metrics
+    data_metrics = inputs.data.metrics
     shortlist = None
     if cfg.shortlist is not None:
         shortlist = ctx.work / SHORTLIST_FILE
-        metrics["shortlist"] = make_shortlist(cfg.shortlist, ctx.input("data").path, tokenizer, model.cfg, shortlist)
+        metrics["shortlist"] = make_shortlist(cfg.shortlist, inputs.data.path, tokenizer, model.cfg, shortlist)
         ctx.log(f"shortlist: {metrics['shortlist']['mean_words_batch_32']:.0f} words a batch of 32 validation "
                 f"sentences on average, {metrics['shortlist']['valid_reference_coverage']:.1%} of the reference tokens")
     for variant in ["fp32"] + (["fp16"] if cfg.fp16 else []):

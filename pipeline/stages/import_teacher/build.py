@@ -22,7 +22,7 @@ from model.hf_checkpoint import UnsafeCheckpoint, check_checkpoint, copy_checkpo
 
 from ...engine.context import StageContext
 from ...engine.errors import UserInputError
-from ...engine.recipe import PretrainedTeacher
+from ...training.settings import PretrainedTeacher
 
 HF_IMPORT_FILE = "hf_import.json"
 

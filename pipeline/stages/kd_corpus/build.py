@@ -28,7 +28,9 @@ from ...corpora.encoded import ENCODE_BLOCK
 from ...engine.errors import StageFailed, UserInputError
 from ...measure.translators import is_imported_teacher
 from ...engine.workers import launch, worker_main, world_size
-from ...engine.recipe import KDCorpusConfig, dump_config
+from ...engine.recipe import dump_config
+from ...training.settings import KDCorpusConfig
+from . import KDCorpusInputs
 from ...engine.store import file_record
 
 # Sentences per saved chunk: what a resumed run keeps, and the unit processes share under
@@ -39,9 +41,10 @@ CHUNK = 1024
 
 def run(ctx: StageContext) -> dict:
     cfg: KDCorpusConfig = ctx.settings
-    job = {**dump_config(cfg), "role": "kd_corpus", "data": str(ctx.input("data").path),
-           "teacher": str(ctx.input("teacher").path), "out": str(ctx.out), "work": str(ctx.work),
-           "decoder": (ctx.input("teacher").config or {}).get("decoder", "auto")}  # an imported teacher's
+    inputs: KDCorpusInputs = ctx.inputs
+    job = {**dump_config(cfg), "role": "kd_corpus", "data": str(inputs.data.path),
+           "teacher": str(inputs.teacher.path), "out": str(ctx.out), "work": str(ctx.work),
+           "decoder": (inputs.teacher.config or {}).get("decoder", "auto")}  # an imported teacher's
     if ctx.nproc > 1:
         return launch(ctx, "pipeline.stages.kd_corpus.build", job)
     return translate_job(job, ctx.log, ctx.progress)

@@ -37,7 +37,8 @@ from ...engine.context import StageContext
 from ...corpora.splits import read_split
 from ...corpora.distilled import TrainingText, encoded_training_set, stored_word_level, training_pairs
 from ...corpora.encoded import Corpus, encode_corpus, make_batches
-from ...engine.recipe import PruneConfig, TrainConfig
+from ...training.settings import TrainConfig
+from . import PruneConfig, PruneInputs
 from ...measure.scoring import bleu_only
 from ...measure.timing import interleaved
 from ...training.loop import Trainer, ValidationSet, collate, greedy_hypotheses
@@ -48,7 +49,8 @@ DECODER_STEPS = 20  # forced decoder steps per sentence when timing one step
 def run(ctx: StageContext) -> dict:
     cfg: PruneConfig = ctx.settings
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    source, data = ctx.input("model"), ctx.input("data")
+    inputs: PruneInputs = ctx.inputs
+    source, data = inputs.model, inputs.data
     source.file("model.safetensors")  # a clear error if the input is not a model artifact
     tokenizer = SubwordTokenizer.load(source.file("tokenizer.json"))
     original = load_model(source.path)  # kept unpruned, on the CPU, for the before/after figures
@@ -155,9 +157,9 @@ def finetune_pairs(ctx: StageContext) -> tuple[TrainingText, str]:
     distributions if it learnt from those too; else the training split.
     Fine-tuning a KD + references student on the KD corpus alone moves it away from the
     references the test set is scored against."""
-    trained = ctx.input("model").config or {}
-    kd = ctx.inputs.get("kd_corpus")
-    job = {"data": str(ctx.input("data").path), "kd_corpus": str(kd.path) if kd else None,
+    trained = ctx.inputs.model.config or {}
+    kd = ctx.inputs.kd_corpus
+    job = {"data": str(ctx.inputs.data.path), "kd_corpus": str(kd.path) if kd else None,
            "reference_mix": trained.get("reference_mix", 0.0), "word_level": stored_word_level(trained),
            "train": {"seed": (trained.get("train") or {}).get("seed", TrainConfig().seed)}}
     text = training_pairs(job, ctx.log)

@@ -27,7 +27,7 @@ from ...engine.context import StageContext
 from ...corpora.splits import read_split
 from ...engine.errors import StageFailed
 from ...export.packages import package_bytes, set_figures, write_package
-from ...engine.recipe import QuantizeConfig
+from . import QuantizeConfig, QuantizeInputs
 from ...measure.scoring import bleu_only
 from ...measure.timing import interleaved
 
@@ -42,11 +42,12 @@ _PRECISION = {
 
 def run(ctx: StageContext) -> dict:
     cfg: QuantizeConfig = ctx.settings
-    fp32_dir = ctx.input("export").path / "fp32"
+    inputs: QuantizeInputs = ctx.inputs
+    fp32_dir = inputs.export.path / "fp32"
     fp32 = Translator(fp32_dir)  # verifies the package
     paths = {"encoder": fp32_dir / "encoder.onnx", "decoder": fp32_dir / "decoder.onnx"}
     groups = node_groups(paths)
-    valid_src, valid_ref = read_split(ctx.input("data").path, "valid")
+    valid_src, valid_ref = read_split(inputs.data.path, "valid")
     n_guard = cfg.guard_sentences or len(valid_src)
     guard_src, guard_ref = valid_src[:n_guard], valid_ref[:n_guard]
 

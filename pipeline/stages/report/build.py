@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
-from ...training.budgets import training_cut
+from ...engine.store import training_cut
 from ...engine.context import StageContext
-from ...corpora.splits import misaligned, read_split
 from ...engine.errors import StageFailed
-from ...engine.recipe import ReportNode, ReportTargets
+from ...report.hypotheses import hypotheses_reader
+from . import ReportInputs, ReportNode, ReportTargets
 from ...report.rows import ReportRow, missing_keys, versus_lines
 from ...measure.scoring import paired_bootstrap
 
@@ -28,17 +27,16 @@ TEACHER = "teacher"  # the row every ratio is taken against: the teacher in PyTo
 
 
 def run(ctx: StageContext) -> dict:
-    bench = ctx.input("benchmark").metrics
-    evaluations = {role.removeprefix("evaluate."): art.metrics for role, art in ctx.inputs.items()
-                   if role.startswith("evaluate.")}
+    inputs: ReportInputs = ctx.inputs
+    bench = inputs.benchmark.metrics
+    evaluations = {name: art.metrics for name, art in inputs.evaluate.items()}
     rows = [report_row(row, evaluations) for row in bench.get("results", [])]
     if not rows:
         raise StageFailed("the benchmark artifact has no rows to report")
-    training = {role.removeprefix("trained."): training_summary(art.metrics) for role, art in ctx.inputs.items()
-                if role.startswith("trained.")}
+    training = {name: training_summary(art.metrics) for name, art in inputs.trained.items()}
     mark_cut_rows(rows, training)
     add_ratios(rows)
-    steps = bleu_uncertainty(rows, hypotheses_reader(ctx.inputs, bench))
+    steps = bleu_uncertainty(rows, hypotheses_reader(inputs.data, inputs.benchmark, inputs.evaluate, bench))
     mark_pareto(rows)
     cfg: ReportNode = ctx.settings
     max_loss = cfg.max_bleu_loss
@@ -79,41 +77,6 @@ def check_schema(report: dict) -> None:
 
 
 # ------------------------------------------------------------------------------ BLEU uncertainty
-def hypotheses_reader(inputs: dict, bench: dict):
-    """(row name, beam) -> (hypotheses, references), or None, given a report's inputs (role ->
-    Artifact): from the row's evaluate artifact, or for the rows the benchmark scored itself
-    (CTranslate2's), from the benchmark artifact."""
-    data, benchmark = inputs.get("data"), inputs.get("benchmark")
-    scored_by_benchmark = {r["name"]: (benchmark.path / r["hypotheses"], bench.get("test_set"))
-                           for r in bench.get("results", []) if r.get("hypotheses") and benchmark is not None}
-    references: dict[str, list[str]] = {}
-    cache: dict[tuple[str, int], tuple[list[str], list[str]] | None] = {}
-
-    def read(name: str, beam: int) -> tuple[list[str], list[str]] | None:
-        if (name, beam) not in cache:  # each file is asked for by several comparisons
-            cache[name, beam] = _read(name, beam)
-        return cache[name, beam]
-
-    def _read(name: str, beam: int) -> tuple[list[str], list[str]] | None:
-        if name in scored_by_benchmark:
-            folder, test = scored_by_benchmark[name]
-        else:
-            art = inputs.get(f"evaluate.{name.removesuffix('_cuda')}")
-            if art is None:
-                return None
-            folder, test = art.path, art.metrics.get("test_set")
-        path: Path = folder / f"{test}.beam{beam}.hyp"
-        if data is None or not path.is_file():
-            return None
-        if test not in references:
-            references[test] = read_split(data.path, f"test.{test}")[1]
-        hypotheses = path.read_text(encoding="utf-8").split("\n")[:-1]
-        if len(hypotheses) != len(references[test]):
-            raise misaligned(path, len(hypotheses), data.path / f"test.{test}.tgt", len(references[test]))
-        return hypotheses, references[test]
-    return read
-
-
 def step_pairs(rows: list[dict]) -> list[tuple[str, dict, dict]]:
     """(step, from row, to row) along the recipe's chain, CPU rows only: distillation (teacher ->
     student), what it bought over the references (student_ref -> student), pruning (student, or the

@@ -10,19 +10,20 @@ from model.subword import SubwordTokenizer
 from ...engine.context import StageContext
 from ...engine.errors import UserInputError
 from ...corpora.splits import read_split, reservoir_sample, split_lines
-from ...engine.recipe import TokenizerConfig
+from . import TokenizerConfig, TokenizerInputs
 
 
 def run(ctx: StageContext) -> dict:
     cfg: TokenizerConfig = ctx.settings
-    data = ctx.input("data").path
+    inputs: TokenizerInputs = ctx.inputs
+    data = inputs.data.path
     if cfg.kind == "teacher":
         tok = _teachers(ctx)
         return {"vocab_size": tok.vocab_size, "kind": cfg.kind, "special_ids": tok.special_ids(),
-                "target_side": tok.target is not None, "teacher": ctx.input("teacher").id, **_scores(tok, data)}
+                "target_side": tok.target is not None, "teacher": inputs.teacher.id, **_scores(tok, data)}
     # Both sides, streamed from the files (the corpus is never held whole); a sample of
     # `max_sentences` where the recipe asks for one, drawn in one pass.
-    total = 2 * ctx.input("data").metrics["train_pairs"]
+    total = 2 * inputs.data.metrics["train_pairs"]
     sentences = itertools.chain(split_lines(data, "train", "src"), split_lines(data, "train", "tgt"))
     if cfg.max_sentences is not None and total > cfg.max_sentences:
         sentences, total = reservoir_sample(sentences, cfg.max_sentences, random.Random(0)), cfg.max_sentences
@@ -36,7 +37,7 @@ def _teachers(ctx: StageContext) -> SubwordTokenizer:
     """The imported teacher's vocabulary in our format (model/hf_tokenizer.py), saved."""
     from model.hf_tokenizer import UnconvertibleTokenizer, teacher_tokenizers
 
-    teacher = ctx.input("teacher")
+    teacher = ctx.inputs.teacher
     try:
         tok = SubwordTokenizer(*teacher_tokenizers(teacher.path / "checkpoint"))
     except (UnconvertibleTokenizer, ValueError) as exc:

@@ -22,16 +22,19 @@ from ...engine.workers import launch, launch_alone, worker_main, world_size
 from ...engine.errors import UserInputError
 from ...engine.machine import usable_cores
 from ...measure.translators import is_imported_teacher
-from ...engine.recipe import TrainConfig, TrainNode, dump_config
+from ...engine.recipe import dump_config
+from ...training.settings import TrainConfig
+from . import TrainInputs, TrainNode
 from ...corpora.encoded import encode_corpus
 from ...training.loop import Trainer, ValidationSet
 
 
 def run(ctx: StageContext) -> dict:
     cfg: TrainNode = ctx.settings
+    inputs: TrainInputs = ctx.inputs
     train, matched = cfg.train, None
-    if "steps_of" in ctx.inputs:  # the ablation: the same number of steps as the model it is compared with
-        other = ctx.inputs["steps_of"]
+    if inputs.steps_of is not None:  # the ablation: the same number of steps as the model it is compared with
+        other = inputs.steps_of
         matched = {"model": other.id, "steps": int(other.metrics["steps"])}
         train = train.model_copy(update={"max_steps": matched["steps"], "max_minutes": None, "max_epochs": None})
         ctx.log(f"budget: {matched['steps']} steps, as many as {other.id} took")
@@ -40,10 +43,10 @@ def run(ctx: StageContext) -> dict:
     # The worker's job: the typed settings as plain data, plus paths.
     job = {
         **dump_config(cfg.model_copy(update={"train": train})), "steps_matched_to": matched,
-        "data": str(ctx.input("data").path),
-        "tokenizer": str(ctx.input("tokenizer").file("tokenizer.json")),
-        "kd_corpus": str(ctx.inputs["kd_corpus"].path) if "kd_corpus" in ctx.inputs else None,
-        "teacher": str(ctx.inputs["teacher"].path) if "teacher" in ctx.inputs else None,
+        "data": str(inputs.data.path),
+        "tokenizer": str(inputs.tokenizer.file("tokenizer.json")),
+        "kd_corpus": str(inputs.kd_corpus.path) if inputs.kd_corpus is not None else None,
+        "teacher": str(inputs.teacher.path) if inputs.teacher is not None else None,
         "out": str(ctx.out), "work": str(ctx.work),
     }
     if ctx.nproc > 1:
