@@ -80,15 +80,16 @@ class TransformerConfig:
             raise ValueError(f"embed_dim must be below d_model ({self.d_model}), got {self.embed_dim}")
 
     @classmethod
-    def from_spec(cls, spec: dict, vocab_size: int, special_ids: dict) -> "TransformerConfig":
-        """From the recipe's ModelSpec (uniform layers) to the explicit per-layer form."""
-        enc, dec = spec["encoder_layers"], spec["decoder_layers"]
-        return cls(vocab_size=vocab_size, d_model=spec["d_model"], head_dim=spec["head_dim"],
-                   enc_heads=[spec["heads"]] * enc, dec_self_heads=[spec["heads"]] * dec,
-                   dec_cross_heads=[spec["heads"]] * dec, enc_ffn=[spec["ffn_dim"]] * enc,
-                   dec_ffn=[spec["ffn_dim"]] * dec, dropout=spec["dropout"],
-                   attention_dropout=spec["attention_dropout"], activation=spec["activation"],
-                   pre_ln=spec["pre_ln"], max_positions=spec["max_positions"], embed_dim=spec.get("embed_dim"),
+    def from_spec(cls, spec, vocab_size: int, special_ids: dict) -> "TransformerConfig":
+        """From the recipe's ModelSpec (pipeline/training/settings.py: uniform layers, read by
+        attribute) to the explicit per-layer form."""
+        enc, dec = spec.encoder_layers, spec.decoder_layers
+        return cls(vocab_size=vocab_size, d_model=spec.d_model, head_dim=spec.head_dim,
+                   enc_heads=[spec.heads] * enc, dec_self_heads=[spec.heads] * dec,
+                   dec_cross_heads=[spec.heads] * dec, enc_ffn=[spec.ffn_dim] * enc,
+                   dec_ffn=[spec.ffn_dim] * dec, dropout=spec.dropout,
+                   attention_dropout=spec.attention_dropout, activation=spec.activation,
+                   pre_ln=spec.pre_ln, max_positions=spec.max_positions, embed_dim=spec.embed_dim,
                    pad_id=special_ids["pad"], bos_id=special_ids["bos"], eos_id=special_ids["eos"])
 
     @property

@@ -239,8 +239,11 @@ def role_setup(role: str, nodes: dict, data: Path, tokenizer_path: Path, kd: Pat
     job = {**dump_config(node.settings), "data": str(data), "tokenizer": str(tokenizer_path),
            "kd_corpus": str(kd) if "kd_corpus" in node.inputs else None}
     tok = SubwordTokenizer.load(tokenizer_path)
-    model_cfg = TransformerConfig.from_spec(job["model"], tok.vocab_size, tok.special_ids())
-    text = training_pairs(job, lambda m: None)
+    model_cfg = TransformerConfig.from_spec(node.settings.model, tok.vocab_size, tok.special_ids())
+    word_level = node.settings.word_level
+    text = training_pairs(data, Path(job["kd_corpus"]) if job["kd_corpus"] else None, node.settings.reference_mix,
+                          node.settings.train.seed, bool(word_level and word_level.enabled and word_level.from_kd_corpus),
+                          lambda m: None)
     train, _ = encoded_training_set(text, tok, model_cfg.max_positions, work / role, lambda m: None, plain_progress)
     return job, tok, model_cfg, train
 

@@ -58,12 +58,11 @@ def _model(plan, spec):
     return Transformer(TransformerConfig.from_spec(spec, vocab, {"pad": 0, "bos": 1, "eos": 2}))
 
 
-def _model_spec(plan, node_name: str) -> dict:
-    from ..engine.recipe import dump_config
-
+def _model_spec(plan, node_name: str):
+    """The node's ModelSpec."""
     if node_name == "teacher":
-        return dump_config(plan.recipe.teacher.model)
-    return dump_config(plan.recipe.distill.student.model)
+        return plan.recipe.teacher.model
+    return plan.recipe.distill.student.model
 
 
 def _kd_corpus(node: Node, plan, pairs: int | None) -> Estimate:
@@ -98,7 +97,7 @@ def _prune(node: Node, plan, pairs: int | None) -> Estimate:
     return Estimate(row.node, row.seconds, row.how.replace("validations", "validations (unpruned shape)"))
 
 
-def _training(node: Node, plan, pairs: int | None, spec: dict | None = None, train: dict | None = None,
+def _training(node: Node, plan, pairs: int | None, spec=None, train: dict | None = None,
               validations: int | None = None) -> Estimate:
     import torch
 
@@ -108,7 +107,7 @@ def _training(node: Node, plan, pairs: int | None, spec: dict | None = None, tra
 
     cfg = TrainConfig.model_validate(train or node.config["train"])
     vocab = plan.recipe.tokenizer.vocab_size
-    model = _model(plan, spec or node.config["model"])
+    model = _model(plan, spec or node.settings.model)
     share = usable_cores() // max(1, len(node.side_by_side)) if node.side_by_side else usable_cores()
     before = torch.get_num_threads()
     torch.set_num_threads(cfg.num_threads or max(1, share))

@@ -152,25 +152,24 @@ class TrainingText:
     info: dict
 
 
-def training_pairs(job: dict, log) -> TrainingText:
-    """The (source, target) text the model learns from: references, or the teacher's
-    translations (sequence-level KD) optionally mixed with a share of the references; with
-    word-level distillation from the KD corpus, the teacher's stored distributions for the
-    translations (none for the references). Nothing is read whole."""
-    data = Path(job["data"])
-    if job["kd_corpus"] is None:
+def training_pairs(data: Path, kd: Path | None, reference_mix: float, seed: int, stored_distributions: bool,
+                   log) -> TrainingText:
+    """The (source, target) text the model learns from: the data's references, or the teacher's
+    translations (sequence-level KD, the kd_corpus artifact `kd`) mixed with `reference_mix` of as
+    many references (drawn with `seed`); with `stored_distributions` (word-level distillation from
+    the KD corpus), the teacher's stored distributions for the translations (none for the
+    references). Nothing is read whole."""
+    if kd is None:
         count = check_aligned(data / "train.src", data / "train.tgt")
         return TrainingText(lambda: _with_row(_pairs_of(data, "train"), -1), None,
                             {"train_pairs": count, "source": "references"})
-    kd = Path(job["kd_corpus"])
     kd_count, ref_count = check_aligned(kd / "kd.src", kd / "kd.tgt"), check_aligned(data / "train.src", data / "train.tgt")
-    mix = float(job.get("reference_mix") or 0.0)
-    extra = int(round(mix * kd_count))
-    picked = random.Random(job["train"]["seed"]).sample(range(ref_count), min(extra, ref_count)) if extra else []
+    extra = int(round(float(reference_mix or 0.0) * kd_count))
+    picked = random.Random(seed).sample(range(ref_count), min(extra, ref_count)) if extra else []
     info = {"train_pairs": kd_count + len(picked), "source": "kd_corpus", "kd_pairs": kd_count,
             "reference_pairs_mixed": len(picked)}
     log(f"training on {kd_count} teacher translations" + (f" + {len(picked)} references" if picked else ""))
-    top_k = TopKStore(kd) if stored_word_level(job) else None
+    top_k = TopKStore(kd) if stored_distributions else None
     if top_k is not None and len(top_k) != kd_count:
         raise StageFailed(f"{kd / TOP_K_FILE}.lengths.npy has {len(top_k)} rows but {kd / 'kd.src'} has {kd_count} "
                           "lines: the teacher's distributions must be line-aligned with its translations")

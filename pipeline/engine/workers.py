@@ -166,7 +166,8 @@ def interrupt_children() -> list[subprocess.Popen]:
 
 
 def _worker_name(job: dict, job_path: Path) -> str:
-    return job.get("role") or job_path.parent.name
+    """The job's role (a training job's is its node's), else its work folder's name."""
+    return job.get("role") or (job.get("node") or {}).get("role") or job_path.parent.name
 
 
 def _die_with_parent() -> None:

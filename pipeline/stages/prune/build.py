@@ -159,10 +159,9 @@ def finetune_pairs(ctx: StageContext) -> tuple[TrainingText, str]:
     references the test set is scored against."""
     trained = ctx.inputs.model.config or {}
     kd = ctx.inputs.kd_corpus
-    job = {"data": str(ctx.inputs.data.path), "kd_corpus": str(kd.path) if kd else None,
-           "reference_mix": trained.get("reference_mix", 0.0), "word_level": stored_word_level(trained),
-           "train": {"seed": (trained.get("train") or {}).get("seed", TrainConfig().seed)}}
-    text = training_pairs(job, ctx.log)
+    text = training_pairs(ctx.inputs.data.path, kd.path if kd else None, trained.get("reference_mix", 0.0),
+                          (trained.get("train") or {}).get("seed", TrainConfig().seed),
+                          stored_word_level(trained) is not None, ctx.log)
     if kd is None:
         return text, "train split"
     mixed = text.info.get("reference_pairs_mixed", 0)

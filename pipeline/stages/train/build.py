@@ -22,11 +22,25 @@ from ...engine.workers import launch, launch_alone, worker_main, world_size
 from ...engine.errors import UserInputError
 from ...engine.machine import usable_cores
 from ...measure.translators import is_imported_teacher
-from ...engine.recipe import dump_config
-from ...training.settings import TrainConfig
+from ...engine.recipe import Strict
 from . import TrainInputs, TrainNode
 from ...corpora.encoded import encode_corpus
 from ...training.loop import Trainer, ValidationSet
+
+
+class TrainJob(Strict):
+    """What one training is given: its node's settings, with the budget this build uses, and where
+    its inputs and output are. Handed as it is where the training runs in the stage's process; as
+    job.json where it is a process of its own (side by side, or under torchrun)."""
+
+    node: TrainNode
+    steps_matched_to: dict | None = None
+    data: str
+    tokenizer: str  # the tokenizer file
+    kd_corpus: str | None = None
+    teacher: str | None = None
+    out: str
+    work: str
 
 
 def run(ctx: StageContext) -> dict:
@@ -40,54 +54,54 @@ def run(ctx: StageContext) -> dict:
         ctx.log(f"budget: {matched['steps']} steps, as many as {other.id} took")
     if ctx.cores is not None:  # built side by side with another training
         train = train.model_copy(update={"num_threads": min(train.num_threads or ctx.cores, ctx.cores)})
-    # The worker's job: the typed settings as plain data, plus paths.
-    job = {
-        **dump_config(cfg.model_copy(update={"train": train})), "steps_matched_to": matched,
-        "data": str(inputs.data.path),
-        "tokenizer": str(inputs.tokenizer.file("tokenizer.json")),
-        "kd_corpus": str(inputs.kd_corpus.path) if inputs.kd_corpus is not None else None,
-        "teacher": str(inputs.teacher.path) if inputs.teacher is not None else None,
-        "out": str(ctx.out), "work": str(ctx.work),
-    }
+    job = TrainJob(node=cfg.model_copy(update={"train": train}), steps_matched_to=matched, data=str(inputs.data.path),
+                   tokenizer=str(inputs.tokenizer.file("tokenizer.json")),
+                   kd_corpus=str(inputs.kd_corpus.path) if inputs.kd_corpus is not None else None,
+                   teacher=str(inputs.teacher.path) if inputs.teacher is not None else None,
+                   out=str(ctx.out), work=str(ctx.work))
     if ctx.nproc > 1:
-        return launch(ctx, "pipeline.stages.train.build", job)
+        return launch(ctx, "pipeline.stages.train.build", job.model_dump(mode="json"))
     if ctx.cores is not None:
-        return launch_alone(ctx, "pipeline.stages.train.build", job, train.num_threads)
+        return launch_alone(ctx, "pipeline.stages.train.build", job.model_dump(mode="json"), train.num_threads)
     return train_job(job, ctx.log, ctx.progress)
 
 
-def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None) -> dict:
-    train_cfg = TrainConfig.model_validate(job["train"])
+def train_job(job: TrainJob | dict, log, progress, rank: int = 0, device: str | None = None) -> dict:
+    """One training (in a worker process, `job` is job.json's content)."""
+    job = TrainJob.model_validate(job)
+    node, train_cfg = job.node, job.node.train
     cores = max(1, usable_cores() // world_size())
     torch.set_num_threads(train_cfg.num_threads or cores)
     # Threads left to the machine are measured (all the cores against half); a recipe's are kept.
     probe_threads = [cores, cores // 2] if train_cfg.num_threads is None and world_size() == 1 and cores > 1 else None
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = SubwordTokenizer.load(job["tokenizer"])
-    model_cfg = TransformerConfig.from_spec(job["model"], tokenizer.vocab_size, tokenizer.special_ids())
+    tokenizer = SubwordTokenizer.load(job.tokenizer)
+    model_cfg = TransformerConfig.from_spec(node.model, tokenizer.vocab_size, tokenizer.special_ids())
     torch.manual_seed(train_cfg.seed)
     model = Transformer(model_cfg)
 
-    text = training_pairs(job, log)
-    train, data_info = encoded_training_set(text, tokenizer, model_cfg.max_positions, Path(job["work"]), log,
+    word_level = node.word_level if node.word_level is not None and node.word_level.enabled else None
+    from_kd_corpus = word_level is not None and word_level.from_kd_corpus
+    text = training_pairs(Path(job.data), job.kd_corpus and Path(job.kd_corpus), node.reference_mix, train_cfg.seed,
+                          from_kd_corpus, log)
+    train, data_info = encoded_training_set(text, tokenizer, model_cfg.max_positions, Path(job.work), log,
                                             progress, rank)
-    valid_src, valid_tgt = read_split(Path(job["data"]), "valid")
+    valid_src, valid_tgt = read_split(Path(job.data), "valid")
     valid_corpus = encode_corpus(tokenizer, valid_src, valid_tgt, model_cfg.max_positions, drop_long=False)
     n_bleu = min(train_cfg.valid_bleu_sentences, len(valid_src))
     valid = ValidationSet(valid_corpus, valid_corpus.src.rows(n_bleu), valid_tgt[:n_bleu])
 
     teacher, alpha, temperature = None, 0.0, 1.0
-    word_level = job.get("word_level") or {}
-    if word_level.get("enabled"):
-        if not word_level.get("from_kd_corpus"):  # else the KD corpus holds what the teacher would say
+    if word_level is not None:
+        if not from_kd_corpus:  # else the KD corpus holds what the teacher would say
             teacher = _teacher_with_our_vocabulary(job, tokenizer, device, "word-level distillation")
-        alpha, temperature = word_level["alpha"], word_level["temperature"]
-        if word_level.get("from_kd_corpus"):
+        alpha, temperature = word_level.alpha, word_level.temperature
+        if from_kd_corpus:
             with_soft = train.soft.present()
             data_info["word_level_pairs"] = with_soft
             log(f"word-level distillation from the KD corpus's stored distributions: {with_soft} of "
                 f"{len(train)} pairs (the rest learn from their labels alone)")
-    if job.get("embeddings_from_teacher"):
+    if node.embeddings_from_teacher:
         table = teacher.token_table() if teacher is not None else _teacher_token_table(job, tokenizer)
         width = model.embed.weight.shape[1]  # embed_dim where the table is factorised
         # An imported teacher's vocabulary may lack our <s>: that row keeps its initialisation.
@@ -101,38 +115,38 @@ def train_job(job: dict, log, progress, rank: int = 0, device: str | None = None
 
     log(f"{model.num_parameters():,} parameters, {len(train)} training pairs, "
         f"device {device}, threads {torch.get_num_threads()}, processes {world_size()}")
-    trainer = Trainer(model, train_cfg, train, valid, tokenizer, Path(job["work"]), log, progress, device,
-                      teacher=None if word_level.get("from_kd_corpus") else teacher, kd_alpha=alpha,
+    trainer = Trainer(model, train_cfg, train, valid, tokenizer, Path(job.work), log, progress, device,
+                      teacher=None if from_kd_corpus else teacher, kd_alpha=alpha,
                       kd_temperature=temperature, probe_threads=probe_threads)
     result = trainer.fit()
     if rank != 0:
         return result
-    out = Path(job["out"])
+    out = Path(job.out)
     model = trainer.model.cpu().eval()
     save_model(model, out)
-    copy_tokenizer(job["tokenizer"], out)
+    copy_tokenizer(job.tokenizer, out)
     (out / "training.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return {
-        "role": job["role"], "params": model.num_parameters(), "heads": model_cfg.total_heads(),
+        "role": node.role, "params": model.num_parameters(), "heads": model_cfg.total_heads(),
         "model_bytes": (out / "model.safetensors").stat().st_size, **data_info,
         **{k: v for k, v in result.items() if k != "history"},
-        **({"steps_matched_to": job["steps_matched_to"]} if job.get("steps_matched_to") else {}),
+        **({"steps_matched_to": job.steps_matched_to} if job.steps_matched_to else {}),
         "device": device, "processes": world_size(), "threads": torch.get_num_threads(),
     }
 
 
-def _teacher_with_our_vocabulary(job: dict, tokenizer: SubwordTokenizer, device: str, why: str) -> Transformer:
-    teacher_tok = SubwordTokenizer.load(Path(job["teacher"]) / "tokenizer.json")
+def _teacher_with_our_vocabulary(job: TrainJob, tokenizer: SubwordTokenizer, device: str, why: str) -> Transformer:
+    teacher_tok = SubwordTokenizer.load(Path(job.teacher) / "tokenizer.json")
     if teacher_tok.tok.get_vocab() != tokenizer.tok.get_vocab():
         raise UserInputError(f"{why} needs the teacher and student to share one vocabulary; "
                              "the teacher's tokenizer differs from this recipe's")
-    return load_model(Path(job["teacher"]), device)
+    return load_model(Path(job.teacher), device)
 
 
-def _teacher_token_table(job: dict, tokenizer: SubwordTokenizer) -> torch.Tensor:
+def _teacher_token_table(job: TrainJob, tokenizer: SubwordTokenizer) -> torch.Tensor:
     """The teacher's [vocab, d_model] input embedding, in the student's ids: an imported teacher's
     is in its vocabulary, which the student has taken (tokenizer: {kind: teacher}, checked by the plan)."""
-    folder = Path(job["teacher"])
+    folder = Path(job.teacher)
     if is_imported_teacher(folder):
         from model.hf_checkpoint import from_pretrained
         from model.hf_translator import require_transformers
