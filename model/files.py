@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
+from .layout import PACKAGE_JSON, REQUIRED
+
 _KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a fifo"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
 
@@ -329,9 +331,7 @@ def check_external_data(graph: str | Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------- packages
-PACKAGE_JSON = "package.json"
 MAX_PACKAGE_JSON_BYTES = 16 << 20
-REQUIRED = ("encoder.onnx", "decoder.onnx", "tokenizer.json", "generation.json")
 
 
 class PackageError(Exception):

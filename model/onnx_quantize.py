@@ -25,7 +25,8 @@ from typing import Iterable
 import numpy as np
 import onnx
 
-from .onnx_passes.edit import (drop_unused_initializers, gathers_columns, refer_to_bytes_in, replace_node, splice_and_save,
+from .onnx_passes.external import refer_to_bytes_in
+from .onnx_passes.edit import (drop_unused_initializers, gathers_columns, replace_node, splice_and_save,
                          unfuse_skip_layer_norm)
 
 GRAPHS = ("encoder", "decoder")

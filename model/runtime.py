@@ -10,7 +10,7 @@ anything but regular files, or whose graphs name external data outside it (model
 before onnxruntime opens a graph.
 
 Packages for the CPU also hold generate.onnx: the same two graphs inside onnxruntime's BeamSearch
-op (model/onnx_generate.py), so that a whole batch is translated by one onnxruntime call instead
+op (model/onnx_passes/), so that a whole batch is translated by one onnxruntime call instead
 of one call per token plus a NumPy search loop (int8 packages with a shortlist run a greedy call
 of one sentence there over the sentence's word list). On the CPU, Translator uses it when it is
 there (search="auto"); search="python" uses the step graphs and model/search.py instead.
@@ -28,14 +28,14 @@ import onnxruntime as ort
 
 from . import package_checks
 from .files import PACKAGE_JSON, PackageError, sha256_file, verify_package  # noqa: F401 (re-exported)
+from .layout import (CACHE_INDEX, DECODER, DECODER_BATCH, DECODER_GREEDY, ENCODER, GENERATE, GENERATE_BATCH, GENERATION,
+                     GROUP, INPUT_IDS, LENGTH_PENALTY, LOG_PROBS, MAX_LENGTH, NORMALIZE, NUM_BEAMS, SEQUENCES,
+                     SHORTLIST_FILE, SHORTLIST_GRAPH, SHORTLISTED, SRC_IDS, SRC_MASK, TOKENIZER, TOKENS, TOP_K, WORDS)
 from .search import GenerationConfig, best_of, search, translate_sentences
-from .shortlist import SHORTLIST_FILE, Shortlist, ShortlistError, sentence_width
+from .shortlist import Shortlist, ShortlistError, sentence_width
 from .subword import SubwordTokenizer
 
 _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
-MANY_ROWS_DECODER = "decoder_batch.onnx"  # see model/onnx_generate.py (not imported: it needs onnx)
-GREEDY_DECODER = "decoder_greedy.onnx"
-SHORTLIST_SELECTOR = "shortlist.onnx"
 _ARRAY_TYPES = {**_DTYPES, "tensor(int8)": np.int8, "tensor(bool)": np.bool_}
 
 
@@ -53,7 +53,7 @@ class OnnxDecoder:
                  shortlist: tuple[Shortlist, ort.InferenceSession] | None = None):
         self.encoder, self.decoder, self.pad_id = encoder, decoder, pad_id
         # decoder_batch.onnx: the same step with int8 kernels for many rows and the top k words
-        # per row instead of the whole distribution (model/onnx_generate.py); CPU only.
+        # per row instead of the whole distribution (model/onnx_passes/many_rows.py); CPU only.
         self.many_rows = many_rows if device == "cpu" else None
         # decoder_greedy.onnx: decoder_batch.onnx without the cache reorder, logits out: greedy
         # steps where every row continues its own (most of them).
@@ -66,9 +66,9 @@ class OnnxDecoder:
             self.many_rows_outputs = [o.name for o in self.many_rows.get_outputs()]
             self.vocab = decoder.get_outputs()[0].shape[-1]
             # Packages from before the `normalize` input always return log-probabilities.
-            self.can_skip_softmax = any(i.name == "normalize" for i in self.many_rows.get_inputs())
+            self.can_skip_softmax = any(i.name == NORMALIZE for i in self.many_rows.get_inputs())
             # Packages from before the `group` input take the encoder's output once per beam.
-            self.can_group = any(i.name == "group" for i in self.many_rows.get_inputs())
+            self.can_group = any(i.name == GROUP for i in self.many_rows.get_inputs())
         self.group = 1  # rows per sentence in the feed's cross_* and src_mask (see encode)
         self._setup_shortlist(shortlist)
         if device == "cpu":  # `keep` (model/search.py) only where rows are NumPy arrays to slice
@@ -99,7 +99,7 @@ class OnnxDecoder:
         self.arange = np.arange(self.rows, dtype=np.int64)
         if self.device == "cuda":
             return self._encode_cuda(ids, beam)
-        cross = self.encoder.run(self.cross_names, {"src_ids": ids})
+        cross = self.encoder.run(self.cross_names, {SRC_IDS: ids})
         mask = ids != self.pad_id
         # Beam k of sentence b is row b * beam + k. decoder_batch.onnx with `group` reads the
         # sentence's row of cross_* and src_mask for all its beams; decoder.onnx wants a copy per beam.
@@ -107,7 +107,7 @@ class OnnxDecoder:
         if beam > 1 and self.group == 1:
             cross = [np.repeat(c, beam, axis=0) for c in cross]
             mask = np.repeat(mask, beam, axis=0)
-        self.feed = {"src_mask": mask, **dict(zip(self.cross_names, cross)), **self._empty_past(self.rows)}
+        self.feed = {SRC_MASK: mask, **dict(zip(self.cross_names, cross)), **self._empty_past(self.rows)}
         self.batch_sources, self.words, self.shortlist_feed, self.masked = src, None, None, None
 
     def _setup_shortlist(self, shortlist) -> None:
@@ -117,7 +117,7 @@ class OnnxDecoder:
         self.shortlist = self.selector = self.words = self.shortlist_feed = self.masked = None
         self.batch_sources: list[list[int]] = []
         self.use_shortlist = False
-        self.shortlist_flag = "shortlisted"
+        self.shortlist_flag = SHORTLISTED
         names = {i.name: i for i in self.many_rows.get_inputs()} if self.many_rows is not None else {}
         # Without a shortlist the graphs still take its inputs: empty ones, and the flag off.
         # Nothing for a package from before the shortlist, or one whose projection cannot take it.
@@ -149,21 +149,21 @@ class OnnxDecoder:
             self.words, allowed = self.shortlist.batch_words(self.batch_sources, self.specials, self.sentence_width)
             self.masked = np.where(allowed, np.float32(0), np.float32(-np.inf))
             self.shortlist_feed = {self.shortlist_flag: np.array([True]), **dict(zip(
-                self.selector_outputs, self.selector.run(self.selector_outputs, {"words": self.words})))}
+                self.selector_outputs, self.selector.run(self.selector_outputs, {WORDS: self.words})))}
         return self.shortlist_feed, self.words
 
     def _per_row(self, feed: dict) -> dict:
         """The feed with a row of cross_* and src_mask per decoder row, as decoder.onnx takes it."""
         if self.group == 1:
             return feed
-        return {**feed, **{n: np.repeat(feed[n], self.group, axis=0) for n in ("src_mask", *self.cross_names)}}
+        return {**feed, **{n: np.repeat(feed[n], self.group, axis=0) for n in (SRC_MASK, *self.cross_names)}}
 
     def step(self, tokens: np.ndarray, parents: np.ndarray | None) -> np.ndarray:
         if self.device == "cuda":
             return self._step_cuda(tokens, parents)
         feed = self.feed
-        feed["tokens"] = tokens.reshape(-1, 1)
-        feed["cache_index"] = self.arange if parents is None else parents
+        feed[TOKENS] = tokens.reshape(-1, 1)
+        feed[CACHE_INDEX] = self.arange if parents is None else parents
         out = self.decoder.run(self.output_names, self._per_row(feed))
         feed.update(zip(self.past_names, out[1:]))
         return out[0]
@@ -176,7 +176,7 @@ class OnnxDecoder:
         if self.many_rows is None:
             return None
         feed = self.feed
-        feed["tokens"] = tokens.reshape(-1, 1)
+        feed[TOKENS] = tokens.reshape(-1, 1)
         projection, words = self._projection_feed(scores)
         if self.greedy is not None and parents is None and not scores:
             logits, *present = self.greedy.run(self.greedy_outputs, {
@@ -184,15 +184,15 @@ class OnnxDecoder:
             feed.update(zip(self.greedy_past, present))
             values, ids = best_of(logits if words is None else logits + self.masked, m)
             return values, ids if words is None else words[ids]
-        feed["cache_index"] = self.arange if parents is None else parents
+        feed[CACHE_INDEX] = self.arange if parents is None else parents
         top_k = min(m, self.vocab) if isinstance(self.vocab, int) else m
         if words is not None:
             top_k = min(top_k, len(words))
-        extra = {"top_k": np.array([top_k], dtype=np.int64)}
+        extra = {TOP_K: np.array([top_k], dtype=np.int64)}
         if self.can_skip_softmax:
-            extra["normalize"] = np.array([scores])
+            extra[NORMALIZE] = np.array([scores])
         if self.can_group:
-            extra["group"] = np.array([self.group], dtype=np.int64)
+            extra[GROUP] = np.array([self.group], dtype=np.int64)
         values, ids, *present = self.many_rows.run(self.many_rows_outputs, {**feed, **extra, **projection})
         feed.update(zip(self.past_names, present))
         if ids.shape[1] == 0:  # normalize false: the logits of the whole vocabulary (or the shortlist)
@@ -210,7 +210,7 @@ class OnnxDecoder:
                 raise ValueError(f"keep: rows must be whole groups of {self.group} (a sentence's beams)")
             rows = groups[:, 0] // self.group
         feed = self.feed
-        feed["src_mask"] = feed["src_mask"][rows]
+        feed[SRC_MASK] = feed[SRC_MASK][rows]
         for name in self.cross_names:
             feed[name] = feed[name][rows]
         if self.masked is not None:  # greedy: a row per sentence
@@ -226,7 +226,7 @@ class OnnxDecoder:
         # rows on the GPU) so that the cross keys/values never cross the bus.
         ids = np.repeat(ids, beam, axis=0) if beam > 1 else ids
         binding = self.encoder.io_binding()
-        binding.bind_cpu_input("src_ids", ids)
+        binding.bind_cpu_input(SRC_IDS, ids)
         for name in self.cross_names:
             binding.bind_output(name, "cuda", self.device_id)
         self.encoder.run_with_iobinding(binding)
@@ -236,12 +236,12 @@ class OnnxDecoder:
 
     def _step_cuda(self, tokens: np.ndarray, parents: np.ndarray | None) -> np.ndarray:
         binding = self.decoder.io_binding()
-        binding.bind_cpu_input("tokens", np.ascontiguousarray(tokens.reshape(-1, 1)))
-        binding.bind_cpu_input("cache_index", self.arange if parents is None else np.ascontiguousarray(parents))
-        binding.bind_ortvalue_input("src_mask", self.mask)
+        binding.bind_cpu_input(TOKENS, np.ascontiguousarray(tokens.reshape(-1, 1)))
+        binding.bind_cpu_input(CACHE_INDEX, self.arange if parents is None else np.ascontiguousarray(parents))
+        binding.bind_ortvalue_input(SRC_MASK, self.mask)
         for name, value in (*self.past.items(), *self.cross.items()):
             binding.bind_ortvalue_input(name, value)
-        binding.bind_output("log_probs", "cpu")
+        binding.bind_output(LOG_PROBS, "cpu")
         for name in self.present_names:
             binding.bind_output(name, "cuda", self.device_id)
         self.decoder.run_with_iobinding(binding)
@@ -254,15 +254,14 @@ class GraphSearch:
     """Search with generate.onnx: one session.run per batch, the loop inside onnxruntime.
     `many_rows` (generate_batch.onnx, int8 packages) serves calls with batch x beam > 1."""
 
-    FILES = ("generate.onnx", "generate_batch.onnx")
-    SHORTLISTED = "shortlisted"  # generate.onnx of an int8 package with a shortlist: see model/onnx_generate.py
+    FILES = (GENERATE, GENERATE_BATCH)
 
     def __init__(self, session: ort.InferenceSession, many_rows: ort.InferenceSession | None = None,
                  shortlist: bool = True):
         self.session, self.many_rows = session, many_rows
         # A greedy call of one sentence runs over its word list (the package's shortlist) unless told not to.
-        listed = self.SHORTLISTED in {i.name for i in session.get_overridable_initializers()}
-        self.extra = {} if shortlist or not listed else {self.SHORTLISTED: np.array([False])}
+        listed = SHORTLISTED in {i.name for i in session.get_overridable_initializers()}
+        self.extra = {} if shortlist or not listed else {SHORTLISTED: np.array([False])}
 
     @classmethod
     def load(cls, folder: Path, options: ort.SessionOptions, listed=None, shortlist: bool = True) -> GraphSearch | None:
@@ -282,10 +281,10 @@ class GraphSearch:
         # each output is cut to its own limit below (for greedy that is exactly model/search.py).
         limit = max(gen.max_len(len(s)) for s in src)
         one = self.many_rows is None or len(src) * gen.beam == 1
-        sequences = (self.session if one else self.many_rows).run(["sequences"], {
-            "input_ids": ids, "max_length": np.array([limit], dtype=np.int32),
-            "num_beams": np.array([gen.beam], dtype=np.int32),
-            "length_penalty": np.array([gen.length_penalty], dtype=np.float32), **(self.extra if one else {})})[0]
+        sequences = (self.session if one else self.many_rows).run([SEQUENCES], {
+            INPUT_IDS: ids, MAX_LENGTH: np.array([limit], dtype=np.int32),
+            NUM_BEAMS: np.array([gen.beam], dtype=np.int32),
+            LENGTH_PENALTY: np.array([gen.length_penalty], dtype=np.float32), **(self.extra if one else {})})[0]
         out = []
         for s, row in zip(src, sequences[:, 0, 1:].tolist()):  # drop the start token
             end = next((j for j, t in enumerate(row) if t == gen.eos_id or t == gen.pad_id), len(row))
@@ -344,8 +343,8 @@ class Translator:
             providers = [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
         elif device != "cpu":
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-        encoder = ort.InferenceSession(str(self.folder / "encoder.onnx"), options, providers=providers)
-        decoder = ort.InferenceSession(str(self.folder / "decoder.onnx"), options, providers=providers)
+        encoder = ort.InferenceSession(str(self.folder / ENCODER), options, providers=providers)
+        decoder = ort.InferenceSession(str(self.folder / DECODER), options, providers=providers)
         # What really loaded: a CUDA provider that is listed but cannot start falls back to the CPU.
         self.providers = decoder.get_providers()
         self.device = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
@@ -355,14 +354,14 @@ class Translator:
         listed = self.package["files"]
         many_rows, greedy = (ort.InferenceSession(str(self.folder / name), options, providers=["CPUExecutionProvider"])
                              if self.device == "cpu" and name in listed else None
-                             for name in (MANY_ROWS_DECODER, GREEDY_DECODER))
+                             for name in (DECODER_BATCH, DECODER_GREEDY))
         lexical = None
-        if shortlist and many_rows is not None and SHORTLIST_FILE in listed and SHORTLIST_SELECTOR in listed:
+        if shortlist and many_rows is not None and SHORTLIST_FILE in listed and SHORTLIST_GRAPH in listed:
             try:
                 table = Shortlist.load(self.folder / SHORTLIST_FILE, self.vocab)
             except ShortlistError as exc:
                 raise PackageError(str(exc)) from None
-            lexical = (table, ort.InferenceSession(str(self.folder / SHORTLIST_SELECTOR), options,
+            lexical = (table, ort.InferenceSession(str(self.folder / SHORTLIST_GRAPH), options,
                                                    providers=["CPUExecutionProvider"]),
                        (self.generation.pad_id, self.generation.bos_id, self.generation.eos_id))
         self.decoder = OnnxDecoder(encoder, decoder, self.generation.pad_id, self.device, device_id, many_rows, greedy,
@@ -388,10 +387,10 @@ class Translator:
     def _check_content(self, decoder: ort.InferenceSession) -> tuple[SubwordTokenizer, GenerationConfig]:
         """The tokenizer and generation.json, checked against the graphs (model/package_checks.py)
         before anything runs with them."""
-        self.vocab = package_checks.vocabulary(decoder.get_outputs(), self.folder / "decoder.onnx")
-        positions = package_checks.position_rows([self.folder / "encoder.onnx", self.folder / "decoder.onnx"])
-        tokenizer = package_checks.load_tokenizer(self.folder / "tokenizer.json", self.vocab)
-        return tokenizer, package_checks.load_generation(self.folder / "generation.json", tokenizer, self.vocab,
+        self.vocab = package_checks.vocabulary(decoder.get_outputs(), self.folder / DECODER)
+        positions = package_checks.position_rows([self.folder / ENCODER, self.folder / DECODER])
+        tokenizer = package_checks.load_tokenizer(self.folder / TOKENIZER, self.vocab)
+        return tokenizer, package_checks.load_generation(self.folder / GENERATION, tokenizer, self.vocab,
                                                          positions)
 
     # The IncrementalDecoder protocol, so search code can drive a Translator directly.

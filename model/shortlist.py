@@ -23,7 +23,7 @@ import numpy as np
 
 from .files import reason
 
-SHORTLIST_FILE = "shortlist.npz"
+
 MAX_WORDS = 1 << 26  # bounds what a file may claim, before anything is allocated from it
 MAX_BYTES = 1 << 28  # all the arrays of a shortlist file together (256 MiB)
 
@@ -61,7 +61,7 @@ class Shortlist:
         special ids, then the frequent words, then the candidates of its source words that are
         neither, each in id order, at most `width` (sentence_width) in all: where a long
         sentence's candidates do not all fit, the lower ids (the more frequent subwords) stay.
-        The generate graph's one-sentence search (model/onnx_generate.py) makes the same list."""
+        The generate graph's one-sentence search (model/onnx_passes/sentence_words.py) makes the same list."""
         specials = np.asarray(list(specials), dtype=np.int64)
         ids = np.fromiter(src, dtype=np.int64)
         ids = np.unique(ids[(ids >= 0) & (ids < self.vocab_size)])

@@ -114,3 +114,12 @@ def test_code_a_stage_runs_in_a_child_process_is_in_its_fingerprint():
     # times is code the stage runs, so a change to it must rebuild the benchmark.
     reached = set(stage_code(BY_KIND["benchmark"].build))
     assert {"pipeline/measure/speed.py", "model/runtime.py", "pipeline/measure/translators.py"} <= reached
+
+
+def test_the_package_layout_is_standard_library_only():
+    # model/layout.py names a package's files and graph I/O for the writer and the runtime; it
+    # ships in every package and will move with the runtime into a distribution of its own.
+    tree = ast.parse((PROJECT_ROOT / "model" / "layout.py").read_text(encoding="utf-8"))
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported

@@ -18,7 +18,8 @@ import torch
 
 from model.onnx_export import (DecoderGraph, EncoderGraph, decoder_input_names, example_inputs, export_onnx,
                                optimize_onnx, positions_as_formula, tie_decoder_embedding)
-from model.onnx_generate import EXTERNAL_MIN_BYTES, write_generate_graph
+from model.onnx_passes import derive_graphs
+from model.onnx_passes.external import EXTERNAL_MIN_BYTES
 from model.runtime import GraphSearch, OnnxDecoder, PackageError, Translator
 from model.search import GenerationConfig, beam_search, greedy_search
 from model.torch_decoder import TorchDecoder, TorchTranslator
@@ -119,7 +120,8 @@ def test_generate_graph_search_matches_python_search(tmp_path, fused):
     model = tiny_uneven(pre_ln=False)
     export_onnx(model, tmp_path, fused=fused)
     gen = GenerationConfig(beam=3, max_len_a=1.0, max_len_b=4, max_positions=64)
-    assert write_generate_graph(tmp_path, dataclasses.asdict(gen)) == [tmp_path / "generate.onnx"]  # float: one
+    assert "generate.onnx" in derive_graphs(tmp_path, dataclasses.asdict(gen))  # float, no shortlist: no generate_batch
+    assert not (tmp_path / "generate_batch.onnx").exists()
     proto = onnx.load(str(tmp_path / "generate.onnx"), load_external_data=False)
     subgraphs = [a.g for a in proto.graph.node[-1].attribute if a.type == onnx.AttributeProto.GRAPH]
     external = [t for g in subgraphs for t in g.initializer if t.data_location == onnx.TensorProto.EXTERNAL]

@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from model.onnx_generate import _chunked_top_k
+from model.onnx_passes.top_k import chunked_top_k
 from model.runtime import Translator
 from model.search import beam_search, greedy_search
 from model.subword import SubwordTokenizer
@@ -111,9 +111,9 @@ def test_every_graph_runs_residual_norms_unfused(built, tmp_path):
 
 @pytest.mark.parametrize("k", [1, 8, 300])
 def test_chunked_top_k_is_top_k(k):
-    """decoder_batch.onnx's top k over chunk maxima (model/onnx_generate.py) against a full sort,
+    """decoder_batch.onnx's top k over chunk maxima (model/onnx_passes/top_k.py) against a full sort,
     with k beyond the number of chunks too (300 > 125)."""
-    nodes = _chunked_top_k("x", 8000, "p")
+    nodes = chunked_top_k("x", 8000, "p")
     graph = onnx.helper.make_graph(nodes, "g", [
         onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["rows", 8000]),
         onnx.helper.make_tensor_value_info("top_k", onnx.TensorProto.INT64, [1])], [

@@ -14,7 +14,9 @@ import torch
 
 from model.onnx_quantize import (TABLE, RecordingDecoder, node_groups, onnx_bytes, quantize_rows, quantize_static,
                                  weight_nodes)
-from model.onnx_generate import EXTERNAL_MIN_BYTES, write_generate_graph, write_many_rows_decoder
+from model.layout import DECODER_BATCH, GENERATE
+from model.onnx_passes import derive_graphs
+from model.onnx_passes.external import EXTERNAL_MIN_BYTES
 from model.runtime import GraphSearch, OnnxDecoder, Translator
 from model.search import GenerationConfig, beam_search, greedy_search
 from model.transformer import Transformer, TransformerConfig
@@ -358,20 +360,20 @@ def test_int8_search_graphs_run_the_step_graphs_numbers(tiny, tmp_path, form):
     folder = tmp_path / form
     out = _quantize(form, paths, folder, node_groups(paths))
     gen = GenerationConfig(beam=1, max_len_b=3, max_positions=64)
-    written = write_generate_graph(folder, dataclasses.asdict(gen))
-    assert [p.name for p in written] == ["generate.onnx"]  # no shortlist: no output vocabulary graph
-    proto = onnx.load(str(written[0]), load_external_data=False)
+    written = derive_graphs(folder, dataclasses.asdict(gen))
+    assert list(written) == [GENERATE, DECODER_BATCH, "decoder_greedy.onnx"]  # no shortlist: no output vocabulary graph
+    proto = onnx.load(str(folder / GENERATE), load_external_data=False)
     [decoder] = [a.g for a in proto.graph.node[-1].attribute if a.name == "decoder"]
     assert [n.op_type for n in decoder.node if "logits" in n.output] == ["MatMulIntegerToFloat"]
     assert not any(len(t.raw_data) >= EXTERNAL_MIN_BYTES for t in decoder.initializer)  # read from decoder.onnx
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    graph = GraphSearch(ort.InferenceSession(str(written[0]), options, providers=["CPUExecutionProvider"]))
+    graph = GraphSearch(ort.InferenceSession(str(folder / GENERATE), options, providers=["CPUExecutionProvider"]))
     src = _sources(8, seed=11)
     for beam in (1, 3):
         g = dataclasses.replace(gen, beam=beam)
         assert [graph([s], g)[0] for s in src] == [beam_search(_decoder(out), [s], g)[0] for s in src]
-    many_rows = write_many_rows_decoder(folder)
+    many_rows = folder / DECODER_BATCH
     plain = _decoder(out)
     fast = OnnxDecoder(plain.encoder, plain.decoder, pad_id=0,
                        many_rows=ort.InferenceSession(str(many_rows), options, providers=["CPUExecutionProvider"]))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from model.files import sha256_file
-from model.onnx_generate import output_vocabulary
+from model.onnx_passes.output_vocabulary import output_vocabulary
 from model.runtime import PackageError, Translator
 from model.search import prepare_sources
 from model.shortlist import Shortlist, ShortlistError, build_shortlist, sentence_width

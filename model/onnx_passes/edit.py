@@ -1,12 +1,15 @@
-"""Small edits of ONNX graphs shared by export and quantization (onnx only: no torch, so the
-quantization code that uses them does not import it)."""
+"""Small edits of ONNX graphs that the export, quantization and the other passes share: renaming,
+replacing and pruning nodes, compacting names, what a graph computes from its constants (onnx
+and NumPy only: no torch, so the quantization code that uses them does not import it)."""
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
+import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import helper
 
 
 def drop_unused_initializers(graph: onnx.GraphProto) -> None:
@@ -33,24 +36,6 @@ def splice_and_save(proto: onnx.ModelProto, path, index: int, new_nodes: list[on
         graph.node.insert(index + offset, node)
     drop_unused_initializers(graph)
     onnx.save(proto, str(path))
-    return True
-
-
-def refer_to_bytes_in(tensor: onnx.TensorProto, source: str, blob: bytes) -> bool:
-    """Make `tensor` "external data" pointing at the same bytes inside the file `source` (whose
-    content is `blob`; a protobuf keeps a raw tensor's bytes verbatim) instead of holding a copy.
-    onnxruntime resolves `source` next to the graph file that names it. False, and the copy
-    kept, where the bytes are not there verbatim."""
-    raw = tensor.raw_data
-    offset = blob.find(raw) if raw else -1
-    if offset < 0:
-        return False
-    tensor.ClearField("raw_data")
-    tensor.data_location = TensorProto.EXTERNAL
-    del tensor.external_data[:]
-    for key, value in (("location", source), ("offset", str(offset)), ("length", str(len(raw)))):
-        entry = tensor.external_data.add()
-        entry.key, entry.value = key, value
     return True
 
 
@@ -121,3 +106,154 @@ def replace_node(graph: onnx.GraphProto, node: onnx.NodeProto, nodes: list[onnx.
     graph.node.remove(node)
     for offset, new in enumerate(nodes):
         graph.node.insert(index + offset, new)
+
+
+def rename(graph: onnx.GraphProto, old: str, new: str) -> None:
+    for node in graph.node:
+        for field in (node.input, node.output):
+            for i, name in enumerate(field):
+                if name == old:
+                    field[i] = new
+
+
+def shape(value: onnx.ValueInfoProto) -> list:
+    return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in value.type.tensor_type.shape.dim]
+
+
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """A node's graph attributes: an If's branches."""
+    return [g for attr in node.attribute for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs)]
+
+
+def graph_nodes(graph: onnx.GraphProto):
+    """A graph's nodes and those of its subgraphs (If branches, the BeamSearch op's graphs)."""
+    for node in graph.node:
+        yield node
+        for sub in subgraphs(node):
+            yield from graph_nodes(sub)
+
+
+def subgraph_inputs(node: onnx.NodeProto) -> set[str]:
+    """The names a node's subgraphs read, outer-scope values among them."""
+    names: set[str] = set()
+    for graph in subgraphs(node):
+        for inner in graph.node:
+            names.update(inner.input)
+            names |= subgraph_inputs(inner)
+    return names
+
+
+def prune_dead_nodes(graph: onnx.GraphProto) -> None:
+    needed = {o.name for o in graph.output}
+    keep = []
+    for node in reversed(graph.node):
+        if any(o in needed for o in node.output):
+            keep.append(node)
+            needed.update(node.input)
+            needed |= subgraph_inputs(node)
+    del graph.node[:]
+    graph.node.extend(reversed(keep))
+    inits = [t for t in graph.initializer if t.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+
+
+def outer_names(graph: onnx.GraphProto) -> set[str]:
+    """The names `graph`'s nodes (and their branches) read that it neither takes nor makes: values
+    of the graph around it."""
+    made = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+    read = set().union(*(set(n.input) | subgraph_inputs(n) for n in graph.node)) if graph.node else set()
+    return read - made - {""}
+
+
+def compact_names(graph: onnx.GraphProto) -> None:
+    """Internal value and node names -> short ones (the op's contract fixes only the graph's
+    inputs and outputs, and values it reads from the graph around it): the generate files are
+    all structure, and names were half of it."""
+    keep = {v.name for v in (*graph.input, *graph.output)} | {""} | outer_names(graph)
+    mapping: dict[str, str] = {}
+
+    def short(name: str) -> str:
+        if name in keep:
+            return name
+        if name not in mapping:
+            mapping[name] = np.base_repr(len(mapping), 36).lower()
+        return mapping[name]
+
+    def rename(g: onnx.GraphProto) -> None:
+        for node in g.node:
+            node.name = ""
+            node.doc_string = ""
+            for field in (node.input, node.output):
+                for i, name in enumerate(field):
+                    field[i] = short(name)
+            for sub in subgraphs(node):  # a branch reads outer values by name: rename it alike
+                rename(sub)
+                for value in sub.output:
+                    value.name = short(value.name)
+
+    for tensor in graph.initializer:
+        tensor.name = short(tensor.name)
+    rename(graph)
+
+
+def computed_from_constants(g: onnx.GraphProto, names: list[str]) -> bool:
+    """Whether every one of `names` is computed from g's initializers alone."""
+    producer = {o: n for n in g.node for o in n.output}
+    initializers = {t.name for t in g.initializer}
+    known: dict[str, bool] = {}
+
+    def constant(name: str) -> bool:
+        if name in initializers or name == "":
+            return True
+        if name not in known:
+            source = producer.get(name)  # None: a graph input; an If: something chosen per call
+            known[name] = source is not None and source.op_type != "If" and all(constant(i) for i in source.input)
+        return known[name]
+
+    return all(constant(name) for name in names)
+
+
+def constant_nodes(g: onnx.GraphProto, values: list[str], prefix: str) -> tuple[onnx.GraphProto, list[str]]:
+    """The nodes of g that compute `values` from its initializers, and those initializers, renamed
+    under `prefix` (a graph holding both), with the new names of `values`."""
+    producer = {o: n for n in g.node for o in n.output}
+    initializers = {t.name: t for t in g.initializer}
+    nodes, inits, seen = [], [], set()
+
+    def visit(name: str) -> None:
+        if name in seen or name == "":
+            return
+        seen.add(name)
+        if name in initializers:
+            inits.append(copy.deepcopy(initializers[name]))
+            return
+        node = producer[name]
+        for i in node.input:
+            visit(i)
+        nodes.append(copy.deepcopy(node))
+
+    for value in values:
+        visit(value)
+    part = helper.make_graph(nodes, "constants", [], [], initializer=inits)
+    names = {name: f"{prefix}/{name}" for name in seen if name}
+    for tensor in part.initializer:
+        tensor.name = names[tensor.name]
+    for node in part.node:
+        node.name = ""
+        for field in (node.input, node.output):
+            for i, name in enumerate(field):
+                field[i] = names.get(name, name)
+    return part, [names[v] for v in values]
+
+
+class GraphContractError(ValueError):
+    """A pass was handed a graph without what it works on."""
+
+
+def expect(graph: onnx.GraphProto, what: str, inputs=(), outputs=()) -> None:
+    """Check that `graph` has the inputs and outputs a pass works on; GraphContractError naming the
+    pass (`what`) and what is missing."""
+    missing = sorted(set(inputs) - {v.name for v in graph.input}) + sorted(set(outputs) - {v.name for v in graph.output})
+    if missing:
+        raise GraphContractError(f"{what}: the graph has no {', '.join(missing)}")

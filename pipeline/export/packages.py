@@ -3,7 +3,7 @@
     encoder.onnx, decoder.onnx   the graphs (I/O documented in MODEL_CARD.md); an int8 encoder
                                  reads the token table from decoder.onnx's bytes
     generate.onnx                CPU packages: both graphs inside onnxruntime's BeamSearch op,
-                                 weights read from the two files above (model/onnx_generate.py)
+                                 weights read from the two files above (model/onnx_passes/)
     generate_batch.onnx          int8 packages with a shortlist: the op over the output vocabulary (beam)
     decoder_batch.onnx           CPU packages: decoder.onnx for many rows (batches): the top k
                                  words per row instead of the distribution
@@ -35,17 +35,17 @@ import shutil
 from pathlib import Path
 
 from model.files import PackageError, UnsafeFile, open_regular, verify_package, walk
-from model.onnx_generate import (DECODER_GREEDY, DECODER_MANY_ROWS, GENERATE, GENERATE_MANY_ROWS, SHORTLIST_GRAPH,
-                                 SHORTLISTED_INPUT, graph_nodes, write_generate_graph, write_many_rows_decoder)
-from model.shortlist import SHORTLIST_FILE
+from model.layout import (DECODER, ENCODER, GENERATION, GRAPH_FILES, MODEL_CARD, PACKAGE_JSON, RUNTIME_DIR, SHORTLIST_FILE,
+                          SHORTLISTED, TOKENIZER)
+from model.onnx_passes import DERIVED, derive_graphs
+from model.onnx_passes.edit import graph_nodes
 
 from ..engine.errors import IntegrityError, UserInputError
 from ..engine.store import Artifact, now_iso, sha256_file
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "model"
-RUNTIME_FILES = ("runtime.py", "search.py", "subword.py", "lines.py", "files.py", "shortlist.py", "package_checks.py")
-PACKAGE_JSON = "package.json"
-GRAPHS = ("encoder.onnx", "decoder.onnx", GENERATE, GENERATE_MANY_ROWS, DECODER_MANY_ROWS, DECODER_GREEDY, SHORTLIST_GRAPH)
+RUNTIME_FILES = ("runtime.py", "search.py", "subword.py", "lines.py", "files.py", "shortlist.py", "package_checks.py",
+                 "layout.py")
 FORMAT = "mt-onnx-package/2"  # docs/package-format.md
 _INIT = '''"""Torch-free runtime for this package: `from mt_runtime import Translator`."""
 from .runtime import PackageError, Translator, verify_package
@@ -61,18 +61,17 @@ def write_package(dest: Path, encoder: Path, decoder: Path, tokenizer: Path, gen
     once the package has been measured); `shortlist`: a shortlist.npz for batches
     (model/shortlist.py). Returns package.json."""
     dest.mkdir(parents=True, exist_ok=True)
-    sources = [(encoder, "encoder.onnx"), (decoder, "decoder.onnx"), (tokenizer, "tokenizer.json")]
+    sources = [(encoder, ENCODER), (decoder, DECODER), (tokenizer, TOKENIZER)]
     for src, name in sources + ([(shortlist, SHORTLIST_FILE)] if shortlist is not None else []):
         if src.resolve() != (dest / name).resolve():
             shutil.copyfile(src, dest / name)
     if shortlist is None:
         (dest / SHORTLIST_FILE).unlink(missing_ok=True)
-    (dest / "generation.json").write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    for name in (GENERATE, GENERATE_MANY_ROWS, DECODER_MANY_ROWS, DECODER_GREEDY, SHORTLIST_GRAPH):
+    (dest / GENERATION).write_text(json.dumps(generation, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    for name, _ in DERIVED:
         (dest / name).unlink(missing_ok=True)
-    write_generate_graph(dest, generation)
-    write_many_rows_decoder(dest, shortlist=shortlist is not None, generation=generation)
-    runtime = dest / "mt_runtime"
+    derive_graphs(dest, generation, shortlist=shortlist is not None)
+    runtime = dest / RUNTIME_DIR
     runtime.mkdir(exist_ok=True)
     for name in RUNTIME_FILES:
         shutil.copyfile(MODEL_DIR / name, runtime / name)
@@ -95,13 +94,8 @@ def _write_card_and_manifest(dest: Path, about: dict, figures: dict, generation:
                              known: dict | None = None) -> dict:
     """The card, then package.json listing every file; `known`: digests of files unchanged since
     they were listed (all but the card), so that adding figures does not hash the graphs again."""
-    io = {"encoder": graph_io(dest / "encoder.onnx"), "decoder": graph_io(dest / "decoder.onnx")}
-    for name, key in ((GENERATE, "generate"), (GENERATE_MANY_ROWS, "generate_batch"),
-                      (DECODER_MANY_ROWS, "decoder_batch"), (DECODER_GREEDY, "decoder_greedy"),
-                      (SHORTLIST_GRAPH, "shortlist")):
-        if (dest / name).is_file():
-            io[key] = graph_io(dest / name)
-    (dest / "MODEL_CARD.md").write_text(model_card(about, figures, io, generation), encoding="utf-8")
+    io = {name.removesuffix(".onnx"): graph_io(dest / name) for name in GRAPH_FILES if (dest / name).is_file()}
+    (dest / MODEL_CARD).write_text(model_card(about, figures, io, generation), encoding="utf-8")
     written, problems = walk(dest, skip_dirs=("__pycache__",))
     if problems:
         raise UnsafeFile(problems[0])
@@ -109,13 +103,13 @@ def _write_card_and_manifest(dest: Path, about: dict, figures: dict, generation:
     for rel in written:
         if rel == PACKAGE_JSON:
             continue
-        if known and rel in known and rel != "MODEL_CARD.md":
+        if known and rel in known and rel != MODEL_CARD:
             files[rel] = known[rel]
         else:
             files[rel] = {"sha256": sha256_file(dest / rel), "bytes": (dest / rel).stat().st_size}
     meta = {"format": FORMAT, "created": now_iso(), **about, "figures": figures,
             "opset": io["decoder"]["opset"], "files": files,
-            "onnx_bytes": sum(files[g]["bytes"] for g in GRAPHS if g in files)}
+            "onnx_bytes": sum(files[g]["bytes"] for g in GRAPH_FILES if g in files)}
     (dest / PACKAGE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return meta
 
@@ -190,7 +184,7 @@ onnxruntime call per batch. Inputs: `input_ids` int32 [batch, src_len] (as `src_
 `length_penalty` float [1]; output `sequences` int32 [batch, 1, length]: the start token
 (id {generation['bos_id']}), the translation, then EOS (id {generation['eos_id']}) and PAD.
 `Translator(folder, search="python")` drives the two step graphs from Python instead.
-{_ONE_SENTENCE_LIST if any(i["name"] == SHORTLISTED_INPUT for i in io["generate"]["inputs"]) else ""}\
+{_ONE_SENTENCE_LIST if any(i["name"] == SHORTLISTED for i in io["generate"]["inputs"]) else ""}\
 {_MANY_ROWS if "generate_batch" in io else ""}{_DECODER_MANY_ROWS if "decoder_batch" in io else ""}\
 {_DECODER_GREEDY if "decoder_greedy" in io else ""}{_SHORTLIST if "shortlist" in io else ""}"""
 

@@ -20,7 +20,8 @@ import torch
 from model.onnx_export import DecoderGraph, EncoderGraph, decoder_input_names, example_inputs
 from model.runtime import Translator
 from model.search import prepare_sources, search
-from model.shortlist import SHORTLIST_FILE, build_shortlist
+from model.layout import SHORTLIST_FILE
+from model.shortlist import build_shortlist
 from model.subword import SubwordTokenizer
 from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, load_model

@@ -18,9 +18,10 @@ from typing import Callable
 import onnxruntime as ort
 
 from model.onnx_quantize import RecordingDecoder, node_groups, quantize_rows, quantize_static
-from model.onnx_generate import DECODER_GREEDY, write_generate_graph, write_many_rows_decoder
+from model.layout import DECODER_BATCH, DECODER_GREEDY
+from model.onnx_passes import derive_graphs
 from model.runtime import GraphSearch, OnnxDecoder, PackageSearch, Translator
-from model.shortlist import SHORTLIST_FILE
+from model.layout import SHORTLIST_FILE
 from model.search import greedy_search, prepare_sources, translate_sentences
 
 from ...engine.context import StageContext
@@ -60,8 +61,8 @@ def run(ctx: StageContext) -> dict:
         if folder == fp32_dir:
             searcher = fp32.searcher
         else:  # a candidate's folder: give it the graphs a package searches with
-            write_generate_graph(folder, generation)
-            many_rows = write_many_rows_decoder(folder)
+            derive_graphs(folder, generation)
+            many_rows = folder / DECODER_BATCH
             searcher = PackageSearch(_decoder(graphs, fp32.generation.pad_id, many_rows),
                                      GraphSearch.load(folder, _quiet_options()))
         with ctx.progress(f"guard: {label}", total=len(guard_src), unit="sentences") as bar:
