@@ -25,7 +25,6 @@ the padded heads too. FFN widths may differ per layer as they are.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Sequence
 
@@ -80,16 +79,6 @@ def pad_attention(w: dict, module: str, projections: dict, heads: int, target: i
     return out
 
 
-def sinusoidal_positions(length: int, d_model: int) -> np.ndarray:
-    """The same table as model/transformer.py's (sin on even dims, cos on odd), in NumPy."""
-    position = np.arange(length, dtype=np.float32)[:, None]
-    div = np.exp(np.arange(0, d_model, 2, dtype=np.float32) * np.float32(-math.log(10000.0) / d_model))
-    pe = np.zeros((length, d_model), dtype=np.float32)
-    pe[:, 0::2] = np.sin(position * div)
-    pe[:, 1::2] = np.cos(position * div)[:, : d_model // 2]
-    return pe
-
-
 def build_spec(folder: Path, pad_heads: bool = False):
     """A ctranslate2 TransformerSpec holding the weights of our model in `folder` (zero heads
     added where layers have fewer than their stack's largest count, if `pad_heads`)."""
@@ -122,7 +111,9 @@ def build_spec(folder: Path, pad_heads: bool = False):
         spec.gamma = w[f"{name}.weight"]
         spec.beta = w[f"{name}.bias"]
 
-    positions = sinusoidal_positions(cfg["max_positions"], cfg["d_model"])
+    from .transformer import sinusoidal_positions  # the model's own table (torch: only where converting)
+
+    positions = sinusoidal_positions(cfg["max_positions"], cfg["d_model"]).numpy()
     encoder.embeddings[0].weight = w["embed.weight"]
     encoder.position_encodings.encodings = positions
     for i, layer in enumerate(encoder.layer):
@@ -201,8 +192,9 @@ def export_ctranslate2(model_folder: Path, out: Path, compute_type: str = "float
     return meta
 
 
-class CTranslate2Translator:
-    """Text in, text out with a converted model; same interface as our translators.
+class PeerTranslator:
+    """Our model as CTranslate2 runs it (converted by export_ctranslate2): the production peer the
+    benchmark times ours against. Text in, text out; same interface as our translators.
 
     Tokenization is ours (CTranslate2 takes the tokenizer's pieces), so timings compare engines
     doing the same work. Batches are formed as model/search.py forms them (length-sorted, at most
@@ -276,7 +268,7 @@ def compare_greedy(model_folder: Path, ct2_folder: Path, sentences: Sequence[str
     torch.set_num_threads(threads)
     model = load_model(Path(model_folder))
     ours_decoder = TorchDecoder(model)
-    peer = CTranslate2Translator(ct2_folder, threads=threads)
+    peer = PeerTranslator(ct2_folder, threads=threads)
     tokenizer = peer.tokenizer
     cfg = model.cfg
     gen = GenerationConfig(beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,

@@ -85,14 +85,6 @@ def member_problem(folder: str | Path, rel: object) -> str | None:
     return None
 
 
-def check_member(folder: str | Path, rel: object, what: str = "file") -> Path:
-    """folder / rel, or UnsafeFile naming the folder and the reason."""
-    problem = member_problem(folder, rel)
-    if problem:
-        raise UnsafeFile(f"{folder}: {what} {problem}")
-    return Path(folder) / str(rel)
-
-
 def walk(folder: str | Path, skip_dirs: tuple[str, ...] = ()) -> tuple[list[str], list[str]]:
     """(regular files, problems) under folder: the relative POSIX path of every regular file, and
     one line for every entry that is neither a folder nor a regular file. Never follows a link;
@@ -347,6 +339,30 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def listed_file_faults(folder: str | Path, files: dict) -> Iterator[tuple[str, str, str]]:
+    """The one check of the files a record lists (`files`: relative path -> {"bytes", "sha256"};
+    an artifact's manifest, a package's package.json, a work folder's record) in `folder`, in path
+    order: (rel, verdict, detail) for each, the verdict one of "missing", "outside" (not a regular
+    file inside the folder; detail: why), "entry" (not a mapping), "size" (detail: the size found),
+    "content" (another sha256) or "ok" (detail: the sha256). Each caller words its own lines."""
+    folder = Path(folder)
+    for rel, meta in sorted(files.items()):
+        problem = member_problem(folder, rel)
+        if problem is not None:
+            yield rel, "missing" if problem.endswith(": missing") else "outside", problem
+            continue
+        path = folder / rel
+        if not isinstance(meta, dict):
+            yield rel, "entry", ""
+            continue
+        size = path.stat().st_size
+        if size != meta.get("bytes"):
+            yield rel, "size", str(size)
+            continue
+        digest = sha256_file(path)
+        yield rel, "ok" if digest == meta.get("sha256") else "content", digest
+
+
 def verify_package(folder: str | Path) -> dict:
     """Check a package folder before anything in it is opened by onnxruntime: nothing but folders
     and regular files in it (the rule above), every file package.json lists there with its size
@@ -368,16 +384,14 @@ def verify_package(folder: str | Path) -> dict:
     _, problems = walk(folder, skip_dirs=("__pycache__",))
     if problems:
         raise PackageError(f"{problems[0]}; refusing to load the package")
-    for rel, info in sorted(files.items()):
-        problem = member_problem(folder, rel)
-        if problem is not None:
-            if problem.endswith(": missing"):
-                raise PackageError(f"{folder / rel}: missing from the package")
+    for rel, verdict, detail in listed_file_faults(folder, files):
+        if verdict == "missing":
+            raise PackageError(f"{folder / rel}: missing from the package")
+        if verdict == "outside":
             raise PackageError(f"{folder / PACKAGE_JSON}: names a file outside the package or not a regular "
-                               f"file: {problem}")
-        path = folder / rel
-        if not isinstance(info, dict) or path.stat().st_size != info.get("bytes") or sha256_file(path) != info.get("sha256"):
-            raise PackageError(f"{path}: modified after export (sha256 differs from {PACKAGE_JSON}); "
+                               f"file: {detail}")
+        if verdict != "ok":
+            raise PackageError(f"{folder / rel}: modified after export (sha256 differs from {PACKAGE_JSON}); "
                                "refusing to load it")
     for rel in sorted(files):
         if rel.endswith(".onnx"):

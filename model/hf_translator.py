@@ -230,7 +230,7 @@ def convert_to_ctranslate2(checkpoint: Path, dest: Path, quantization: str | Non
     return dest
 
 
-# The checkpoint's files a CT2Translator reads beside CTranslate2's model: config and tokenizer.
+# The checkpoint's files a ImportedCT2Translator reads beside CTranslate2's model: config and tokenizer.
 _TOKENIZER_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
                     "vocab.json", "source.spm", "target.spm", "sentencepiece.bpe.model", "spiece.model",
                     "tokenizer.json", "merges.txt")
@@ -238,7 +238,7 @@ _TOKENIZER_FILES = ("config.json", "generation_config.json", "tokenizer_config.j
 
 def convert_for_serving(checkpoint: Path, dest: Path, quantization: str | None = None) -> Path:
     """A self-contained CTranslate2 folder: the converted model, and under hf/ the checkpoint's
-    config and tokenizer (CT2Translator(dest / "hf", dest) opens it)."""
+    config and tokenizer (ImportedCT2Translator(dest / "hf", dest) opens it)."""
     convert_to_ctranslate2(checkpoint, dest, quantization)
     (dest / "hf").mkdir(exist_ok=True)
     for name in _TOKENIZER_FILES:
@@ -252,7 +252,7 @@ def is_serving_folder(folder: Path) -> bool:
     return (Path(folder) / "model.bin").is_file() and (Path(folder) / "hf" / "config.json").is_file()
 
 
-class CT2Translator(_ImportedTranslator):
+class ImportedCT2Translator(_ImportedTranslator):
     """The same checkpoint through CTranslate2: its tokenizer stays transformers'."""
 
     runtime = "ctranslate2"

@@ -52,11 +52,11 @@ def main() -> None:
 
 
 def in_this_process(args, sample: list[str], threads: int, points: list[list[int]]) -> None:
-    from model.ctranslate2_export import CTranslate2Translator
+    from model.ctranslate2_export import PeerTranslator
     from model.runtime import Translator
 
     engines = {"ours": Translator(args.package, threads=threads),
-               "ctranslate2": CTranslate2Translator(args.ctranslate2, threads=threads, compute_type=args.compute_type)}
+               "ctranslate2": PeerTranslator(args.ctranslate2, threads=threads, compute_type=args.compute_type)}
     if engines["ours"].describe()["shortlist"]:
         engines["whole"] = Translator(args.package, threads=threads, shortlist=False)
     print(f"| threads | search | batch | {' | '.join(engines)} |")

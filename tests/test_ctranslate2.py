@@ -10,7 +10,7 @@ import torch
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-from model.ctranslate2_export import (CTranslate2Translator, NotConvertible, compare_greedy,  # noqa: E402
+from model.ctranslate2_export import (PeerTranslator, NotConvertible, compare_greedy,  # noqa: E402
                                       export_ctranslate2)
 from model.subword import SubwordTokenizer  # noqa: E402
 from model.transformer import Transformer, TransformerConfig, save_model  # noqa: E402
@@ -58,7 +58,7 @@ def test_float32_conversion_reproduces_our_model(tmp_path, corpus, pre_ln, activ
     assert check["identical"] == check["sentences"] == 8, check["mismatches"]
 
     # Same log-probabilities when both score a given target (teacher forcing).
-    peer = CTranslate2Translator(out, threads=1)
+    peer = PeerTranslator(out, threads=1)
     src, tgt = peer.pieces([sentences[10]]), peer.pieces(["Un homme fait du vélo dans la rue."])
     theirs = peer.model.score_batch(src, tgt)[0].log_probs
     src_ids = [peer.vocab[p] for p in src[0]] + [tokenizer.eos_id]
@@ -79,7 +79,7 @@ def test_int8_conversion_is_smaller_and_translates(tmp_path, corpus):
     fp32 = export_ctranslate2(folder, tmp_path / "fp32", "float32")
     int8 = export_ctranslate2(folder, tmp_path / "int8", "int8")
     assert int8["model_bytes"] < 0.6 * fp32["model_bytes"]
-    out = CTranslate2Translator(tmp_path / "int8", threads=1, compute_type="int8").translate(sentences[:3], beam=2)
+    out = PeerTranslator(tmp_path / "int8", threads=1, compute_type="int8").translate(sentences[:3], beam=2)
     assert len(out) == 3 and all(isinstance(s, str) for s in out)
 
 

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from model.files import member_problem, open_regular, read_bounded, walk
+from model.files import listed_file_faults, read_bounded, sha256_file, walk
 
 from .errors import IntegrityError, PipelineError, StoreLockedError, UserInputError
 
@@ -63,15 +63,6 @@ def fingerprint(stage: str, code_version: int, code: str, config: Any, input_fin
 
 def artifact_id(stage: str, fp: str) -> str:
     return f"{stage}-{fp[:16]}"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    """Digest of a regular file, opened without following a link (UnsafeFile otherwise)."""
-    h = hashlib.sha256()
-    with os.fdopen(open_regular(path, follow_links=False), "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def tool_versions() -> dict[str, str]:
@@ -602,26 +593,19 @@ def listed_file_problems(path: Path, files: dict, record: str = "manifest", trus
     folder at `path`: each must be a regular file inside it, of that size and digest. Also what a
     work folder's own record (written last, at the end of its build) is checked with."""
     problems = []
-    for rel, meta in sorted(files.items()):
-        problem = member_problem(path, rel)
-        if problem is not None:
-            if problem.endswith(": missing"):
-                problems.append(f"{path / rel}: missing")
-            else:
-                problems.append(f"{path}: {record} names a file outside the {folder} or not a regular file: {problem}")
-            continue
+    for rel, verdict, detail in listed_file_faults(path, files):
         target = path / rel
-        if not isinstance(meta, dict):
+        if verdict == "missing":
+            problems.append(f"{target}: missing")
+        elif verdict == "outside":
+            problems.append(f"{path}: {record} names a file outside the {folder} or not a regular file: {detail}")
+        elif verdict == "entry":
             problems.append(f"{target}: {record} entry is not a mapping")
-            continue
-        size = target.stat().st_size
-        if size != meta.get("bytes"):
-            problems.append(f"{target}: size {size} bytes, {record} says {meta.get('bytes')}")
-            continue
-        digest = sha256_file(target)
-        if digest != meta.get("sha256"):
+        elif verdict == "size":
+            problems.append(f"{target}: size {detail} bytes, {record} says {files[rel].get('bytes')}")
+        elif verdict == "content":
             problems.append(f"{target}: content changed (sha256 differs from {record})")
-        elif trusted is not None and digest != (trusted.get(rel) or {}).get("sha256"):
+        elif trusted is not None and detail != (trusted.get(rel) or {}).get("sha256"):
             problems.append(f"{target}: differs from the store's copy of this artifact "
                             "(sha256 differs from the digest the store holds)")
     return problems

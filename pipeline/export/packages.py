@@ -34,14 +34,14 @@ import os
 import shutil
 from pathlib import Path
 
-from model.files import PackageError, UnsafeFile, open_regular, verify_package, walk
+from model.files import PackageError, UnsafeFile, open_regular, sha256_file, verify_package, walk
 from model.layout import (DECODER, ENCODER, GENERATION, GRAPH_FILES, MODEL_CARD, PACKAGE_JSON, RUNTIME_DIR, SHORTLIST_FILE,
                           SHORTLISTED, TOKENIZER)
 from model.onnx_passes import DERIVED, derive_graphs
 from model.onnx_passes.edit import graph_nodes
 
 from ..engine.errors import IntegrityError, UserInputError
-from ..engine.store import Artifact, now_iso, sha256_file
+from ..engine.store import Artifact, now_iso
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "model"
 RUNTIME_FILES = ("runtime.py", "search.py", "subword.py", "lines.py", "files.py", "shortlist.py", "package_checks.py",

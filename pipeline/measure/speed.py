@@ -69,15 +69,15 @@ def open_translator(job: dict):
     if runtime == "ctranslate2":
         import ctranslate2
 
-        from model.ctranslate2_export import CTranslate2Translator
+        from model.ctranslate2_export import PeerTranslator
 
         if device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
             raise Skip("ctranslate2 sees no CUDA device")
-        from model.hf_translator import CT2Translator, is_serving_folder
+        from model.hf_translator import ImportedCT2Translator, is_serving_folder
 
         if is_serving_folder(folder):  # an imported teacher, with its own tokenizer
-            return CT2Translator(folder / "hf", folder, device=device, threads=threads, compute_type=job["compute_type"])
-        return CTranslate2Translator(folder, device=device, threads=threads, compute_type=job["compute_type"])
+            return ImportedCT2Translator(folder / "hf", folder, device=device, threads=threads, compute_type=job["compute_type"])
+        return PeerTranslator(folder, device=device, threads=threads, compute_type=job["compute_type"])
     if runtime == "torch":
         import torch
 

@@ -61,10 +61,6 @@ def cooldown_factor(progress: float, cooldown: float) -> float:
     return max(0.02, (1 - progress) / cooldown)
 
 
-def unwrap(model) -> Transformer:
-    return model.module if hasattr(model, "module") else model
-
-
 # ----------------------------------------------------------------------- checkpoints
 class Checkpoints:
     """work/checkpoint/ (latest, for resuming) and work/snapshots/ (epoch ends, for averaging).

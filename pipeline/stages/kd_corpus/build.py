@@ -174,12 +174,12 @@ def _imported_decoder(runtime: str, teacher: Path, work: Path, device: str):
     "transformers", at this process's thread count."""
     import torch
 
-    from model.hf_translator import CT2Translator, HFTranslator, convert_to_ctranslate2
+    from model.hf_translator import ImportedCT2Translator, HFTranslator, convert_to_ctranslate2
 
     threads = torch.get_num_threads() if device == "cpu" else None
     if runtime == "ctranslate2":
         converted = convert_to_ctranslate2(teacher / "checkpoint", work / "ctranslate2")
-        return CT2Translator(teacher / "checkpoint", converted, device=device, threads=threads)
+        return ImportedCT2Translator(teacher / "checkpoint", converted, device=device, threads=threads)
     return HFTranslator(teacher / "checkpoint", device=device, threads=threads)
 
 
