@@ -51,8 +51,11 @@ def uniform_heads(config: dict) -> tuple[int, int]:
     if len(set(dec_self + dec_cross)) > 1:
         problems.append(f"decoder self-attention heads {dec_self} and cross-attention heads {dec_cross}")
     if problems:
-        raise NotConvertible("CTranslate2 needs one head count for every layer of a stack; this model has "
-                             + " and ".join(problems) + " (e.g. after head pruning)")
+        raise NotConvertible(
+            "CTranslate2 needs one head count for every layer of a stack; this model has "
+            + " and ".join(problems)
+            + " (e.g. after head pruning)"
+        )
     return enc[0], dec_self[0]
 
 
@@ -99,9 +102,11 @@ def build_spec(folder: Path, pad_heads: bool = False):
         w.update(pad_attention(w, f"decoder.{i}.cross_attn", {"q": 1, "kv": 2}, hc, dec_heads, head_dim))
     activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[cfg["activation"]]
     encoder = transformer_spec.TransformerEncoderSpec(
-        len(cfg["enc_heads"]), enc_heads, pre_norm=pre_ln, activation=activation, head_dim=head_dim)
+        len(cfg["enc_heads"]), enc_heads, pre_norm=pre_ln, activation=activation, head_dim=head_dim
+    )
     decoder = transformer_spec.TransformerDecoderSpec(
-        len(cfg["dec_self_heads"]), dec_heads, pre_norm=pre_ln, activation=activation, head_dim=head_dim)
+        len(cfg["dec_self_heads"]), dec_heads, pre_norm=pre_ln, activation=activation, head_dim=head_dim
+    )
 
     def linear(spec, name):
         spec.weight = w[f"{name}.weight"]
@@ -164,8 +169,7 @@ def build_spec(folder: Path, pad_heads: bool = False):
     return spec
 
 
-def export_ctranslate2(model_folder: Path, out: Path, compute_type: str = "float32",
-                       pad_heads: bool = False) -> dict:
+def export_ctranslate2(model_folder: Path, out: Path, compute_type: str = "float32", pad_heads: bool = False) -> dict:
     """Convert our model artifact folder to a CTranslate2 model folder `out`, with weights
     stored as `compute_type` (one of COMPUTE_TYPES). A model with uneven heads per layer raises
     NotConvertible unless `pad_heads` (see the module's docstring). Returns a short description."""
@@ -183,11 +187,15 @@ def export_ctranslate2(model_folder: Path, out: Path, compute_type: str = "float
     _OurConverter().convert(str(out), quantization=compute_type, force=True)
     cfg = json.loads((model_folder / "config.json").read_text(encoding="utf-8"))
     enc, dec = padded_heads(cfg)
-    meta = {"source": str(model_folder), "compute_type": compute_type, "ctranslate2": ctranslate2.__version__,
-            "max_positions": cfg["max_positions"],
-            "heads": sum(cfg["enc_heads"] + cfg["dec_self_heads"] + cfg["dec_cross_heads"]),
-            "heads_computed": enc * len(cfg["enc_heads"]) + 2 * dec * len(cfg["dec_self_heads"]),
-            "model_bytes": (out / "model.bin").stat().st_size}
+    meta = {
+        "source": str(model_folder),
+        "compute_type": compute_type,
+        "ctranslate2": ctranslate2.__version__,
+        "max_positions": cfg["max_positions"],
+        "heads": sum(cfg["enc_heads"] + cfg["dec_self_heads"] + cfg["dec_cross_heads"]),
+        "heads_computed": enc * len(cfg["enc_heads"]) + 2 * dec * len(cfg["dec_self_heads"]),
+        "model_bytes": (out / "model.bin").stat().st_size,
+    }
     (out / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return meta
 
@@ -202,8 +210,9 @@ class PeerTranslator:
 
     runtime = "ctranslate2"
 
-    def __init__(self, folder: str | Path, device: str = "cpu", threads: int | None = None,
-                 compute_type: str = "default"):
+    def __init__(
+        self, folder: str | Path, device: str = "cpu", threads: int | None = None, compute_type: str = "default"
+    ):
         import ctranslate2
 
         self.folder = Path(folder)
@@ -213,8 +222,9 @@ class PeerTranslator:
         self.vocab = self.tokenizer.tok.get_vocab()
         self.device, self.threads, self.compute_type = device, threads, compute_type
         # intra_threads 0 lets CTranslate2 pick (all cores); inter_threads 1: one batch at a time.
-        self.model = ctranslate2.Translator(str(self.folder), device=device, compute_type=compute_type,
-                                            intra_threads=threads or 0, inter_threads=1)
+        self.model = ctranslate2.Translator(
+            str(self.folder), device=device, compute_type=compute_type, intra_threads=threads or 0, inter_threads=1
+        )
 
     def pieces(self, sentences: Sequence[str]) -> list[list[str]]:
         limit = self.max_positions - 1  # room for the EOS CTranslate2 appends
@@ -227,13 +237,26 @@ class PeerTranslator:
         gen = GenerationConfig(beam=beam, max_positions=self.max_positions)
         limits = [gen.max_len(len(p) + 1) - 1 for p in pieces]
         results = self.model.translate_batch(
-            pieces, beam_size=beam, length_penalty=length_penalty, max_decoding_length=max(1, max(limits)),
-            min_decoding_length=0, max_batch_size=0, return_scores=False)
+            pieces,
+            beam_size=beam,
+            length_penalty=length_penalty,
+            max_decoding_length=max(1, max(limits)),
+            min_decoding_length=0,
+            max_batch_size=0,
+            return_scores=False,
+        )
         unk = self.tokenizer.unk_id
         return [[self.vocab.get(t, unk) for t in r.hypotheses[0][:limit]] for r, limit in zip(results, limits)]
 
-    def translate(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,
-                  batch_tokens: int = 4000, max_batch: int = 256, on_batch=None) -> list[str]:
+    def translate(
+        self,
+        sentences: Sequence[str],
+        beam: int = 4,
+        length_penalty: float = 1.0,
+        batch_tokens: int = 4000,
+        max_batch: int = 256,
+        on_batch=None,
+    ) -> list[str]:
         sentences = list(sentences)
         results = [""] * len(sentences)
         todo = [i for i, s in enumerate(sentences) if s.strip()]
@@ -271,12 +294,14 @@ def compare_greedy(model_folder: Path, ct2_folder: Path, sentences: Sequence[str
     peer = PeerTranslator(ct2_folder, threads=threads)
     tokenizer = peer.tokenizer
     cfg = model.cfg
-    gen = GenerationConfig(beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
-                           max_positions=cfg.max_positions)
+    gen = GenerationConfig(
+        beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id, max_positions=cfg.max_positions
+    )
     sentences = [s for s in sentences if s.strip()]
     identical, mismatches = 0, []
-    for sentence, src, pieces in zip(sentences, prepare_sources(tokenizer, sentences, cfg.max_positions),
-                                     peer.pieces(sentences)):
+    for sentence, src, pieces in zip(
+        sentences, prepare_sources(tokenizer, sentences, cfg.max_positions), peer.pieces(sentences)
+    ):
         ours = greedy_search(ours_decoder, [src], gen)[0]
         theirs = peer.search_ids([pieces], beam=1)[0]
         if ours == theirs:
@@ -284,6 +309,7 @@ def compare_greedy(model_folder: Path, ct2_folder: Path, sentences: Sequence[str
         elif len(mismatches) < 3:
             # The first ids where they part are enough to see how.
             at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-            mismatches.append({"source": sentence, "from_token": at, "ours": ours[at: at + 8],
-                               "ctranslate2": theirs[at: at + 8]})
+            mismatches.append(
+                {"source": sentence, "from_token": at, "ours": ours[at : at + 8], "ctranslate2": theirs[at : at + 8]}
+            )
     return {"sentences": len(sentences), "identical": identical, "mismatches": mismatches}

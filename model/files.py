@@ -31,8 +31,14 @@ from typing import Iterator
 
 from .layout import PACKAGE_JSON, REQUIRED
 
-_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a fifo"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a fifo"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a folder"),
+)
 
 
 class UnsafeFile(ValueError):
@@ -192,7 +198,7 @@ def _scan(buf: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
             size, pos = _varint(buf, pos)
             if pos + size > len(buf):
                 raise UnsafeFile("not an ONNX file (a field runs past the end)")
-            yield number, wire, buf[pos: pos + size]
+            yield number, wire, buf[pos : pos + size]
             pos += size
         else:
             raise UnsafeFile(f"not an ONNX file (protobuf wire type {wire})")
@@ -317,8 +323,9 @@ def check_external_data(graph: str | Path) -> list[str]:
     for location in dict.fromkeys(locations):
         problem = member_problem(graph.parent, location)
         if problem:
-            raise UnsafeFile(f"{graph}: external data {problem}; a graph may read only regular files "
-                             "inside its own folder")
+            raise UnsafeFile(
+                f"{graph}: external data {problem}; a graph may read only regular files inside its own folder"
+            )
     return sorted(set(locations))
 
 
@@ -388,11 +395,13 @@ def verify_package(folder: str | Path) -> dict:
         if verdict == "missing":
             raise PackageError(f"{folder / rel}: missing from the package")
         if verdict == "outside":
-            raise PackageError(f"{folder / PACKAGE_JSON}: names a file outside the package or not a regular "
-                               f"file: {detail}")
+            raise PackageError(
+                f"{folder / PACKAGE_JSON}: names a file outside the package or not a regular file: {detail}"
+            )
         if verdict != "ok":
-            raise PackageError(f"{folder / rel}: modified after export (sha256 differs from {PACKAGE_JSON}); "
-                               "refusing to load it")
+            raise PackageError(
+                f"{folder / rel}: modified after export (sha256 differs from {PACKAGE_JSON}); refusing to load it"
+            )
     for rel in sorted(files):
         if rel.endswith(".onnx"):
             try:

@@ -43,21 +43,56 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 CODE_SUFFIXES = (".py", ".pyc", ".so")
 MAX_CONFIG_BYTES = 16 << 20
 MAX_POSITIONS = 1 << 20
-CONVERT_HINT = ("convert it to safetensors where you trust it (transformers: AutoModelForSeq2SeqLM.from_pretrained"
-                "(FOLDER).save_pretrained(NEW_FOLDER) writes model.safetensors) and import that folder")
+CONVERT_HINT = (
+    "convert it to safetensors where you trust it (transformers: AutoModelForSeq2SeqLM.from_pretrained"
+    "(FOLDER).save_pretrained(NEW_FOLDER) writes model.safetensors) and import that folder"
+)
 # How every checkpoint is opened: never code, never the network for a folder we have.
 LOAD = {"trust_remote_code": False, "local_files_only": True}
 
-_POSITIONS = ("max_position_embeddings", "n_positions", "max_positions", "max_source_positions",
-              "max_target_positions", "max_encoder_position_embeddings", "max_decoder_position_embeddings",
-              "relative_attention_max_distance")
-_WIDTHS = ("d_model", "hidden_size", "n_embd", "d_kv", "d_ff", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim",
-           "intermediate_size", "relative_attention_num_buckets")
-_LAYERS = ("encoder_layers", "decoder_layers", "num_layers", "num_encoder_layers", "num_decoder_layers",
-           "num_hidden_layers", "n_layer", "encoder_attention_heads", "decoder_attention_heads", "num_heads",
-           "num_attention_heads", "n_head")
-BOUNDS = {**{f: MAX_POSITIONS for f in _POSITIONS}, **{f: MAX_DIM for f in _WIDTHS},
-          **{f: MAX_LAYERS for f in _LAYERS}, "vocab_size": MAX_VOCAB, "decoder_vocab_size": MAX_VOCAB}
+_POSITIONS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_positions",
+    "max_source_positions",
+    "max_target_positions",
+    "max_encoder_position_embeddings",
+    "max_decoder_position_embeddings",
+    "relative_attention_max_distance",
+)
+_WIDTHS = (
+    "d_model",
+    "hidden_size",
+    "n_embd",
+    "d_kv",
+    "d_ff",
+    "ffn_dim",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "intermediate_size",
+    "relative_attention_num_buckets",
+)
+_LAYERS = (
+    "encoder_layers",
+    "decoder_layers",
+    "num_layers",
+    "num_encoder_layers",
+    "num_decoder_layers",
+    "num_hidden_layers",
+    "n_layer",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "num_heads",
+    "num_attention_heads",
+    "n_head",
+)
+BOUNDS = {
+    **{f: MAX_POSITIONS for f in _POSITIONS},
+    **{f: MAX_DIM for f in _WIDTHS},
+    **{f: MAX_LAYERS for f in _LAYERS},
+    "vocab_size": MAX_VOCAB,
+    "decoder_vocab_size": MAX_VOCAB,
+}
 
 
 class UnsafeCheckpoint(ValueError):
@@ -82,8 +117,10 @@ def checkpoint_files(folder: str | Path) -> dict[str, Path]:
         elif stat.S_ISLNK(mode) and blobs is not None and _inside(path, blobs):
             files[entry.name] = Path(os.path.realpath(path))
         elif stat.S_ISLNK(mode):
-            raise UnsafeCheckpoint(f"{path} is a symbolic link: a checkpoint is imported as regular files only "
-                                   "(put the file itself in the folder)")
+            raise UnsafeCheckpoint(
+                f"{path} is a symbolic link: a checkpoint is imported as regular files only "
+                "(put the file itself in the folder)"
+            )
         elif not stat.S_ISREG(mode):
             raise UnsafeCheckpoint(f"{path} is {kind(mode)}: a checkpoint is imported as regular files only")
         elif entry.name not in SKIPPED and not entry.name.endswith(CODE_SUFFIXES):
@@ -104,9 +141,11 @@ def check_checkpoint(folder: str | Path, weights: bool = True) -> dict[str, Path
         if name.endswith("config.json") or name == "special_tokens_map.json":
             data = _json(path, folder / name)
             if isinstance(data, dict) and "auto_map" in data:
-                raise UnsafeCheckpoint(f"{folder / name}: auto_map asks for the checkpoint's own Python code "
-                                       f"({_short(data['auto_map'])}); an imported model is data, never code: use a "
-                                       "model type transformers has built in (Marian, M2M100, NLLB, T5, BART, ...)")
+                raise UnsafeCheckpoint(
+                    f"{folder / name}: auto_map asks for the checkpoint's own Python code "
+                    f"({_short(data['auto_map'])}); an imported model is data, never code: use a "
+                    "model type transformers has built in (Marian, M2M100, NLLB, T5, BART, ...)"
+                )
             if name == "config.json":
                 config = data
     if weights and config is None:
@@ -124,8 +163,10 @@ def _check_weights(folder: Path, files: dict[str, Path]) -> None:
         return
     pickles = sorted(p.name for p in folder.iterdir() if p.name.endswith(PICKLE_SUFFIXES))
     if pickles:
-        raise UnsafeCheckpoint(f"{folder}: its weights are pickles only ({', '.join(pickles[:3])}), which can run code "
-                               f"when loaded; {CONVERT_HINT}")
+        raise UnsafeCheckpoint(
+            f"{folder}: its weights are pickles only ({', '.join(pickles[:3])}), which can run code "
+            f"when loaded; {CONVERT_HINT}"
+        )
     raise UnsafeCheckpoint(f"{folder}: no model.safetensors (no weights to import)")
 
 
@@ -147,8 +188,10 @@ def size_problem(config: object) -> str | None:
     available = available_memory()
     if available is not None and need > available:
         field = max(terms, key=terms.get)
-        return (f"the model it describes needs about {need / 2**30:.1f} GiB in float32, most of it for {field}, "
-                f"more than the {available / 2**30:.1f} GiB of memory available here")
+        return (
+            f"the model it describes needs about {need / 2**30:.1f} GiB in float32, most of it for {field}, "
+            f"more than the {available / 2**30:.1f} GiB of memory available here"
+        )
     return None
 
 
@@ -164,6 +207,7 @@ def _parameters(c: dict) -> dict[str, int]:
     """About how many parameters one config section asks for, by the field that drives each part:
     the token tables (input and output), the positional tables (learned or sinusoidal: both
     allocated), the layers."""
+
     def first(*names: str) -> int:
         return next((v for v in (c.get(n) for n in names) if isinstance(v, int) and v > 0), 0)
 
@@ -178,8 +222,11 @@ def _parameters(c: dict) -> dict[str, int]:
     positions = max(_POSITIONS[:-1], key=lambda n: first(n))
     width = "d_model" if "d_model" in c else "hidden_size" if "hidden_size" in c else "n_embd"
     layers = encoder * (4 * d * inner + 2 * d * ffn_e) + decoder * (8 * d * inner + 2 * d * ffn_d)
-    return {"vocab_size": 2 * max(first("vocab_size"), first("decoder_vocab_size")) * d,
-            positions: 2 * first(positions) * d, f"{width} and the layers": layers}
+    return {
+        "vocab_size": 2 * max(first("vocab_size"), first("decoder_vocab_size")) * d,
+        positions: 2 * first(positions) * d,
+        f"{width} and the layers": layers,
+    }
 
 
 def available_memory() -> int | None:
@@ -218,8 +265,11 @@ def copy_checkpoint(folder: str | Path, dest: str | Path) -> dict[str, str]:
             raise UnsafeCheckpoint(f"{path}: {exc.strerror}") from None
         with os.fdopen(fd, "rb") as src:
             mode = stat.S_IMODE(os.fstat(src.fileno()).st_mode) & 0o666 | stat.S_IRUSR
-            out_fd = os.open(dest / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-                             | getattr(os, "O_CLOEXEC", 0), mode)
+            out_fd = os.open(
+                dest / name,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0),
+                mode,
+            )
             h = hashlib.sha256()
             with os.fdopen(out_fd, "wb") as out:
                 while block := src.read(1 << 20):
@@ -307,8 +357,12 @@ def _hub_blobs(folder: Path) -> Path | None:
     """The hub cache's blobs/ folder where `folder` is one of its snapshots, else None."""
     folder = Path(os.path.abspath(folder))
     repo = folder.parent.parent
-    if folder.parent.name == "snapshots" and repo.name.startswith(("models--", "datasets--")) and \
-            (repo / "blobs").is_dir() and not (repo / "blobs").is_symlink():
+    if (
+        folder.parent.name == "snapshots"
+        and repo.name.startswith(("models--", "datasets--"))
+        and (repo / "blobs").is_dir()
+        and not (repo / "blobs").is_symlink()
+    ):
         return Path(os.path.realpath(repo / "blobs"))
     return None
 

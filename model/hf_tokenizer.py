@@ -45,11 +45,16 @@ def teacher_tokenizers(checkpoint: Path) -> tuple[Tokenizer, Tokenizer | None]:
 def _marian(checkpoint: Path) -> tuple[Tokenizer, Tokenizer | None]:
     settings = _json(checkpoint / "tokenizer_config.json")
     if settings.get("separate_vocabs"):
-        raise UnconvertibleTokenizer("the teacher's source and target vocabularies differ (separate_vocabs); "
-                                     "the student ties its embeddings over one")
+        raise UnconvertibleTokenizer(
+            "the teacher's source and target vocabularies differ (separate_vocabs); "
+            "the student ties its embeddings over one"
+        )
     vocab = _json(checkpoint / "vocab.json")
-    names = {"pad": settings.get("pad_token", PAD), "eos": settings.get("eos_token", EOS),
-             "unk": settings.get("unk_token", UNK)}
+    names = {
+        "pad": settings.get("pad_token", PAD),
+        "eos": settings.get("eos_token", EOS),
+        "unk": settings.get("unk_token", UNK),
+    }
     _check_special_names(names)
     pieces = [None] * len(vocab)
     for piece, index in vocab.items():
@@ -61,8 +66,9 @@ def _marian(checkpoint: Path) -> tuple[Tokenizer, Tokenizer | None]:
         path = checkpoint / name
         sides.append(_unigram_over(pieces, _sentencepiece_model(path if path.is_file() else checkpoint / "source.spm")))
     source, target = sides
-    same = (checkpoint / "target.spm").is_file() and \
-        (checkpoint / "target.spm").read_bytes() == (checkpoint / "source.spm").read_bytes()
+    same = (checkpoint / "target.spm").is_file() and (checkpoint / "target.spm").read_bytes() == (
+        checkpoint / "source.spm"
+    ).read_bytes()
     return source, None if same else target
 
 
@@ -110,8 +116,11 @@ def _check_special_names(names: dict) -> None:
     expected = {"pad": PAD, "eos": EOS, "unk": UNK}
     odd = {k: v for k, v in names.items() if v != expected[k]}
     if odd:
-        raise UnconvertibleTokenizer("its special tokens are named " + ", ".join(f"{k} {v!r}" for k, v in odd.items())
-                                     + f", not {PAD}, {EOS}, {UNK}")
+        raise UnconvertibleTokenizer(
+            "its special tokens are named "
+            + ", ".join(f"{k} {v!r}" for k, v in odd.items())
+            + f", not {PAD}, {EOS}, {UNK}"
+        )
 
 
 def _sentencepiece_model(path: Path):

@@ -39,8 +39,10 @@ def checkpoint_config(folder: Path):
     transformers = require_transformers()
     config = from_pretrained(transformers.AutoConfig, folder)
     if not getattr(config, "is_encoder_decoder", False):
-        raise NotSeq2Seq(f"{folder}: model type '{config.model_type}' is not an encoder-decoder model: "
-                         "a teacher must translate (AutoModelForSeq2SeqLM)")
+        raise NotSeq2Seq(
+            f"{folder}: model type '{config.model_type}' is not an encoder-decoder model: "
+            "a teacher must translate (AutoModelForSeq2SeqLM)"
+        )
     return config
 
 
@@ -77,8 +79,9 @@ def forces_eos(checkpoint: Path) -> bool:
     try:
         generation = from_pretrained(transformers.GenerationConfig, checkpoint)
     except OSError:  # no generation_config.json: generate derives one from the model's config
-        generation = transformers.GenerationConfig.from_model_config(from_pretrained(transformers.AutoConfig,
-                                                                                     checkpoint))
+        generation = transformers.GenerationConfig.from_model_config(
+            from_pretrained(transformers.AutoConfig, checkpoint)
+        )
     return getattr(generation, "forced_eos_token_id", None) is not None
 
 
@@ -97,22 +100,38 @@ class _ImportedTranslator:
     device = "cpu"
     _teacher_forced_model = None
 
-    def translate(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,
-                  batch_tokens: int = 4000, max_batch: int = 256,
-                  on_batch: Callable[[int], None] | None = None) -> list[str]:
-        return [self._text(ids) for ids in self._output_ids(list(sentences), beam, length_penalty, batch_tokens,
-                                                            max_batch, on_batch)]
+    def translate(
+        self,
+        sentences: Sequence[str],
+        beam: int = 4,
+        length_penalty: float = 1.0,
+        batch_tokens: int = 4000,
+        max_batch: int = 256,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> list[str]:
+        return [
+            self._text(ids)
+            for ids in self._output_ids(list(sentences), beam, length_penalty, batch_tokens, max_batch, on_batch)
+        ]
 
-    def translate_greedy_top_k(self, sentences: Sequence[str], k: int, batch_tokens: int = 4000, max_batch: int = 256,
-                               on_batch: Callable[[int], None] | None = None) -> list[tuple]:
+    def translate_greedy_top_k(
+        self,
+        sentences: Sequence[str],
+        k: int,
+        batch_tokens: int = 4000,
+        max_batch: int = 256,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> list[tuple]:
         """Greedy translations as (text, output ids, (top ids, their log-probabilities) [len + 1, k]),
         as model.search.translate_greedy_top_k gives them for our models: the distributions come
         from one teacher-forced pass over each output (its EOS step included)."""
         sentences = list(sentences)
         written = self._output_ids(sentences, 1, 1.0, batch_tokens, max_batch, on_batch)
         tops = self._teacher_forced_top_k(sentences, written, k, batch_tokens, max_batch)
-        return [(self._text(ids), ids, top) if sentence.strip() else ("", [], None)
-                for sentence, ids, top in zip(sentences, written, tops)]
+        return [
+            (self._text(ids), ids, top) if sentence.strip() else ("", [], None)
+            for sentence, ids, top in zip(sentences, written, tops)
+        ]
 
     def _output_ids(self, sentences, beam, length_penalty, batch_tokens, max_batch, on_batch) -> list[list[int]]:
         raise NotImplementedError
@@ -130,8 +149,11 @@ class _ImportedTranslator:
         import torch
 
         if self._teacher_forced_model is None:
-            self._teacher_forced_model = from_pretrained(require_transformers().AutoModelForSeq2SeqLM,
-                                                         self.checkpoint, weights=True).to(self.device).eval()
+            self._teacher_forced_model = (
+                from_pretrained(require_transformers().AutoModelForSeq2SeqLM, self.checkpoint, weights=True)
+                .to(self.device)
+                .eval()
+            )
         model = self._teacher_forced_model
         start, pad = model.config.decoder_start_token_id, self.hf.pad_token_id
         lengths = [len(ids) for ids in self.hf(sentences)["input_ids"]] if sentences else []
@@ -143,9 +165,13 @@ class _ImportedTranslator:
             for row, i in enumerate(index):
                 decoder_ids[row, : 1 + len(outputs[i])] = torch.tensor([start, *outputs[i]])
             with torch.no_grad():
-                logits = model(**batch, decoder_input_ids=decoder_ids.to(self.device),
-                               decoder_attention_mask=(torch.arange(width)[None] <= torch.tensor(
-                                   [len(outputs[i]) for i in index])[:, None]).to(self.device)).logits
+                logits = model(
+                    **batch,
+                    decoder_input_ids=decoder_ids.to(self.device),
+                    decoder_attention_mask=(
+                        torch.arange(width)[None] <= torch.tensor([len(outputs[i]) for i in index])[:, None]
+                    ).to(self.device),
+                ).logits
             logp = torch.log_softmax(logits.float(), -1)
             logp[..., [t for t in {pad, start} if t is not None]] = float("-inf")  # never a target word
             values, ids = logp.topk(k, dim=-1)
@@ -170,8 +196,9 @@ class HFTranslator(_ImportedTranslator):
         self.checkpoint, self.device = Path(checkpoint), device
         self.hf = from_pretrained(transformers.AutoTokenizer, checkpoint)
         self.tokenizer = TokenCounter(self.hf)
-        self.model = self._teacher_forced_model = from_pretrained(transformers.AutoModelForSeq2SeqLM, checkpoint,
-                                                                  weights=True).to(device).eval()
+        self.model = self._teacher_forced_model = (
+            from_pretrained(transformers.AutoModelForSeq2SeqLM, checkpoint, weights=True).to(device).eval()
+        )
         self.position_limit = int(getattr(self.model.config, "max_position_embeddings", 512) or 512)
         self.forced_eos = forces_eos(checkpoint)
 
@@ -190,8 +217,9 @@ class HFTranslator(_ImportedTranslator):
             batch = self.hf([sentences[i] for i in index], return_tensors="pt", padding=True).to(self.device)
             limits = [max_new_tokens(lengths[i], self.position_limit) for i in index]
             with torch.no_grad():
-                generated = self.model.generate(**batch, num_beams=beam, length_penalty=length_penalty,
-                                                do_sample=False, max_new_tokens=max(limits))
+                generated = self.model.generate(
+                    **batch, num_beams=beam, length_penalty=length_penalty, do_sample=False, max_new_tokens=max(limits)
+                )
             for i, row, limit in zip(index, generated.tolist(), limits):
                 # row[0] is the decoder's start token; each sentence keeps its own budget, so that
                 # its output does not depend on the batch it was in (see max_new_tokens).
@@ -231,9 +259,19 @@ def convert_to_ctranslate2(checkpoint: Path, dest: Path, quantization: str | Non
 
 
 # The checkpoint's files a ImportedCT2Translator reads beside CTranslate2's model: config and tokenizer.
-_TOKENIZER_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
-                    "vocab.json", "source.spm", "target.spm", "sentencepiece.bpe.model", "spiece.model",
-                    "tokenizer.json", "merges.txt")
+_TOKENIZER_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "source.spm",
+    "target.spm",
+    "sentencepiece.bpe.model",
+    "spiece.model",
+    "tokenizer.json",
+    "merges.txt",
+)
 
 
 def convert_for_serving(checkpoint: Path, dest: Path, quantization: str | None = None) -> Path:
@@ -257,8 +295,14 @@ class ImportedCT2Translator(_ImportedTranslator):
 
     runtime = "ctranslate2"
 
-    def __init__(self, checkpoint: Path, converted: Path, device: str = "cpu", threads: int | None = None,
-                 compute_type: str = "default"):
+    def __init__(
+        self,
+        checkpoint: Path,
+        converted: Path,
+        device: str = "cpu",
+        threads: int | None = None,
+        compute_type: str = "default",
+    ):
         import ctranslate2
 
         transformers = require_transformers()
@@ -266,8 +310,9 @@ class ImportedCT2Translator(_ImportedTranslator):
         self.checkpoint, self.device = Path(checkpoint), device
         self.hf = from_pretrained(transformers.AutoTokenizer, checkpoint)
         self.tokenizer = TokenCounter(self.hf)
-        self.translator = ctranslate2.Translator(str(converted), device=device, compute_type=compute_type,
-                                                 intra_threads=threads or 0)
+        self.translator = ctranslate2.Translator(
+            str(converted), device=device, compute_type=compute_type, intra_threads=threads or 0
+        )
         self.position_limit = int(getattr(config, "max_position_embeddings", 512) or 512)
         self.forced_eos = forces_eos(checkpoint)
 
@@ -278,8 +323,13 @@ class ImportedCT2Translator(_ImportedTranslator):
         for index in _batches(lengths, batch_tokens, max_batch):
             limits = [max_new_tokens(lengths[i], self.position_limit) - self.forced_eos for i in index]
             tokens = [self.hf.convert_ids_to_tokens(encoded[i]) for i in index]
-            results = self.translator.translate_batch(tokens, beam_size=beam, length_penalty=length_penalty,
-                                                      max_decoding_length=max(limits), max_batch_size=max_batch)
+            results = self.translator.translate_batch(
+                tokens,
+                beam_size=beam,
+                length_penalty=length_penalty,
+                max_decoding_length=max(limits),
+                max_batch_size=max_batch,
+            )
             for i, result, limit in zip(index, results, limits):
                 out[i] = self._content(self.hf.convert_tokens_to_ids(result.hypotheses[0][:limit]))
             if on_batch:

@@ -95,10 +95,16 @@ class Graph:
 GRAPHS = (
     Graph(ENCODER, "the encoder: a batch's sources to the cross-attention keys and values", "every package"),
     Graph(DECODER, "one step of the decoder: the next word's log-probabilities", "every package"),
-    Graph(GENERATE, "the whole search in one onnxruntime call (one sentence; greedy over its word list)",
-          "float32 packages (the CPU)"),
-    Graph(GENERATE_BATCH, "the whole search over the output vocabulary (beam search of one sentence)",
-          "int8 packages with a shortlist"),
+    Graph(
+        GENERATE,
+        "the whole search in one onnxruntime call (one sentence; greedy over its word list)",
+        "float32 packages (the CPU)",
+    ),
+    Graph(
+        GENERATE_BATCH,
+        "the whole search over the output vocabulary (beam search of one sentence)",
+        "int8 packages with a shortlist",
+    ),
     Graph(DECODER_BATCH, "a step for many rows: each row's best words", "float32 packages (the CPU)"),
     Graph(DECODER_GREEDY, "a greedy step for many rows: the logits, no cache reorder", "float32 packages (the CPU)"),
     Graph(SHORTLIST_GRAPH, "a batch's words to the output projection over them", "int8 packages with a shortlist"),

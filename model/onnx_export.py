@@ -6,7 +6,8 @@
                   cache_index int64 [batch] (row of past_* each row continues: arange, or the beam parents),
                   past_k_i, past_v_i float [past_batch, self_heads_i, past_len, head_dim] (past_len may be 0),
                   cross_k_i, cross_v_i float [batch, cross_heads_i, src_len, head_dim]
-                  -> log_probs float [batch, vocab], present_k_i, present_v_i [batch, self_heads_i, past_len + 1, head_dim]
+                  -> log_probs float [batch, vocab],
+                     present_k_i, present_v_i [batch, self_heads_i, past_len + 1, head_dim]
 
 The cross-attention keys/values are computed once per sentence by the encoder graph. The beam
 reordering of the cache (a Gather by cache_index) is inside the decoder graph, so a runtime that
@@ -35,8 +36,14 @@ from onnx import numpy_helper
 from torch import Tensor, nn
 
 from .onnx_passes.edit import gathers_columns, splice_and_save
-from .transformer import (CrossAttention, SelfAttention, Transformer, sinusoidal_frequencies, sinusoidal_positions,
-                          unfactorised)
+from .transformer import (
+    CrossAttention,
+    SelfAttention,
+    Transformer,
+    sinusoidal_frequencies,
+    sinusoidal_positions,
+    unfactorised,
+)
 
 OPSET = 17
 
@@ -72,6 +79,7 @@ def _merge_heads(y: Tensor) -> Tensor:
 class _SelfAttention(torch.autograd.Function):
     """Encoder self-attention: q, k, v [B,S,N*H] before their bias (bias [3*N*H], added inside);
     key_mask [B,S] int32, 1 for real tokens -> [B,S,N*H]."""
+
     SLOTS = ("query", "key", "value", "bias", "key_padding_mask")
 
     @staticmethod
@@ -88,6 +96,7 @@ class _SelfAttention(torch.autograd.Function):
 class _CachedSelfAttention(torch.autograd.Function):
     """One decoder step: q, k, v [B,1,N*H] before their bias (bias [3*N*H]); past_k, past_v
     [B,N,P,H] (P may be 0) -> (y [B,1,N*H], present_k, present_v [B,N,P+1,H])."""
+
     SLOTS = ("query", "key", "value", "bias", "past_key", "past_value")
 
     @staticmethod
@@ -98,8 +107,9 @@ class _CachedSelfAttention(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, q, k, v, bias, past_k, past_v, heads):
-        y, present_k, present_v = g.op(f"{_PLACEHOLDER}::CachedSelfAttention", q, k, v, bias, past_k, past_v,
-                                       num_heads_i=heads, outputs=3)
+        y, present_k, present_v = g.op(
+            f"{_PLACEHOLDER}::CachedSelfAttention", q, k, v, bias, past_k, past_v, num_heads_i=heads, outputs=3
+        )
         # Types for the exporter's shape inference (else it warns): y is shaped like q; the
         # presents like the pasts but one step longer, so their sizes are left open.
         y.setType(q.type())
@@ -110,6 +120,7 @@ class _CachedSelfAttention(torch.autograd.Function):
 
 class _CrossAttention(torch.autograd.Function):
     """q [B,T,N*H]; k, v the encoder's cache [B,N,S,H]; key_mask [B,S] int32 -> [B,T,N*H]."""
+
     SLOTS = ("query", "key", "value", "key_padding_mask")
 
     @staticmethod
@@ -131,8 +142,13 @@ def _key_mask(mask: Tensor) -> Tensor:
     return mask.flatten(1).to(torch.int32)
 
 
-def _fused_self_attention(m: SelfAttention, x: Tensor, mask: Tensor | None = None, causal: bool = False,
-                          past: tuple[Tensor, Tensor] | None = None):
+def _fused_self_attention(
+    m: SelfAttention,
+    x: Tensor,
+    mask: Tensor | None = None,
+    causal: bool = False,
+    past: tuple[Tensor, Tensor] | None = None,
+):
     if causal:  # a whole target prefix at once: training and scoring, never an exported graph
         raise NotImplementedError("fused attention is for the encoder and single decoder steps")
     width = m.heads * m.head_dim
@@ -207,15 +223,17 @@ class DecoderGraph(nn.Module):
 
     def forward(self, tokens: Tensor, src_mask: Tensor, cache_index: Tensor, *cache: Tensor) -> tuple[Tensor, ...]:
         n = self.layers
-        past = [(cache[2 * i].index_select(0, cache_index), cache[2 * i + 1].index_select(0, cache_index))
-                for i in range(n)]
+        past = [
+            (cache[2 * i].index_select(0, cache_index), cache[2 * i + 1].index_select(0, cache_index)) for i in range(n)
+        ]
         cross = [(cache[2 * n + 2 * i], cache[2 * n + 2 * i + 1]) for i in range(n)]
         logits, present = self.model.decode_step(tokens, cross, src_mask[:, None, None, :], past)
         return (torch.log_softmax(logits.float(), dim=-1), *(t for kv in present for t in kv))
 
 
-def example_inputs(model: Transformer, batch: int, src_len: int, past_len: int, seed: int = 0,
-                   past_batch: int | None = None) -> dict[str, Tensor]:
+def example_inputs(
+    model: Transformer, batch: int, src_len: int, past_len: int, seed: int = 0, past_batch: int | None = None
+) -> dict[str, Tensor]:
     """Random but valid decoder/encoder inputs (as torch tensors): used for tracing and parity.
 
     Rows are padded to different lengths so that masking is exercised."""
@@ -228,9 +246,12 @@ def example_inputs(model: Transformer, batch: int, src_len: int, past_len: int, 
     for row, length in enumerate(lengths.tolist()):
         src[row, length - 1] = cfg.eos_id
         src[row, length:] = cfg.pad_id
-    inputs = {"src_ids": src, "tokens": torch.randint(4, cfg.vocab_size, (batch, 1), generator=g),
-              "src_mask": src != cfg.pad_id,
-              "cache_index": torch.randint(0, past_batch, (batch,), generator=g)}
+    inputs = {
+        "src_ids": src,
+        "tokens": torch.randint(4, cfg.vocab_size, (batch, 1), generator=g),
+        "src_mask": src != cfg.pad_id,
+        "cache_index": torch.randint(0, past_batch, (batch,), generator=g),
+    }
     names = cache_names(model)
     for i in range(cfg.decoder_layers):
         for kind in ("k", "v"):
@@ -259,24 +280,41 @@ def export_onnx(model: Transformer, folder: Path, opset: int = OPSET, fused: boo
         return {n: {0: "batch", 2: length_axis} for n in prefix_names}
 
     encoder_path, decoder_path = folder / "encoder.onnx", folder / "decoder.onnx"
-    with torch.no_grad(), warnings.catch_warnings(), \
-            (fused_attention(model) if fused else contextlib.nullcontext()):
+    with torch.no_grad(), warnings.catch_warnings(), fused_attention(model) if fused else contextlib.nullcontext():
         # The tracer warns about Python ints taken from shapes; they are traced as shape ops.
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            EncoderGraph(model), (ex["src_ids"],), str(encoder_path), dynamo=False, opset_version=opset,
-            input_names=["src_ids"], output_names=names["cross"],
+            EncoderGraph(model),
+            (ex["src_ids"],),
+            str(encoder_path),
+            dynamo=False,
+            opset_version=opset,
+            input_names=["src_ids"],
+            output_names=names["cross"],
             dynamic_axes={"src_ids": {0: "batch", 1: "src_len"}, **cache_axes(names["cross"], "src_len")},
-            do_constant_folding=True)
+            do_constant_folding=True,
+        )
         dec_inputs = decoder_input_names(model)
         past_axes = {n: {0: "past_batch", 2: "past_len"} for n in names["past"]}
         torch.onnx.export(
-            DecoderGraph(model), tuple(ex[n] for n in dec_inputs), str(decoder_path), dynamo=False,
-            opset_version=opset, input_names=dec_inputs, output_names=["log_probs", *names["present"]],
-            dynamic_axes={"tokens": {0: "batch"}, "src_mask": {0: "batch", 1: "src_len"},
-                          "cache_index": {0: "batch"}, **past_axes, **cache_axes(names["cross"], "src_len"),
-                          "log_probs": {0: "batch"}, **cache_axes(names["present"], "present_len")},
-            do_constant_folding=True)
+            DecoderGraph(model),
+            tuple(ex[n] for n in dec_inputs),
+            str(decoder_path),
+            dynamo=False,
+            opset_version=opset,
+            input_names=dec_inputs,
+            output_names=["log_probs", *names["present"]],
+            dynamic_axes={
+                "tokens": {0: "batch"},
+                "src_mask": {0: "batch", 1: "src_len"},
+                "cache_index": {0: "batch"},
+                **past_axes,
+                **cache_axes(names["cross"], "src_len"),
+                "log_probs": {0: "batch"},
+                **cache_axes(names["present"], "present_len"),
+            },
+            do_constant_folding=True,
+        )
     for path in (encoder_path, decoder_path):
         if fused:
             fuse_attention_nodes(path)
@@ -327,19 +365,25 @@ def tie_decoder_embedding(path: Path) -> bool:
     table_t = numpy_helper.to_array(weights[projection.input[1]])
     token_rank = {i.name: len(i.type.tensor_type.shape.dim) for i in graph.input}
     for index, node in enumerate(graph.node):
-        if node.op_type != "Gather" or gathers_columns(node) or node.input[0] not in weights \
-                or node.input[1] not in token_rank:
+        if (
+            node.op_type != "Gather"
+            or gathers_columns(node)
+            or node.input[0] not in weights
+            or node.input[1] not in token_rank
+        ):
             continue
         table = numpy_helper.to_array(weights[node.input[0]])
         if table.shape != table_t.shape[::-1] or not np.array_equal(table, table_t.T):
             continue
         rank = token_rank[node.input[1]]
         columns = f"{node.name}/tied_columns"
-        gather = onnx.helper.make_node("Gather", [projection.input[1], node.input[1]], [columns],
-                                       name=f"{node.name}_tied", axis=1)
+        gather = onnx.helper.make_node(
+            "Gather", [projection.input[1], node.input[1]], [columns], name=f"{node.name}_tied", axis=1
+        )
         # [d, *token_shape] -> [*token_shape, d]
-        transpose = onnx.helper.make_node("Transpose", [columns], list(node.output), name=f"{node.name}_tied_T",
-                                          perm=[*range(1, rank + 1), 0])
+        transpose = onnx.helper.make_node(
+            "Transpose", [columns], list(node.output), name=f"{node.name}_tied_T", perm=[*range(1, rank + 1), 0]
+        )
         return splice_and_save(proto, path, index, [gather, transpose], remove=[node])
     return False
 
@@ -363,26 +407,39 @@ def positions_as_formula(path: Path, d_model: int) -> bool:
             continue
         name, prefix = init.name, "/positions"
         half = (d_model + 1) // 2  # sin columns; cos fills the odd ones (one fewer when d is odd)
-        constants = {f"{prefix}/index": np.arange(rows, dtype=np.float32).reshape(rows, 1),
-                     f"{prefix}/div": sinusoidal_frequencies(d_model).numpy().reshape(1, half),
-                     f"{prefix}/axis": np.array([2], dtype=np.int64),
-                     f"{prefix}/shape": np.array([rows, 2 * half], dtype=np.int64),
-                     f"{prefix}/starts": np.array([0], dtype=np.int64),
-                     f"{prefix}/ends": np.array([d_model], dtype=np.int64),
-                     f"{prefix}/last": np.array([1], dtype=np.int64)}
+        constants = {
+            f"{prefix}/index": np.arange(rows, dtype=np.float32).reshape(rows, 1),
+            f"{prefix}/div": sinusoidal_frequencies(d_model).numpy().reshape(1, half),
+            f"{prefix}/axis": np.array([2], dtype=np.int64),
+            f"{prefix}/shape": np.array([rows, 2 * half], dtype=np.int64),
+            f"{prefix}/starts": np.array([0], dtype=np.int64),
+            f"{prefix}/ends": np.array([d_model], dtype=np.int64),
+            f"{prefix}/last": np.array([1], dtype=np.int64),
+        }
         make = onnx.helper.make_node
-        nodes = [make("Mul", [f"{prefix}/index", f"{prefix}/div"], [f"{prefix}/angles"], name=f"{prefix}/Mul"),
-                 make("Sin", [f"{prefix}/angles"], [f"{prefix}/sin"], name=f"{prefix}/Sin"),
-                 make("Cos", [f"{prefix}/angles"], [f"{prefix}/cos"], name=f"{prefix}/Cos"),
-                 make("Unsqueeze", [f"{prefix}/sin", f"{prefix}/axis"], [f"{prefix}/sin3"], name=f"{prefix}/U1"),
-                 make("Unsqueeze", [f"{prefix}/cos", f"{prefix}/axis"], [f"{prefix}/cos3"], name=f"{prefix}/U2"),
-                 make("Concat", [f"{prefix}/sin3", f"{prefix}/cos3"], [f"{prefix}/pairs"], name=f"{prefix}/Concat",
-                      axis=2),
-                 make("Reshape", [f"{prefix}/pairs", f"{prefix}/shape"],
-                      [name if 2 * half == d_model else f"{prefix}/padded"], name=f"{prefix}/Reshape")]
+        nodes = [
+            make("Mul", [f"{prefix}/index", f"{prefix}/div"], [f"{prefix}/angles"], name=f"{prefix}/Mul"),
+            make("Sin", [f"{prefix}/angles"], [f"{prefix}/sin"], name=f"{prefix}/Sin"),
+            make("Cos", [f"{prefix}/angles"], [f"{prefix}/cos"], name=f"{prefix}/Cos"),
+            make("Unsqueeze", [f"{prefix}/sin", f"{prefix}/axis"], [f"{prefix}/sin3"], name=f"{prefix}/U1"),
+            make("Unsqueeze", [f"{prefix}/cos", f"{prefix}/axis"], [f"{prefix}/cos3"], name=f"{prefix}/U2"),
+            make("Concat", [f"{prefix}/sin3", f"{prefix}/cos3"], [f"{prefix}/pairs"], name=f"{prefix}/Concat", axis=2),
+            make(
+                "Reshape",
+                [f"{prefix}/pairs", f"{prefix}/shape"],
+                [name if 2 * half == d_model else f"{prefix}/padded"],
+                name=f"{prefix}/Reshape",
+            ),
+        ]
         if 2 * half != d_model:  # odd d: the last cos column is not part of the table
-            nodes.append(make("Slice", [f"{prefix}/padded", f"{prefix}/starts", f"{prefix}/ends", f"{prefix}/last"],
-                              [name], name=f"{prefix}/Slice"))
+            nodes.append(
+                make(
+                    "Slice",
+                    [f"{prefix}/padded", f"{prefix}/starts", f"{prefix}/ends", f"{prefix}/last"],
+                    [name],
+                    name=f"{prefix}/Slice",
+                )
+            )
         del graph.initializer[index]
         graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in constants.items())
         return splice_and_save(proto, path, 0, nodes)
@@ -405,15 +462,19 @@ def optimize_onnx(source: Path, dest: Path) -> dict:
     level = logger.level
     logger.setLevel(logging.ERROR)  # it logs every fusion it did not find
     try:
-        optimized = optimize_model(str(source), model_type="bart", num_heads=0, hidden_size=0, opt_level=1,
-                                   use_gpu=False)
+        optimized = optimize_model(
+            str(source), model_type="bart", num_heads=0, hidden_size=0, opt_level=1, use_gpu=False
+        )
     finally:
         logger.setLevel(level)
     before = onnx.load(str(source))
     optimized.save_model_to_file(str(dest))
     after = optimized.model
-    return {"nodes_before": len(before.graph.node), "nodes_after": len(after.graph.node),
-            "fused_ops": sorted({n.op_type for n in after.graph.node} - {n.op_type for n in before.graph.node})}
+    return {
+        "nodes_before": len(before.graph.node),
+        "nodes_after": len(after.graph.node),
+        "fused_ops": sorted({n.op_type for n in after.graph.node} - {n.op_type for n in before.graph.node}),
+    }
 
 
 def to_fp16(source: Path, dest: Path) -> None:

@@ -25,9 +25,14 @@ from typing import Iterable
 import numpy as np
 import onnx
 
+from .onnx_passes.edit import (
+    drop_unused_initializers,
+    gathers_columns,
+    replace_node,
+    splice_and_save,
+    unfuse_skip_layer_norm,
+)
 from .onnx_passes.external import refer_to_bytes_in
-from .onnx_passes.edit import (drop_unused_initializers, gathers_columns, replace_node, splice_and_save,
-                         unfuse_skip_layer_norm)
 
 GRAPHS = ("encoder", "decoder")
 # Node names come from the exporter's module scopes (see model/onnx_export.py: name_nodes).
@@ -50,8 +55,12 @@ def weight_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     for node in model.graph.node:
         if node.op_type == "MatMul" and node.input[1] in weights:
             out.append(node)
-        elif node.op_type == "Gather" and node.input[0] in weights and node.input[1] in token_inputs \
-                and not gathers_columns(node):  # (not the sinusoidal positions' row for a step)
+        elif (
+            node.op_type == "Gather"
+            and node.input[0] in weights
+            and node.input[1] in token_inputs
+            and not gathers_columns(node)
+        ):  # (not the sinusoidal positions' row for a step)
             out.append(node)  # the tied lookup is left to retie_quantized_embedding
     return out
 
@@ -103,14 +112,17 @@ def retie_quantized_embedding(path: Path) -> bool:
             return [onnx.helper.make_node("Gather", [tensor, tokens], [picked], name=f"{name}_{tensor}_gather")], picked
 
         make = onnx.helper.make_node
-        new_nodes = [make("Gather", [quantized, tokens], [f"{name}/q"], name=f"{name}_int8", axis=1),
-                     make("Cast", [f"{name}/q"], [f"{name}/qf"], name=f"{name}_cast", to=onnx.TensorProto.FLOAT)]
+        new_nodes = [
+            make("Gather", [quantized, tokens], [f"{name}/q"], name=f"{name}_int8", axis=1),
+            make("Cast", [f"{name}/q"], [f"{name}/qf"], name=f"{name}_cast", to=onnx.TensorProto.FLOAT),
+        ]
         value = f"{name}/qf"
         if zero_point is not None:
             zp_nodes, zp = per_token(zero_point)
             new_nodes += zp_nodes + [
                 make("Cast", [zp], [f"{name}/zf"], name=f"{name}_zp_cast", to=onnx.TensorProto.FLOAT),
-                make("Sub", [value, f"{name}/zf"], [f"{name}/centred"], name=f"{name}_sub")]
+                make("Sub", [value, f"{name}/zf"], [f"{name}/centred"], name=f"{name}_sub"),
+            ]
             value = f"{name}/centred"
         scale_nodes, picked_scale = per_token(scale)
         new_nodes += scale_nodes + [make("Mul", [value, picked_scale], [out], name=f"{name}_scale")]
@@ -180,9 +192,15 @@ def _ort_dynamic(source: Path, dest: Path, nodes: list[str]) -> None:
         onnx.save(onnx.load(str(source)), str(dest))
         return
     with _Quiet():
-        ort_quantize_dynamic(str(source), str(dest), weight_type=QuantType.QInt8, per_channel=True,
-                             nodes_to_quantize=nodes, op_types_to_quantize=["MatMul", "Gather"],
-                             extra_options={"MatMulConstBOnly": True, **_FLOAT})
+        ort_quantize_dynamic(
+            str(source),
+            str(dest),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            nodes_to_quantize=nodes,
+            op_types_to_quantize=["MatMul", "Gather"],
+            extra_options={"MatMulConstBOnly": True, **_FLOAT},
+        )
 
 
 def _plan(paths: dict[str, Path], groups: dict, keep_float: Iterable[str]) -> tuple[dict[str, list[str]], bool]:
@@ -227,9 +245,16 @@ class FeedReader:
         return self.feeds[self.start - 1]
 
 
-def quantize_static(paths: dict[str, Path], out: Path, groups: dict, feeds: dict[str, list[dict]],
-                    method: str = "minmax", keep_float: Iterable[str] = (), per_channel: bool = True,
-                    cache: Path | None = None) -> dict[str, Path]:
+def quantize_static(
+    paths: dict[str, Path],
+    out: Path,
+    groups: dict,
+    feeds: dict[str, list[dict]],
+    method: str = "minmax",
+    keep_float: Iterable[str] = (),
+    per_channel: bool = True,
+    cache: Path | None = None,
+) -> dict[str, Path]:
     """int8 with activation scales calibrated on `feeds` (per graph: a list of input dicts): one
     fixed scale per product input, symmetric, and int8 weights per output column. A number's
     int8 value depends on that number alone, so a sentence's translation does not depend on its
@@ -243,8 +268,11 @@ def quantize_static(paths: dict[str, Path], out: Path, groups: dict, feeds: dict
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType
     from onnxruntime.quantization import quantize_static as ort_quantize_static
 
-    calibrate = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-                 "percentile": CalibrationMethod.Percentile}[method]
+    calibrate = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }[method]
     out.mkdir(parents=True, exist_ok=True)
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
@@ -257,13 +285,26 @@ def quantize_static(paths: dict[str, Path], out: Path, groups: dict, feeds: dict
         else:
             with _Quiet():
                 ort_quantize_static(
-                    str(paths[graph]), str(dest), FeedReader(feeds[graph]), quant_format=QuantFormat.QDQ,
-                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, per_channel=per_channel,
-                    calibrate_method=calibrate, nodes_to_quantize=plan[graph], op_types_to_quantize=["MatMul", "Gather"],
+                    str(paths[graph]),
+                    str(dest),
+                    FeedReader(feeds[graph]),
+                    quant_format=QuantFormat.QDQ,
+                    activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8,
+                    per_channel=per_channel,
+                    calibrate_method=calibrate,
+                    nodes_to_quantize=plan[graph],
+                    op_types_to_quantize=["MatMul", "Gather"],
                     calibration_providers=["CPUExecutionProvider"],
                     calibration_cache_path=str(cache / f"{graph}.{method}.json") if cache else None,
-                    extra_options={"CalibStridedMinMax": 1, "ActivationSymmetric": True, "WeightSymmetric": True,
-                                   "CalibTensorRangeSymmetric": True, **_FLOAT})
+                    extra_options={
+                        "CalibStridedMinMax": 1,
+                        "ActivationSymmetric": True,
+                        "WeightSymmetric": True,
+                        "CalibTensorRangeSymmetric": True,
+                        **_FLOAT,
+                    },
+                )
             proto = onnx.load(str(dest))
             static_int8_products(proto.graph)
             _import_contrib_ops(proto)
@@ -347,10 +388,13 @@ def rows_int8_products(graph: onnx.GraphProto) -> int:
             readers.setdefault(name, []).append(node)
     weights = {t.name: t for t in graph.initializer}
     make = onnx.helper.make_node
-    constants = {"row_int8/axes": np.array([-1], np.int64), "row_int8/tiny": np.array(1e-30, np.float32),
-                 "row_int8/int8_max": np.array(INT8_MAX, np.float32),
-                 "row_int8/zero_point_float": np.array(ROW_ZERO_POINT, np.float32),
-                 "row_int8/zero_point": np.array(ROW_ZERO_POINT, np.uint8)}
+    constants = {
+        "row_int8/axes": np.array([-1], np.int64),
+        "row_int8/tiny": np.array(1e-30, np.float32),
+        "row_int8/int8_max": np.array(INT8_MAX, np.float32),
+        "row_int8/zero_point_float": np.array(ROW_ZERO_POINT, np.float32),
+        "row_int8/zero_point": np.array(ROW_ZERO_POINT, np.uint8),
+    }
     quantizers: dict[str, tuple[str, str]] = {}  # input value -> (its uint8 rows, their scales)
     converted = 0
     for product in [n for n in graph.node if n.op_type == "MatMulInteger"]:
@@ -370,7 +414,8 @@ def rows_int8_products(graph: onnx.GraphProto) -> int:
             p = f"row_int8/{len(quantizers)}"
             quantizers[x] = (f"{p}/q", f"{p}/scale")
             at = list(graph.node).index(dql)
-            for offset, node in enumerate([  # unnamed: a graph has a dozen of these, names are bytes
+            for offset, node in enumerate(
+                [  # unnamed: a graph has a dozen of these, names are bytes
                     make("Abs", [x], [f"{p}/abs"]),
                     make("ReduceMax", [f"{p}/abs"], [f"{p}/max"], axes=[-1], keepdims=1),
                     make("Max", [f"{p}/max", "row_int8/tiny"], [f"{p}/max_safe"]),
@@ -378,12 +423,24 @@ def rows_int8_products(graph: onnx.GraphProto) -> int:
                     make("Div", [x, f"{p}/scale"], [f"{p}/steps"]),
                     make("Round", [f"{p}/steps"], [f"{p}/rounded"]),  # half to even
                     make("Add", [f"{p}/rounded", "row_int8/zero_point_float"], [f"{p}/shifted"]),
-                    make("Cast", [f"{p}/shifted"], [f"{p}/q"], to=onnx.TensorProto.UINT8)]):
+                    make("Cast", [f"{p}/shifted"], [f"{p}/q"], to=onnx.TensorProto.UINT8),
+                ]
+            ):
                 graph.node.insert(at + offset, node)
         q, row_scale = quantizers[x]
-        replace_node(graph, product, [make("MatMulIntegerToFloat", [q, product.input[1], row_scale, column_scale,
-                                                                     "row_int8/zero_point"], list(scale.output),
-                                           name=product.name, domain="com.microsoft")])
+        replace_node(
+            graph,
+            product,
+            [
+                make(
+                    "MatMulIntegerToFloat",
+                    [q, product.input[1], row_scale, column_scale, "row_int8/zero_point"],
+                    list(scale.output),
+                    name=product.name,
+                    domain="com.microsoft",
+                )
+            ],
+        )
         for node in (cast, scale, scales_mul):
             graph.node.remove(node)
         converted += 1
@@ -422,8 +479,11 @@ def static_int8_products(graph: onnx.GraphProto) -> int:
 
     def constant_dq(name: str) -> onnx.NodeProto | None:
         node = producer.get(name)
-        return node if node is not None and node.op_type == "DequantizeLinear" and \
-            all(i in weights for i in node.input if i) else None
+        return (
+            node
+            if node is not None and node.op_type == "DequantizeLinear" and all(i in weights for i in node.input if i)
+            else None
+        )
 
     for product in [n for n in graph.node if n.op_type == "MatMul"]:
         dq_a, dq_b = producer.get(product.input[0]), constant_dq(product.input[1])
@@ -437,11 +497,23 @@ def static_int8_products(graph: onnx.GraphProto) -> int:
             raise ValueError(f"{product.name}: not a per-tensor activation scale and symmetric weights")
         if x not in quantizers:
             quantizers[x] = f"{x}/static_int8/q"
-            graph.node.insert(list(graph.node).index(q_a), make(
-                "QuantizeLinear", [x, scale, "static_int8/zero_point"], [quantizers[x]], name=f"{x}/static_int8"))
-        replace_node(graph, product, [make("MatMulIntegerToFloat", [quantizers[x], weight, scale, column_scale,
-                                                                     "static_int8/zero_point"], list(product.output),
-                                           name=product.name, domain="com.microsoft")])
+            graph.node.insert(
+                list(graph.node).index(q_a),
+                make("QuantizeLinear", [x, scale, "static_int8/zero_point"], [quantizers[x]], name=f"{x}/static_int8"),
+            )
+        replace_node(
+            graph,
+            product,
+            [
+                make(
+                    "MatMulIntegerToFloat",
+                    [quantizers[x], weight, scale, column_scale, "static_int8/zero_point"],
+                    list(product.output),
+                    name=product.name,
+                    domain="com.microsoft",
+                )
+            ],
+        )
         converted += 1
     # The QDQ writer's fake quantization of values (Q -> DQ, both made for an activation): gone.
     for dq in [n for n in graph.node if n.op_type == "DequantizeLinear"]:
@@ -478,8 +550,13 @@ def _fold_biases(graph: onnx.GraphProto) -> int:
             continue
         add, a_scale, b_scale = readers[0], product.input[2], product.input[3]
         bias = next(i for i in add.input if i != product.output[0])
-        if a_scale not in weights or np.ndim(numpy_helper.to_array(weights[a_scale])) or bias not in weights \
-                or b_scale not in weights or list(weights[bias].dims) != list(weights[b_scale].dims):
+        if (
+            a_scale not in weights
+            or np.ndim(numpy_helper.to_array(weights[a_scale]))
+            or bias not in weights
+            or b_scale not in weights
+            or list(weights[bias].dims) != list(weights[b_scale].dims)
+        ):
             continue
         product.input.extend([""] * (6 - len(product.input)) + [bias])
         product.output[0] = add.output[0]
@@ -493,8 +570,15 @@ def _token_lookups(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """The encoder's token lookups: Gathers of a [vocab, d] initializer by the graph's input ids."""
     inputs = {i.name for i in graph.input}
     weights = {t.name: t for t in graph.initializer}
-    return [n for n in graph.node if n.op_type == "Gather" and n.input[1] in inputs and n.input[0] in weights
-            and len(weights[n.input[0]].dims) == 2 and not gathers_columns(n)]
+    return [
+        n
+        for n in graph.node
+        if n.op_type == "Gather"
+        and n.input[1] in inputs
+        and n.input[0] in weights
+        and len(weights[n.input[0]].dims) == 2
+        and not gathers_columns(n)
+    ]
 
 
 TABLE, TABLE_SCALES = "token_table/int8", "token_table/scales"
@@ -524,17 +608,32 @@ def share_token_table(encoder: Path, decoder: Path, source: Path) -> bool:
         quantized, scale = dq.input[0], dq.input[1]  # the QDQ writer's form
     else:
         quantized, scale = f"{lookup.input[0]}_quantized", f"{lookup.input[0]}_scale"
-    product = next((n for n in g.node if n.op_type == "MatMulIntegerToFloat" and n.input[1] == quantized
-                    and n.input[3] == scale), None)
+    product = next(
+        (n for n in g.node if n.op_type == "MatMulIntegerToFloat" and n.input[1] == quantized and n.input[3] == scale),
+        None,
+    )
     transpose = next((n for n in g.node if n.op_type == "Transpose" and lookup.output[0] in n.input), None)
     if product is None or transpose is None or quantized not in weights or scale not in weights:
         return False
     original = onnx.load(str(source))
-    float_table = next((numpy_helper.to_array(t) for t in original.graph.initializer for n in original.graph.node
-                        if gathers_columns(n) and n.input[0] == t.name), None)  # [d, vocab]
+    float_table = next(
+        (
+            numpy_helper.to_array(t)
+            for t in original.graph.initializer
+            for n in original.graph.node
+            if gathers_columns(n) and n.input[0] == t.name
+        ),
+        None,
+    )  # [d, vocab]
     enc = onnx.load(str(encoder))
-    enc_lookups = [n for n in _token_lookups(enc.graph) if float_table is not None and np.array_equal(
-        numpy_helper.to_array(next(t for t in enc.graph.initializer if t.name == n.input[0])), float_table.T)]
+    enc_lookups = [
+        n
+        for n in _token_lookups(enc.graph)
+        if float_table is not None
+        and np.array_equal(
+            numpy_helper.to_array(next(t for t in enc.graph.initializer if t.name == n.input[0])), float_table.T
+        )
+    ]
     if not enc_lookups:
         return False
     q = numpy_helper.to_array(weights[quantized])  # int8 [d, vocab]
@@ -544,21 +643,34 @@ def share_token_table(encoder: Path, decoder: Path, source: Path) -> bool:
     rows = np.full((vocab, block), ROW_ZERO_POINT, np.uint8)
     rows[:, :d] = (q.T.astype(np.int16) + ROW_ZERO_POINT).astype(np.uint8)
     make = onnx.helper.make_node
-    g.initializer.extend([numpy_helper.from_array(rows, TABLE),
-                          numpy_helper.from_array(scales.reshape(vocab, 1), TABLE_SCALES)])
+    g.initializer.extend(
+        [numpy_helper.from_array(rows, TABLE), numpy_helper.from_array(scales.reshape(vocab, 1), TABLE_SCALES)]
+    )
     p = "token_table/projection"
-    g.initializer.extend(numpy_helper.from_array(np.array(v, dtype), f"{p}/{name}") for name, v, dtype in (
-        ("starts", [0], np.int64), ("ends", [d], np.int64), ("axes", [1], np.int64),
-        ("zero", ROW_ZERO_POINT, np.int32), ("flat", [vocab], np.int64)))
+    g.initializer.extend(
+        numpy_helper.from_array(np.array(v, dtype), f"{p}/{name}")
+        for name, v, dtype in (
+            ("starts", [0], np.int64),
+            ("ends", [d], np.int64),
+            ("axes", [1], np.int64),
+            ("zero", ROW_ZERO_POINT, np.int32),
+            ("flat", [vocab], np.int64),
+        )
+    )
     # The product's weight and scales from the table's constants (folded at load, then prepacked).
-    replace_node(g, product, [
-        make("Slice", [TABLE, f"{p}/starts", f"{p}/ends", f"{p}/axes"], [f"{p}/rows"], name=f"{p}/rows"),
-        make("Cast", [f"{p}/rows"], [f"{p}/wide"], to=onnx.TensorProto.INT32, name=f"{p}/wide"),
-        make("Sub", [f"{p}/wide", f"{p}/zero"], [f"{p}/centred"], name=f"{p}/centred"),
-        make("Cast", [f"{p}/centred"], [f"{p}/int8"], to=onnx.TensorProto.INT8, name=f"{p}/int8"),
-        make("Transpose", [f"{p}/int8"], [f"{p}/weight"], perm=[1, 0], name=f"{p}/weight"),
-        make("Reshape", [TABLE_SCALES, f"{p}/flat"], [f"{p}/scales"], name=f"{p}/scales"),
-        _with_inputs(product, {1: f"{p}/weight", 3: f"{p}/scales"})])
+    replace_node(
+        g,
+        product,
+        [
+            make("Slice", [TABLE, f"{p}/starts", f"{p}/ends", f"{p}/axes"], [f"{p}/rows"], name=f"{p}/rows"),
+            make("Cast", [f"{p}/rows"], [f"{p}/wide"], to=onnx.TensorProto.INT32, name=f"{p}/wide"),
+            make("Sub", [f"{p}/wide", f"{p}/zero"], [f"{p}/centred"], name=f"{p}/centred"),
+            make("Cast", [f"{p}/centred"], [f"{p}/int8"], to=onnx.TensorProto.INT8, name=f"{p}/int8"),
+            make("Transpose", [f"{p}/int8"], [f"{p}/weight"], perm=[1, 0], name=f"{p}/weight"),
+            make("Reshape", [TABLE_SCALES, f"{p}/flat"], [f"{p}/scales"], name=f"{p}/scales"),
+            _with_inputs(product, {1: f"{p}/weight", 3: f"{p}/scales"}),
+        ],
+    )
     replace_node(g, lookup, _table_lookup(g, lookup.name, lookup.input[1], transpose.output[0], d, block))
     g.node.remove(transpose)
     if dq is not None and not any(dq.output[0] in n.input for n in g.node if n is not dq):
@@ -590,18 +702,32 @@ def _with_inputs(node: onnx.NodeProto, inputs: dict[int, str]) -> onnx.NodeProto
     return new
 
 
-def _table_lookup(graph: onnx.GraphProto, name: str, tokens: str, output: str, d: int, block: int
-                  ) -> list[onnx.NodeProto]:
+def _table_lookup(
+    graph: onnx.GraphProto, name: str, tokens: str, output: str, d: int, block: int
+) -> list[onnx.NodeProto]:
     """Nodes looking `tokens` up in the shared table into `output` (the rows, unpadded to d)."""
     from onnx import numpy_helper
 
     make = onnx.helper.make_node
     gathered = output if block == d else f"{name}/padded"
-    nodes = [make("GatherBlockQuantized", [TABLE, tokens, TABLE_SCALES], [gathered], name=name,
-                  domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=block, bits=8)]
+    nodes = [
+        make(
+            "GatherBlockQuantized",
+            [TABLE, tokens, TABLE_SCALES],
+            [gathered],
+            name=name,
+            domain="com.microsoft",
+            gather_axis=0,
+            quantize_axis=1,
+            block_size=block,
+            bits=8,
+        )
+    ]
     if block != d:
         bounds = [f"{name}/{k}" for k in ("starts", "ends", "axes")]
-        graph.initializer.extend(numpy_helper.from_array(np.array([v], np.int64), n) for n, v in zip(bounds, (0, d, -1)))
+        graph.initializer.extend(
+            numpy_helper.from_array(np.array([v], np.int64), n) for n, v in zip(bounds, (0, d, -1))
+        )
         nodes.append(make("Slice", [gathered, *bounds], [output], name=f"{name}/unpad"))
     return nodes
 

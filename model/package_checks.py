@@ -59,8 +59,9 @@ def load_tokenizer(path: Path, vocab: int) -> SubwordTokenizer:
         raise PackageError(f"{path}: not a tokenizer ({reason(exc)})") from None
     ids = [tokenizer.token_to_id(piece) for piece in SPECIALS]
     if None in ids:
-        raise PackageError(f"{path}: no {SPECIALS[ids.index(None)]!r} piece (a package's tokenizer has "
-                           f"{', '.join(SPECIALS)})")
+        raise PackageError(
+            f"{path}: no {SPECIALS[ids.index(None)]!r} piece (a package's tokenizer has {', '.join(SPECIALS)})"
+        )
     if len(set(ids)) < len(ids):
         raise PackageError(f"{path}: two of {', '.join(SPECIALS)} are one id ({ids})")
     highest = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
@@ -84,21 +85,29 @@ def load_generation(path: Path, tokenizer: SubwordTokenizer, vocab: int, positio
         problem = _type_problem(name, value)
         if problem:
             raise PackageError(f"{path}: {name}: {problem}")
-    ranges = {"beam": (1, MAX_BEAM), "length_penalty": (0, MAX_LENGTH_PENALTY), "max_len_a": (0, MAX_LEN_A),
-              "max_len_b": (0, MAX_LEN_B), "max_positions": (2, positions),
-              **{name: (0, vocab - 1) for name in _SPECIAL_FIELDS}}
+    ranges = {
+        "beam": (1, MAX_BEAM),
+        "length_penalty": (0, MAX_LENGTH_PENALTY),
+        "max_len_a": (0, MAX_LEN_A),
+        "max_len_b": (0, MAX_LEN_B),
+        "max_positions": (2, positions),
+        **{name: (0, vocab - 1) for name in _SPECIAL_FIELDS},
+    }
     for name, (low, high) in ranges.items():
         if not low <= fields[name] <= high:
             why = {"max_positions": " (the rows of the graphs' position table)"}.get(
-                name, " (the graphs' vocabulary)" if name in _SPECIAL_FIELDS else "")
+                name, " (the graphs' vocabulary)" if name in _SPECIAL_FIELDS else ""
+            )
             raise PackageError(f"{path}: {name}: must be from {low} to {high}{why}, got {fields[name]!r}")
     for name, piece in _SPECIAL_FIELDS.items():
         own = tokenizer.tok.token_to_id(piece)
         if fields[name] != own:
             raise PackageError(f"{path}: {name}: {fields[name]} is not the tokenizer's {piece} ({own})")
     if int(2 * fields["max_len_a"] + fields["max_len_b"]) < 2:
-        raise PackageError(f"{path}: max_len_a, max_len_b: a one-word sentence would get no word "
-                           f"(2 * {fields['max_len_a']} + {fields['max_len_b']} < 2)")
+        raise PackageError(
+            f"{path}: max_len_a, max_len_b: a one-word sentence would get no word "
+            f"(2 * {fields['max_len_a']} + {fields['max_len_b']} < 2)"
+        )
     return GenerationConfig(**fields)
 
 
@@ -131,8 +140,11 @@ def check_ids(ids, vocab: int) -> None:
     """Token ids handed to the graphs directly (Translator.encode's rows, Translator.step's
     tokens): each inside the vocabulary, ValueError otherwise."""
     try:
-        flat = (np.fromiter(itertools.chain.from_iterable(ids), np.int64) if isinstance(ids, list)
-                else np.asarray(ids, dtype=np.int64).ravel())
+        flat = (
+            np.fromiter(itertools.chain.from_iterable(ids), np.int64)
+            if isinstance(ids, list)
+            else np.asarray(ids, dtype=np.int64).ravel()
+        )
     except (OverflowError, TypeError, ValueError):
         raise ValueError("token ids must be integers inside the package's vocabulary") from None
     outside = flat[(flat < 0) | (flat >= vocab)]

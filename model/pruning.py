@@ -33,22 +33,28 @@ from .transformer import CrossAttention, FeedForward, SelfAttention, Transformer
 HEAD_KINDS = ("enc_self", "dec_self", "dec_cross")
 FFN_KINDS = ("enc_ffn", "dec_ffn")
 # Where each kind's per-layer size lives in TransformerConfig.
-CONFIG_FIELD = {"enc_self": "enc_heads", "dec_self": "dec_self_heads", "dec_cross": "dec_cross_heads",
-                "enc_ffn": "enc_ffn", "dec_ffn": "dec_ffn"}
+CONFIG_FIELD = {
+    "enc_self": "enc_heads",
+    "dec_self": "dec_self_heads",
+    "dec_cross": "dec_cross_heads",
+    "enc_ffn": "enc_ffn",
+    "dec_ffn": "dec_ffn",
+}
 
 Scores = dict[str, list[Tensor]]
 Plan = dict[str, list[list[int]]]
 
 
 def attention_modules(model: Transformer) -> dict[str, list[nn.Module]]:
-    return {"enc_self": [layer.attn for layer in model.encoder],
-            "dec_self": [layer.self_attn for layer in model.decoder],
-            "dec_cross": [layer.cross_attn for layer in model.decoder]}
+    return {
+        "enc_self": [layer.attn for layer in model.encoder],
+        "dec_self": [layer.self_attn for layer in model.decoder],
+        "dec_cross": [layer.cross_attn for layer in model.decoder],
+    }
 
 
 def ffn_modules(model: Transformer) -> dict[str, list[FeedForward]]:
-    return {"enc_ffn": [layer.ffn for layer in model.encoder],
-            "dec_ffn": [layer.ffn for layer in model.decoder]}
+    return {"enc_ffn": [layer.ffn for layer in model.encoder], "dec_ffn": [layer.ffn for layer in model.decoder]}
 
 
 def head_counts(model: Transformer) -> dict[str, list[int]]:
@@ -60,8 +66,9 @@ def ffn_widths(model: Transformer) -> dict[str, list[int]]:
 
 
 # ----------------------------------------------------------------------- importance
-def importance(model: Transformer, batches: Iterable[tuple[Tensor, Tensor, Tensor]],
-               neurons: bool = False) -> tuple[Scores, Scores | None, int]:
+def importance(
+    model: Transformer, batches: Iterable[tuple[Tensor, Tensor, Tensor]], neurons: bool = False
+) -> tuple[Scores, Scores | None, int]:
     """Raw scores E|dL/dgate| for every head (and FFN neuron if asked), over `batches` of
     (src, tgt_in, tgt_out) as made by pipeline.training.loop.collate. Returns (head scores, neuron
     scores or None, batches used). The loss is plain token-level cross-entropy, in eval mode
@@ -136,8 +143,14 @@ def importance_table(raw: Scores, normalize: str = "none", origins: Plan | None 
     for kind, layers in raw.items():
         for layer, s in enumerate(layers):
             for head in range(len(s)):
-                row = {"layer": layer, "kind": kind, "head": head, "score": _round(used[kind][layer][head]),
-                       "raw": _round(s[head]), "normalized": _round(normed[kind][layer][head])}
+                row = {
+                    "layer": layer,
+                    "kind": kind,
+                    "head": head,
+                    "score": _round(used[kind][layer][head]),
+                    "raw": _round(s[head]),
+                    "normalized": _round(normed[kind][layer][head]),
+                }
                 if origins is not None:
                     row["original_head"] = origins[kind][layer][head]
                 rows.append(row)
@@ -173,8 +186,12 @@ def select_lowest(scores: Scores, remove: int, min_per_layer: int = 1, ranking: 
                 plan[kind][i] = sorted(order[: max(0, len(s) - keep)])
         return plan
     left = {(kind, i): len(s) for kind, layers in scores.items() for i, s in enumerate(layers)}
-    candidates = sorted((value, kind, i, unit) for kind, layers in scores.items()
-                        for i, s in enumerate(layers) for unit, value in enumerate(s.tolist()))
+    candidates = sorted(
+        (value, kind, i, unit)
+        for kind, layers in scores.items()
+        for i, s in enumerate(layers)
+        for unit, value in enumerate(s.tolist())
+    )
     removed = 0
     for _, kind, i, unit in candidates:
         if removed == remove:
@@ -192,8 +209,13 @@ def plan_size(plan: Plan) -> int:
 
 def surviving(origins: Plan, plan: Plan) -> Plan:
     """Track which original units remain: drop the planned indices from each layer's list."""
-    return {kind: [[u for j, u in enumerate(layer) if j not in set(plan.get(kind, [[]] * len(layers))[i])]
-                   for i, layer in enumerate(layers)] for kind, layers in origins.items()}
+    return {
+        kind: [
+            [u for j, u in enumerate(layer) if j not in set(plan.get(kind, [[]] * len(layers))[i])]
+            for i, layer in enumerate(layers)
+        ]
+        for kind, layers in origins.items()
+    }
 
 
 # ------------------------------------------------------------------ physical pruning

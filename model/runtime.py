@@ -28,9 +28,33 @@ import onnxruntime as ort
 
 from . import package_checks
 from .files import PACKAGE_JSON, PackageError, sha256_file, verify_package  # noqa: F401 (re-exported)
-from .layout import (CACHE_INDEX, DECODER, DECODER_BATCH, DECODER_GREEDY, ENCODER, GENERATE, GENERATE_BATCH, GENERATION,
-                     GROUP, INPUT_IDS, LENGTH_PENALTY, LOG_PROBS, MAX_LENGTH, NORMALIZE, NUM_BEAMS, SEQUENCES,
-                     SHORTLIST_FILE, SHORTLIST_GRAPH, SHORTLISTED, SRC_IDS, SRC_MASK, TOKENIZER, TOKENS, TOP_K, WORDS)
+from .layout import (
+    CACHE_INDEX,
+    DECODER,
+    DECODER_BATCH,
+    DECODER_GREEDY,
+    ENCODER,
+    GENERATE,
+    GENERATE_BATCH,
+    GENERATION,
+    GROUP,
+    INPUT_IDS,
+    LENGTH_PENALTY,
+    LOG_PROBS,
+    MAX_LENGTH,
+    NORMALIZE,
+    NUM_BEAMS,
+    SEQUENCES,
+    SHORTLIST_FILE,
+    SHORTLIST_GRAPH,
+    SHORTLISTED,
+    SRC_IDS,
+    SRC_MASK,
+    TOKENIZER,
+    TOKENS,
+    TOP_K,
+    WORDS,
+)
 from .search import GenerationConfig, best_of, search, translate_sentences
 from .shortlist import Shortlist, ShortlistError, sentence_width
 from .subword import SubwordTokenizer
@@ -47,10 +71,17 @@ class OnnxDecoder:
     steps (the beam reordering is a Gather inside the decoder graph); only the token ids go in
     and the log-probabilities come out each step."""
 
-    def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, pad_id: int,
-                 device: str = "cpu", device_id: int = 0, many_rows: ort.InferenceSession | None = None,
-                 greedy: ort.InferenceSession | None = None,
-                 shortlist: tuple[Shortlist, ort.InferenceSession] | None = None):
+    def __init__(
+        self,
+        encoder: ort.InferenceSession,
+        decoder: ort.InferenceSession,
+        pad_id: int,
+        device: str = "cpu",
+        device_id: int = 0,
+        many_rows: ort.InferenceSession | None = None,
+        greedy: ort.InferenceSession | None = None,
+        shortlist: tuple[Shortlist, ort.InferenceSession] | None = None,
+    ):
         self.encoder, self.decoder, self.pad_id = encoder, decoder, pad_id
         # decoder_batch.onnx: the same step with int8 kernels for many rows and the top k words
         # per row instead of the whole distribution (model/onnx_passes/many_rows.py); CPU only.
@@ -80,8 +111,9 @@ class OnnxDecoder:
         self.past_names = [n.replace("present_", "past_") for n in self.present_names]
         inputs = {i.name: i for i in decoder.get_inputs()}
         # Shapes of an empty cache: [rows, heads, 0, head_dim], in the graph's float type.
-        self.past_specs = {n: (inputs[n].shape[1], inputs[n].shape[3], _DTYPES[inputs[n].type])
-                           for n in self.past_names}
+        self.past_specs = {
+            n: (inputs[n].shape[1], inputs[n].shape[3], _DTYPES[inputs[n].type]) for n in self.past_names
+        }
         self.feed: dict = {}
         self.rows = 0
         self.arange = np.zeros(0, dtype=np.int64)
@@ -148,8 +180,10 @@ class OnnxDecoder:
         if self.shortlist_feed is None:
             self.words, allowed = self.shortlist.batch_words(self.batch_sources, self.specials, self.sentence_width)
             self.masked = np.where(allowed, np.float32(0), np.float32(-np.inf))
-            self.shortlist_feed = {self.shortlist_flag: np.array([True]), **dict(zip(
-                self.selector_outputs, self.selector.run(self.selector_outputs, {WORDS: self.words})))}
+            self.shortlist_feed = {
+                self.shortlist_flag: np.array([True]),
+                **dict(zip(self.selector_outputs, self.selector.run(self.selector_outputs, {WORDS: self.words}))),
+            }
         return self.shortlist_feed, self.words
 
     def _per_row(self, feed: dict) -> dict:
@@ -179,8 +213,9 @@ class OnnxDecoder:
         feed[TOKENS] = tokens.reshape(-1, 1)
         projection, words = self._projection_feed(scores)
         if self.greedy is not None and parents is None and not scores:
-            logits, *present = self.greedy.run(self.greedy_outputs, {
-                **{n: feed[n] for n in self.greedy_inputs if n in feed}, **projection})
+            logits, *present = self.greedy.run(
+                self.greedy_outputs, {**{n: feed[n] for n in self.greedy_inputs if n in feed}, **projection}
+            )
             feed.update(zip(self.greedy_past, present))
             values, ids = best_of(logits if words is None else logits + self.masked, m)
             return values, ids if words is None else words[ids]
@@ -206,7 +241,11 @@ class OnnxDecoder:
         self.rows = len(rows)
         if self.group > 1:  # the searches keep or drop a sentence's beams together
             groups = rows.reshape(-1, self.group) if len(rows) % self.group == 0 else None
-            if groups is None or np.any(groups != groups[:, :1] + np.arange(self.group)) or np.any(groups[:, 0] % self.group):
+            if (
+                groups is None
+                or np.any(groups != groups[:, :1] + np.arange(self.group))
+                or np.any(groups[:, 0] % self.group)
+            ):
                 raise ValueError(f"keep: rows must be whole groups of {self.group} (a sentence's beams)")
             rows = groups[:, 0] // self.group
         feed = self.feed
@@ -256,8 +295,9 @@ class GraphSearch:
 
     FILES = (GENERATE, GENERATE_BATCH)
 
-    def __init__(self, session: ort.InferenceSession, many_rows: ort.InferenceSession | None = None,
-                 shortlist: bool = True):
+    def __init__(
+        self, session: ort.InferenceSession, many_rows: ort.InferenceSession | None = None, shortlist: bool = True
+    ):
         self.session, self.many_rows = session, many_rows
         # A greedy call of one sentence runs over its word list (the package's shortlist) unless told not to.
         listed = SHORTLISTED in {i.name for i in session.get_overridable_initializers()}
@@ -267,8 +307,11 @@ class GraphSearch:
     def load(cls, folder: Path, options: ort.SessionOptions, listed=None, shortlist: bool = True) -> GraphSearch | None:
         """The folder's generate graphs on the CPU, or None where it has none. `listed`: the files
         the package lists (verified); a graph it does not list is never opened."""
-        sessions = [ort.InferenceSession(str(folder / name), options, providers=["CPUExecutionProvider"])
-                    for name in cls.FILES if (folder / name).is_file() and (listed is None or name in listed)]
+        sessions = [
+            ort.InferenceSession(str(folder / name), options, providers=["CPUExecutionProvider"])
+            for name in cls.FILES
+            if (folder / name).is_file() and (listed is None or name in listed)
+        ]
         return cls(*sessions, shortlist=shortlist) if sessions else None
 
     def __call__(self, src: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
@@ -281,10 +324,16 @@ class GraphSearch:
         # each output is cut to its own limit below (for greedy that is exactly model/search.py).
         limit = max(gen.max_len(len(s)) for s in src)
         one = self.many_rows is None or len(src) * gen.beam == 1
-        sequences = (self.session if one else self.many_rows).run([SEQUENCES], {
-            INPUT_IDS: ids, MAX_LENGTH: np.array([limit], dtype=np.int32),
-            NUM_BEAMS: np.array([gen.beam], dtype=np.int32),
-            LENGTH_PENALTY: np.array([gen.length_penalty], dtype=np.float32), **(self.extra if one else {})})[0]
+        sequences = (self.session if one else self.many_rows).run(
+            [SEQUENCES],
+            {
+                INPUT_IDS: ids,
+                MAX_LENGTH: np.array([limit], dtype=np.int32),
+                NUM_BEAMS: np.array([gen.beam], dtype=np.int32),
+                LENGTH_PENALTY: np.array([gen.length_penalty], dtype=np.float32),
+                **(self.extra if one else {}),
+            },
+        )[0]
         out = []
         for s, row in zip(src, sequences[:, 0, 1:].tolist()):  # drop the start token
             end = next((j for j, t in enumerate(row) if t == gen.eos_id or t == gen.pad_id), len(row))
@@ -322,8 +371,15 @@ class Translator:
 
     runtime = "onnxruntime"
 
-    def __init__(self, folder: str | Path, device: str = "cpu", threads: int | None = None, device_id: int = 0,
-                 search: str = "auto", shortlist: bool = True):
+    def __init__(
+        self,
+        folder: str | Path,
+        device: str = "cpu",
+        threads: int | None = None,
+        device_id: int = 0,
+        search: str = "auto",
+        shortlist: bool = True,
+    ):
         self.folder = Path(folder)
         self.package = verify_package(self.folder)
 
@@ -352,26 +408,34 @@ class Translator:
             warnings.warn(f"{self.folder}: CUDA execution provider unavailable; running on the CPU", stacklevel=2)
         self.tokenizer, self.generation = self._check_content(decoder)
         listed = self.package["files"]
-        many_rows, greedy = (ort.InferenceSession(str(self.folder / name), options, providers=["CPUExecutionProvider"])
-                             if self.device == "cpu" and name in listed else None
-                             for name in (DECODER_BATCH, DECODER_GREEDY))
+        many_rows, greedy = (
+            ort.InferenceSession(str(self.folder / name), options, providers=["CPUExecutionProvider"])
+            if self.device == "cpu" and name in listed
+            else None
+            for name in (DECODER_BATCH, DECODER_GREEDY)
+        )
         lexical = None
         if shortlist and many_rows is not None and SHORTLIST_FILE in listed and SHORTLIST_GRAPH in listed:
             try:
                 table = Shortlist.load(self.folder / SHORTLIST_FILE, self.vocab)
             except ShortlistError as exc:
                 raise PackageError(str(exc)) from None
-            lexical = (table, ort.InferenceSession(str(self.folder / SHORTLIST_GRAPH), options,
-                                                   providers=["CPUExecutionProvider"]),
-                       (self.generation.pad_id, self.generation.bos_id, self.generation.eos_id))
-        self.decoder = OnnxDecoder(encoder, decoder, self.generation.pad_id, self.device, device_id, many_rows, greedy,
-                                   lexical)
+            lexical = (
+                table,
+                ort.InferenceSession(str(self.folder / SHORTLIST_GRAPH), options, providers=["CPUExecutionProvider"]),
+                (self.generation.pad_id, self.generation.bos_id, self.generation.eos_id),
+            )
+        self.decoder = OnnxDecoder(
+            encoder, decoder, self.generation.pad_id, self.device, device_id, many_rows, greedy, lexical
+        )
         if search not in ("auto", "graph", "python"):
             raise ValueError(f"search must be 'auto', 'graph' or 'python', got {search!r}")
         # On CUDA the step graphs with I/O binding stay the path (the op's CUDA kernel is untested here).
         has_graph = GraphSearch.FILES[0] in listed and self.device == "cpu"
         if search == "graph" and not has_graph:
-            raise PackageError(f"{self.folder}: no generate.onnx usable on {self.device} (float32 CPU packages have one)")
+            raise PackageError(
+                f"{self.folder}: no generate.onnx usable on {self.device} (float32 CPU packages have one)"
+            )
         self.graph_search = None
         if has_graph and search != "python":
             try:
@@ -379,8 +443,11 @@ class Translator:
             except Exception as exc:  # e.g. a minimal onnxruntime build without the contrib ops
                 if search == "graph":
                     raise PackageError(f"{self.folder}: generate.onnx does not load: {exc}") from exc
-                warnings.warn(f"{self.folder}: generate.onnx does not load with onnxruntime {ort.__version__} "
-                              f"({exc}); searching over the step graphs instead", stacklevel=2)
+                warnings.warn(
+                    f"{self.folder}: generate.onnx does not load with onnxruntime {ort.__version__} "
+                    f"({exc}); searching over the step graphs instead",
+                    stacklevel=2,
+                )
         self.searcher = PackageSearch(self.decoder, self.graph_search, search)
         self.search, self.batch_search = self.searcher.one, self.searcher.many  # one sentence, several
 
@@ -390,8 +457,7 @@ class Translator:
         self.vocab = package_checks.vocabulary(decoder.get_outputs(), self.folder / DECODER)
         positions = package_checks.position_rows([self.folder / ENCODER, self.folder / DECODER])
         tokenizer = package_checks.load_tokenizer(self.folder / TOKENIZER, self.vocab)
-        return tokenizer, package_checks.load_generation(self.folder / GENERATION, tokenizer, self.vocab,
-                                                         positions)
+        return tokenizer, package_checks.load_generation(self.folder / GENERATION, tokenizer, self.vocab, positions)
 
     # The IncrementalDecoder protocol, so search code can drive a Translator directly.
     def encode(self, src: list[list[int]], beam: int) -> None:
@@ -402,14 +468,36 @@ class Translator:
         package_checks.check_ids(tokens, self.vocab)
         return self.decoder.step(tokens, parents)
 
-    def translate(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,
-                  batch_tokens: int = 4000, max_batch: int = 256, on_batch=None) -> list[str]:
+    def translate(
+        self,
+        sentences: Sequence[str],
+        beam: int = 4,
+        length_penalty: float = 1.0,
+        batch_tokens: int = 4000,
+        max_batch: int = 256,
+        on_batch=None,
+    ) -> list[str]:
         gen = dataclasses.replace(self.generation, beam=beam, length_penalty=length_penalty)
-        return translate_sentences(self.decoder, self.tokenizer, sentences, gen, batch_tokens=batch_tokens,
-                                   max_batch=max_batch, on_batch=on_batch, searcher=self.searcher)
+        return translate_sentences(
+            self.decoder,
+            self.tokenizer,
+            sentences,
+            gen,
+            batch_tokens=batch_tokens,
+            max_batch=max_batch,
+            on_batch=on_batch,
+            searcher=self.searcher,
+        )
 
     def describe(self) -> dict:
-        return {"runtime": self.runtime, "device": self.device, "providers": self.providers,
-                "threads": self.threads, "variant": self.package.get("variant"), "search": self.search,
-                "batch_search": self.batch_search, "shortlist": self.decoder.use_shortlist,
-                "onnxruntime": ort.__version__}
+        return {
+            "runtime": self.runtime,
+            "device": self.device,
+            "providers": self.providers,
+            "threads": self.threads,
+            "variant": self.package.get("variant"),
+            "search": self.search,
+            "batch_search": self.batch_search,
+            "shortlist": self.decoder.use_shortlist,
+            "onnxruntime": ort.__version__,
+        }

@@ -31,8 +31,9 @@ class IncrementalDecoder(Protocol):
     #       searched); the cache follows `parents` of the next step, which index the old rows.
 
 
-def step_top_k(decoder: IncrementalDecoder, tokens: np.ndarray, parents: np.ndarray | None,
-               m: int, scores: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def step_top_k(
+    decoder: IncrementalDecoder, tokens: np.ndarray, parents: np.ndarray | None, m: int, scores: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """One decoder step's m best words per row, best first: (log-probabilities, ids), [rows, m].
     From the decoder itself where it can (onnxruntime's TopK inside the graph, torch.topk),
     else from the whole distribution here. scores=False: the values may be anything in the
@@ -77,8 +78,9 @@ def greedy_search(decoder: IncrementalDecoder, src: list[list[int]], gen: Genera
     return _greedy_batch(decoder, src, gen, 0)[0]
 
 
-def greedy_search_top_k(decoder: IncrementalDecoder, src: list[list[int]], gen: GenerationConfig,
-                        k: int) -> tuple[list[list[int]], list[tuple[np.ndarray, np.ndarray]]]:
+def greedy_search_top_k(
+    decoder: IncrementalDecoder, src: list[list[int]], gen: GenerationConfig, k: int
+) -> tuple[list[list[int]], list[tuple[np.ndarray, np.ndarray]]]:
     """greedy_search, plus the model's k most likely words at every step of each output (its
     EOS step included): ids [steps, k] and their log-probabilities, best first. These are the
     distributions a teacher-forced pass over the output would give, at no extra model cost."""
@@ -183,8 +185,9 @@ def beam_search(decoder: IncrementalDecoder, src: list[list[int]], gen: Generati
     return [hyps[0][1] for hyps in beam_search_nbest(decoder, src, gen)]
 
 
-def beam_search_nbest(decoder: IncrementalDecoder, src: list[list[int]],
-                      gen: GenerationConfig) -> list[list[tuple[float, list[int]]]]:
+def beam_search_nbest(
+    decoder: IncrementalDecoder, src: list[list[int]], gen: GenerationConfig
+) -> list[list[tuple[float, list[int]]]]:
     """Batched beam search returning each sentence's hypotheses as (score, tokens), best first.
 
     The rules are those of onnxruntime's BeamSearch op (its BeamSearchScorer, Hugging Face's with
@@ -258,8 +261,9 @@ def beam_search_nbest(decoder: IncrementalDecoder, src: list[list[int]],
         rank = np.cumsum(grows, axis=1)  # among growing candidates, 1-based
         taken = grows & (rank <= k)
         before_kth = (rank - grows) < k
-        for b, p in zip(*(i.tolist() for i in np.nonzero(ends & before_kth & ~done[:, None]
-                                                         & (np.arange(2 * k) < k)))):  # score order
+        for b, p in zip(
+            *(i.tolist() for i in np.nonzero(ends & before_kth & ~done[:, None] & (np.arange(2 * k) < k)))
+        ):  # score order
             add(int(alive[b]), score[b, p], t + 1, history[b * k + beam[b, p]].tolist())
         flat = np.flatnonzero(taken)  # row-major: b * 2k + p; k per live sentence
         b_idx = flat // (2 * k)
@@ -295,8 +299,9 @@ class Tokenizer(Protocol):
     def decode(self, batch: Sequence[Sequence[int]]) -> list[str]: ...
 
 
-def prepare_sources(tokenizer: Tokenizer, sentences: Sequence[str], max_positions: int,
-                    warn: bool = True) -> list[list[int]]:
+def prepare_sources(
+    tokenizer: Tokenizer, sentences: Sequence[str], max_positions: int, warn: bool = True
+) -> list[list[int]]:
     """Subword ids + EOS, truncated to what the model's positions allow (with a warning)."""
     ids = tokenizer.encode(list(sentences))
     limit = max_positions - 1
@@ -306,8 +311,7 @@ def prepare_sources(tokenizer: Tokenizer, sentences: Sequence[str], max_position
             seq, cut = seq[:limit], cut + 1
         out.append(seq + [tokenizer.eos_id])
     if cut and warn:
-        warnings.warn(f"{cut} input sentence(s) longer than the model's {limit} tokens were truncated",
-                      stacklevel=2)
+        warnings.warn(f"{cut} input sentence(s) longer than the model's {limit} tokens were truncated", stacklevel=2)
     return out
 
 
@@ -326,8 +330,15 @@ def _length_sorted_batches(src: list[list[int]], beam: int, batch_tokens: int, m
         start = end
 
 
-def _by_length(tokenizer: Tokenizer, sentences: Sequence[str], gen: GenerationConfig, batch_tokens: int,
-               max_batch: int, on_batch, run) -> dict[int, object]:
+def _by_length(
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    gen: GenerationConfig,
+    batch_tokens: int,
+    max_batch: int,
+    on_batch,
+    run,
+) -> dict[int, object]:
     """run(list of source ids) on length-sorted batches (less padding) of the non-empty sentences;
     its per-sentence results keyed by the sentence's position in `sentences`."""
     todo = [i for i, s in enumerate(sentences) if s.strip()]
@@ -341,32 +352,68 @@ def _by_length(tokenizer: Tokenizer, sentences: Sequence[str], gen: GenerationCo
     return results
 
 
-def translate_sentences(decoder: IncrementalDecoder | None, tokenizer: Tokenizer, sentences: Sequence[str],
-                        gen: GenerationConfig, batch_tokens: int = 4000, max_batch: int = 256,
-                        on_batch=None, searcher=None) -> list[str]:
+def translate_sentences(
+    decoder: IncrementalDecoder | None,
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    gen: GenerationConfig,
+    batch_tokens: int = 4000,
+    max_batch: int = 256,
+    on_batch=None,
+    searcher=None,
+) -> list[str]:
     """Translate in length-sorted batches, returning results in input order. Empty inputs give
     empty outputs without touching the model. `searcher(batch, gen)`, if given, replaces
     search(decoder, batch, gen) (a search that runs inside onnxruntime; decoder may then be None)."""
     sentences = list(sentences)
-    done = _by_length(tokenizer, sentences, gen, batch_tokens, max_batch, on_batch, lambda batch: tokenizer.decode(
-        searcher(batch, gen) if searcher else search(decoder, batch, gen)))
+    done = _by_length(
+        tokenizer,
+        sentences,
+        gen,
+        batch_tokens,
+        max_batch,
+        on_batch,
+        lambda batch: tokenizer.decode(searcher(batch, gen) if searcher else search(decoder, batch, gen)),
+    )
     return [done.get(i, "") for i in range(len(sentences))]
 
 
-def translate_nbest(decoder: IncrementalDecoder, tokenizer: Tokenizer, sentences: Sequence[str],
-                    gen: GenerationConfig, batch_tokens: int = 4000, max_batch: int = 256,
-                    on_batch=None) -> list[list[str]]:
+def translate_nbest(
+    decoder: IncrementalDecoder,
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    gen: GenerationConfig,
+    batch_tokens: int = 4000,
+    max_batch: int = 256,
+    on_batch=None,
+) -> list[list[str]]:
     """Like translate_sentences, but each sentence's beam hypotheses, best first (an empty input
     gives [""])."""
     sentences = list(sentences)
-    done = _by_length(tokenizer, sentences, gen, batch_tokens, max_batch, on_batch, lambda batch: [
-        tokenizer.decode([tokens for _, tokens in hyps]) for hyps in beam_search_nbest(decoder, batch, gen)])
+    done = _by_length(
+        tokenizer,
+        sentences,
+        gen,
+        batch_tokens,
+        max_batch,
+        on_batch,
+        lambda batch: [
+            tokenizer.decode([tokens for _, tokens in hyps]) for hyps in beam_search_nbest(decoder, batch, gen)
+        ],
+    )
     return [done.get(i, [""]) for i in range(len(sentences))]
 
 
-def translate_greedy_top_k(decoder: IncrementalDecoder, tokenizer: Tokenizer, sentences: Sequence[str],
-                           gen: GenerationConfig, k: int, batch_tokens: int = 4000, max_batch: int = 256,
-                           on_batch=None) -> list[tuple[str, list[int], tuple[np.ndarray, np.ndarray] | None]]:
+def translate_greedy_top_k(
+    decoder: IncrementalDecoder,
+    tokenizer: Tokenizer,
+    sentences: Sequence[str],
+    gen: GenerationConfig,
+    k: int,
+    batch_tokens: int = 4000,
+    max_batch: int = 256,
+    on_batch=None,
+) -> list[tuple[str, list[int], tuple[np.ndarray, np.ndarray] | None]]:
     """Greedy translations in input order, each as (text, output ids, the model's top k per step
     as in greedy_search_top_k); an empty input gives ("", [], None)."""
     sentences = list(sentences)

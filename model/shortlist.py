@@ -23,7 +23,6 @@ import numpy as np
 
 from .files import reason
 
-
 MAX_WORDS = 1 << 26  # bounds what a file may claim, before anything is allocated from it
 MAX_BYTES = 1 << 28  # all the arrays of a shortlist file together (256 MiB)
 
@@ -77,8 +76,9 @@ class Shortlist:
         rest = np.concatenate([np.flatnonzero(frequent), np.flatnonzero(candidate)])[: width - len(specials)]
         return np.concatenate([specials, rest])
 
-    def batch_words(self, sources: list[list[int]], specials: Iterable[int], width: int
-                    ) -> tuple[np.ndarray, np.ndarray]:
+    def batch_words(
+        self, sources: list[list[int]], specials: Iterable[int], width: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(the sorted union of the sentences' sentence_words, bool [sentences, union]: the
         words each sentence may choose): a batch's greedy steps project onto the union once and
         mask each row to its own sentence's words, so no sentence's output depends on the others.
@@ -109,8 +109,13 @@ class Shortlist:
 
     def save(self, path: Path) -> None:
         with open(path, "wb") as f:
-            np.savez(f, vocab_size=np.array(self.vocab_size, np.int64), always=self.always,
-                     offsets=self.offsets, words=self.words)
+            np.savez(
+                f,
+                vocab_size=np.array(self.vocab_size, np.int64),
+                always=self.always,
+                offsets=self.offsets,
+                words=self.words,
+            )
 
     @classmethod
     def load(cls, path: Path, vocab_size: int) -> Shortlist:
@@ -148,10 +153,12 @@ def _read_arrays(path: Path, vocab_size: int) -> dict[str, np.ndarray]:
     is read first: integers only, the shapes the vocabulary allows, the zip entry's size the one
     the header implies, MAX_BYTES in all; only then are the arrays read, each exactly its size
     (a small file that inflates to gigabytes is refused before anything is allocated)."""
-    expected = {"vocab_size": lambda shape: shape == (),
-                "always": lambda shape: len(shape) == 1 and shape[0] <= vocab_size,
-                "offsets": lambda shape: shape == (vocab_size + 1,),
-                "words": lambda shape: len(shape) == 1 and shape[0] <= MAX_WORDS}
+    expected = {
+        "vocab_size": lambda shape: shape == (),
+        "always": lambda shape: len(shape) == 1 and shape[0] <= vocab_size,
+        "offsets": lambda shape: shape == (vocab_size + 1,),
+        "words": lambda shape: len(shape) == 1 and shape[0] <= MAX_WORDS,
+    }
     try:
         if path.stat().st_size > MAX_BYTES + (1 << 20):
             raise ShortlistError(f"{path}: larger than a shortlist can be ({MAX_BYTES >> 20} MiB of arrays)")
@@ -163,15 +170,19 @@ def _read_arrays(path: Path, vocab_size: int) -> dict[str, np.ndarray]:
                     version = np.lib.format.read_magic(f)
                     if version not in ((1, 0), (2, 0)):
                         raise ShortlistError(f"{path}: {name}: npy format {version[0]}.{version[1]}")
-                    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                        np.lib.format.read_array_header_2_0
+                    read_header = (
+                        np.lib.format.read_array_header_1_0
+                        if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0
+                    )
                     shape, _, dtype = read_header(f)
                     header = f.tell()
                 if dtype.kind not in "iu" or dtype.itemsize > 8:
                     raise ShortlistError(f"{path}: {name}: {dtype}, not integers")
                 if not fits(shape):
-                    raise ShortlistError(f"{path}: {name}: shape {shape} does not fit a vocabulary of "
-                                         f"{vocab_size} words")
+                    raise ShortlistError(
+                        f"{path}: {name}: shape {shape} does not fit a vocabulary of {vocab_size} words"
+                    )
                 size = math.prod(shape) * dtype.itemsize
                 if info.file_size != header + size:
                     raise ShortlistError(f"{path}: {name}: {info.file_size} bytes in the file for an array of {size}")
@@ -194,8 +205,14 @@ def _read_arrays(path: Path, vocab_size: int) -> dict[str, np.ndarray]:
         raise ShortlistError(f"{path}: not a shortlist ({reason(exc)})") from None
 
 
-def build_shortlist(pairs: Iterable[tuple[list[int], list[int]]], vocab_size: int, frequent: int, per_word: int,
-                    always: Iterable[int] = (), chunk: int = 20_000) -> tuple[Shortlist, dict]:
+def build_shortlist(
+    pairs: Iterable[tuple[list[int], list[int]]],
+    vocab_size: int,
+    frequent: int,
+    per_word: int,
+    always: Iterable[int] = (),
+    chunk: int = 20_000,
+) -> tuple[Shortlist, dict]:
     """A shortlist from training pairs of token ids. Counts are per sentence (a word twice in a
     pair counts once). Returns it and what it was made from."""
     source_count = np.zeros(vocab_size, np.int64)
@@ -242,5 +259,10 @@ def build_shortlist(pairs: Iterable[tuple[list[int], list[int]]], vocab_size: in
     top = np.argsort(-target_count, kind="stable")[:frequent]
     base = np.union1d(top[target_count[top] > 0], np.fromiter(always, np.int64))
     shortlist = Shortlist(vocab_size, base.astype(np.int64), offsets, words)
-    return shortlist, {"pairs": n_pairs, "frequent": len(base), "per_word": per_word,
-                       "entries": int(len(words)), "source_words": int(np.count_nonzero(np.diff(offsets)))}
+    return shortlist, {
+        "pairs": n_pairs,
+        "frequent": len(base),
+        "per_word": per_word,
+        "entries": int(len(words)),
+        "source_words": int(np.count_nonzero(np.diff(offsets))),
+    }

@@ -17,9 +17,17 @@ MAX_VOCAB = 1 << 20
 MAX_PARAMETERS = 2_000_000_000  # 8 GB of float32 weights, far beyond what this pipeline trains
 
 
-def parameter_count(d_model: int, head_dim: int, enc_heads: Sequence[int], dec_self_heads: Sequence[int],
-                    dec_cross_heads: Sequence[int], enc_ffn: Sequence[int], dec_ffn: Sequence[int],
-                    vocab_size: int = 0, embed_dim: int | None = None) -> int:
+def parameter_count(
+    d_model: int,
+    head_dim: int,
+    enc_heads: Sequence[int],
+    dec_self_heads: Sequence[int],
+    dec_cross_heads: Sequence[int],
+    enc_ffn: Sequence[int],
+    dec_ffn: Sequence[int],
+    vocab_size: int = 0,
+    embed_dim: int | None = None,
+) -> int:
     """Parameters of model/transformer.py's Transformer with this shape (biases and norms included)."""
     d = d_model
 
@@ -31,23 +39,42 @@ def parameter_count(d_model: int, head_dim: int, enc_heads: Sequence[int], dec_s
         return 2 * d * hidden + hidden + d
 
     total = sum(attention(h) + ffn(f) + 4 * d for h, f in zip(enc_heads, enc_ffn))
-    total += sum(attention(s) + attention(c) + ffn(f) + 6 * d for s, c, f in zip(dec_self_heads, dec_cross_heads, dec_ffn))
+    total += sum(
+        attention(s) + attention(c) + ffn(f) + 6 * d for s, c, f in zip(dec_self_heads, dec_cross_heads, dec_ffn)
+    )
     table = embed_dim or d
     total += vocab_size * table + (table * d if embed_dim else 0) + 4 * d
     return total
 
 
-def size_problem(d_model: int, head_dim: int, enc_heads: Sequence[int], dec_self_heads: Sequence[int],
-                 dec_cross_heads: Sequence[int], enc_ffn: Sequence[int], dec_ffn: Sequence[int],
-                 vocab_size: int = 0, embed_dim: int | None = None, max_positions: int = 1) -> str | None:
+def size_problem(
+    d_model: int,
+    head_dim: int,
+    enc_heads: Sequence[int],
+    dec_self_heads: Sequence[int],
+    dec_cross_heads: Sequence[int],
+    enc_ffn: Sequence[int],
+    dec_ffn: Sequence[int],
+    vocab_size: int = 0,
+    embed_dim: int | None = None,
+    max_positions: int = 1,
+) -> str | None:
     """None when the shape is within the bounds above; else why not (one line)."""
-    lists = {"encoder heads": enc_heads, "decoder self-attention heads": dec_self_heads,
-             "decoder cross-attention heads": dec_cross_heads, "encoder FFN widths": enc_ffn,
-             "decoder FFN widths": dec_ffn}
+    lists = {
+        "encoder heads": enc_heads,
+        "decoder self-attention heads": dec_self_heads,
+        "decoder cross-attention heads": dec_cross_heads,
+        "encoder FFN widths": enc_ffn,
+        "decoder FFN widths": dec_ffn,
+    }
     for name, values in lists.items():
         if not isinstance(values, (list, tuple)) or len(values) > MAX_LAYERS:
             return f"{name}: must be a list of at most {MAX_LAYERS} layers"
-    scalars = {"d_model": (d_model, MAX_DIM), "head_dim": (head_dim, MAX_DIM), "max_positions": (max_positions, MAX_DIM)}
+    scalars = {
+        "d_model": (d_model, MAX_DIM),
+        "head_dim": (head_dim, MAX_DIM),
+        "max_positions": (max_positions, MAX_DIM),
+    }
     if vocab_size != 0:  # 0: not known yet (a recipe's model, before its tokenizer)
         scalars["vocab_size"] = (vocab_size, MAX_VOCAB)
     if embed_dim is not None:
@@ -60,8 +87,9 @@ def size_problem(d_model: int, head_dim: int, enc_heads: Sequence[int], dec_self
     for name, (value, limit) in scalars.items():
         if not _in_range(value, limit):
             return f"{name}: must be an integer from 1 to {limit}, got {_short(value)}"
-    count = parameter_count(d_model, head_dim, enc_heads, dec_self_heads, dec_cross_heads, enc_ffn, dec_ffn,
-                            vocab_size, embed_dim)
+    count = parameter_count(
+        d_model, head_dim, enc_heads, dec_self_heads, dec_cross_heads, enc_ffn, dec_ffn, vocab_size, embed_dim
+    )
     if count > MAX_PARAMETERS:
         return f"about {count:,} parameters, more than the {MAX_PARAMETERS:,} this pipeline builds"
     return None
@@ -72,5 +100,5 @@ def _in_range(value: object, limit: int) -> bool:
 
 
 def _short(value: object) -> str:
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10 ** 30 else "a very large integer"
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else "a very large integer"
     return text if len(text) <= 40 else text[:37] + "..."

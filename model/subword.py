@@ -32,8 +32,9 @@ class SubwordTokenizer:
             raise ValueError(f"tokenizer lacks special tokens {SPECIALS}")
         self.pad_id, self.bos_id, self.eos_id, self.unk_id = ids
         self.vocab_size = tokenizer.get_vocab_size()
-        if target is not None and (target.get_vocab_size() != self.vocab_size
-                                   or [target.token_to_id(t) for t in SPECIALS] != ids):
+        if target is not None and (
+            target.get_vocab_size() != self.vocab_size or [target.token_to_id(t) for t in SPECIALS] != ids
+        ):
             raise ValueError("the target-side tokenizer's vocabulary is not the source side's")
         self._dropped = {self.pad_id, self.bos_id, self.eos_id}
 
@@ -46,18 +47,29 @@ class SubwordTokenizer:
         return cls(Tokenizer.from_file(str(path)), Tokenizer.from_file(str(target)) if target.is_file() else None)
 
     @classmethod
-    def train(cls, sentences: Iterable[str], vocab_size: int, kind: str = "unigram",
-              count: int | None = None) -> "SubwordTokenizer":
+    def train(
+        cls, sentences: Iterable[str], vocab_size: int, kind: str = "unigram", count: int | None = None
+    ) -> "SubwordTokenizer":
         meta = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
         if kind == "unigram":
             tok = Tokenizer(models.Unigram())
-            trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, unk_token=UNK,
-                                              initial_alphabet=_EXTRA_ALPHABET, max_piece_length=16,
-                                              show_progress=False)
+            trainer = trainers.UnigramTrainer(
+                vocab_size=vocab_size,
+                special_tokens=SPECIALS,
+                unk_token=UNK,
+                initial_alphabet=_EXTRA_ALPHABET,
+                max_piece_length=16,
+                show_progress=False,
+            )
         elif kind == "bpe":
             tok = Tokenizer(models.BPE(unk_token=UNK))
-            trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, min_frequency=2,
-                                          initial_alphabet=_EXTRA_ALPHABET, show_progress=False)
+            trainer = trainers.BpeTrainer(
+                vocab_size=vocab_size,
+                special_tokens=SPECIALS,
+                min_frequency=2,
+                initial_alphabet=_EXTRA_ALPHABET,
+                show_progress=False,
+            )
         else:
             raise ValueError(f"unknown tokenizer kind {kind!r}")
         tok.pre_tokenizer = meta
@@ -122,12 +134,12 @@ def _canonical_unigram(tok: Tokenizer) -> Tokenizer:
     are, then by rounded score, best first, ties by the piece's text."""
     data = json.loads(tok.to_str())
     vocab = data["model"]["vocab"]
-    head, rest = vocab[: len(SPECIALS)], vocab[len(SPECIALS):]
+    head, rest = vocab[: len(SPECIALS)], vocab[len(SPECIALS) :]
     if [piece for piece, _ in head] != SPECIALS:
         raise ValueError(f"unigram vocabulary does not start with {SPECIALS}")
     rest = [[piece, round(score, UNIGRAM_SCORE_DECIMALS)] for piece, score in rest]
     lowest = min((score for _, score in rest), default=0.0)
-    tolerance = 2 * 10 ** -UNIGRAM_SCORE_DECIMALS
+    tolerance = 2 * 10**-UNIGRAM_SCORE_DECIMALS
 
     def on_grid(score: float) -> bool:
         steps = (score - lowest) / _REQUIRED_CHAR_STEP

@@ -49,8 +49,9 @@ class TorchDecoder:
         return self._step(tokens, parents).cpu().numpy()
 
     @torch.inference_mode()
-    def step_top_k(self, tokens: np.ndarray, parents: np.ndarray | None, m: int,
-                   scores: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    def step_top_k(
+        self, tokens: np.ndarray, parents: np.ndarray | None, m: int, scores: bool = True
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The m best words per row, best first: only [rows, m] leaves the device (always
         log-probabilities: the model's step normalizes)."""
         logp = self._step(tokens, parents)
@@ -70,8 +71,9 @@ class TorchTranslator:
 
     runtime = "torch"
 
-    def __init__(self, model: Transformer, tokenizer: SubwordTokenizer, device: str = "cpu",
-                 threads: int | None = None):
+    def __init__(
+        self, model: Transformer, tokenizer: SubwordTokenizer, device: str = "cpu", threads: int | None = None
+    ):
         if threads:
             torch.set_num_threads(threads)
         self.model = model.to(device).eval()
@@ -85,23 +87,66 @@ class TorchTranslator:
 
     def generation(self, beam: int, length_penalty: float = 1.0) -> GenerationConfig:
         cfg = self.model.cfg
-        return GenerationConfig(beam=beam, length_penalty=length_penalty, bos_id=cfg.bos_id, eos_id=cfg.eos_id,
-                                pad_id=cfg.pad_id, max_positions=cfg.max_positions)
+        return GenerationConfig(
+            beam=beam,
+            length_penalty=length_penalty,
+            bos_id=cfg.bos_id,
+            eos_id=cfg.eos_id,
+            pad_id=cfg.pad_id,
+            max_positions=cfg.max_positions,
+        )
 
-    def translate(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,
-                  batch_tokens: int = 4000, max_batch: int = 256, on_batch=None) -> list[str]:
-        return translate_sentences(self.decoder, self.tokenizer, sentences, self.generation(beam, length_penalty),
-                                   batch_tokens=batch_tokens, max_batch=max_batch, on_batch=on_batch)
+    def translate(
+        self,
+        sentences: Sequence[str],
+        beam: int = 4,
+        length_penalty: float = 1.0,
+        batch_tokens: int = 4000,
+        max_batch: int = 256,
+        on_batch=None,
+    ) -> list[str]:
+        return translate_sentences(
+            self.decoder,
+            self.tokenizer,
+            sentences,
+            self.generation(beam, length_penalty),
+            batch_tokens=batch_tokens,
+            max_batch=max_batch,
+            on_batch=on_batch,
+        )
 
-    def translate_nbest(self, sentences: Sequence[str], beam: int = 4, length_penalty: float = 1.0,
-                        batch_tokens: int = 4000, max_batch: int = 256, on_batch=None) -> list[list[str]]:
+    def translate_nbest(
+        self,
+        sentences: Sequence[str],
+        beam: int = 4,
+        length_penalty: float = 1.0,
+        batch_tokens: int = 4000,
+        max_batch: int = 256,
+        on_batch=None,
+    ) -> list[list[str]]:
         """Each sentence's beam hypotheses, best first."""
-        return translate_nbest(self.decoder, self.tokenizer, sentences, self.generation(beam, length_penalty),
-                               batch_tokens=batch_tokens, max_batch=max_batch, on_batch=on_batch)
+        return translate_nbest(
+            self.decoder,
+            self.tokenizer,
+            sentences,
+            self.generation(beam, length_penalty),
+            batch_tokens=batch_tokens,
+            max_batch=max_batch,
+            on_batch=on_batch,
+        )
 
-    def translate_greedy_top_k(self, sentences: Sequence[str], k: int, batch_tokens: int = 4000, max_batch: int = 256,
-                               on_batch=None) -> list[tuple[str, list[int], tuple[np.ndarray, np.ndarray] | None]]:
+    def translate_greedy_top_k(
+        self, sentences: Sequence[str], k: int, batch_tokens: int = 4000, max_batch: int = 256, on_batch=None
+    ) -> list[tuple[str, list[int], tuple[np.ndarray, np.ndarray] | None]]:
         """Greedy translations with the model's k most likely words at each output step (see
         model.search.greedy_search_top_k): what word-level distillation learns from."""
-        return translate_greedy_top_k(self.decoder, self.tokenizer, sentences, self.generation(1), k,
-                                      batch_tokens=batch_tokens, max_batch=max_batch, on_batch=on_batch)
+        return translate_greedy_top_k(
+            self.decoder,
+            self.tokenizer,
+            sentences,
+            self.generation(1),
+            k,
+            batch_tokens=batch_tokens,
+            max_batch=max_batch,
+            on_batch=on_batch,
+        )

@@ -21,8 +21,9 @@ CHECK_EVERY = 8  # decoder steps between the host's looks at which sentences hav
 
 
 @torch.inference_mode()
-def greedy_on_device(model: Transformer, src: list[list[int]], gen: GenerationConfig, device,
-                     check_every: int = CHECK_EVERY) -> list[list[int]]:
+def greedy_on_device(
+    model: Transformer, src: list[list[int]], gen: GenerationConfig, device, check_every: int = CHECK_EVERY
+) -> list[list[int]]:
     """Greedy translations (ids, without EOS) of `src` (ids + EOS each), the model in eval mode."""
     device = torch.device(device)
     n = len(src)

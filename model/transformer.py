@@ -56,8 +56,18 @@ class TransformerConfig:
     def __post_init__(self):
         # Sizes first, before anything is allocated: a config.json comes with a model folder that
         # may be someone else's (model/sizes.py states the bounds).
-        problem = size_problem(self.d_model, self.head_dim, self.enc_heads, self.dec_self_heads, self.dec_cross_heads,
-                               self.enc_ffn, self.dec_ffn, self.vocab_size, self.embed_dim, self.max_positions)
+        problem = size_problem(
+            self.d_model,
+            self.head_dim,
+            self.enc_heads,
+            self.dec_self_heads,
+            self.dec_cross_heads,
+            self.enc_ffn,
+            self.dec_ffn,
+            self.vocab_size,
+            self.embed_dim,
+            self.max_positions,
+        )
         if problem:
             raise ModelConfigError(f"model config: {problem}")
         for name in ("pad_id", "bos_id", "eos_id"):
@@ -84,13 +94,25 @@ class TransformerConfig:
         """From the recipe's ModelSpec (pipeline/training/settings.py: uniform layers, read by
         attribute) to the explicit per-layer form."""
         enc, dec = spec.encoder_layers, spec.decoder_layers
-        return cls(vocab_size=vocab_size, d_model=spec.d_model, head_dim=spec.head_dim,
-                   enc_heads=[spec.heads] * enc, dec_self_heads=[spec.heads] * dec,
-                   dec_cross_heads=[spec.heads] * dec, enc_ffn=[spec.ffn_dim] * enc,
-                   dec_ffn=[spec.ffn_dim] * dec, dropout=spec.dropout,
-                   attention_dropout=spec.attention_dropout, activation=spec.activation,
-                   pre_ln=spec.pre_ln, max_positions=spec.max_positions, embed_dim=spec.embed_dim,
-                   pad_id=special_ids["pad"], bos_id=special_ids["bos"], eos_id=special_ids["eos"])
+        return cls(
+            vocab_size=vocab_size,
+            d_model=spec.d_model,
+            head_dim=spec.head_dim,
+            enc_heads=[spec.heads] * enc,
+            dec_self_heads=[spec.heads] * dec,
+            dec_cross_heads=[spec.heads] * dec,
+            enc_ffn=[spec.ffn_dim] * enc,
+            dec_ffn=[spec.ffn_dim] * dec,
+            dropout=spec.dropout,
+            attention_dropout=spec.attention_dropout,
+            activation=spec.activation,
+            pre_ln=spec.pre_ln,
+            max_positions=spec.max_positions,
+            embed_dim=spec.embed_dim,
+            pad_id=special_ids["pad"],
+            bos_id=special_ids["bos"],
+            eos_id=special_ids["eos"],
+        )
 
     @property
     def encoder_layers(self) -> int:
@@ -143,15 +165,23 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(heads * head_dim, d_model)
         self.head_gate: Tensor | None = None  # set by pruning to measure head importance
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
-                past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    def forward(
+        self, x: Tensor, mask: Tensor | None = None, causal: bool = False, past: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.head_dim ** -0.5,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=causal,
+            scale=self.head_dim**-0.5,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
         if self.head_gate is not None:
             y = y * self.head_gate.view(1, -1, 1, 1)
         return self.out(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)), (k, v)
@@ -176,8 +206,9 @@ class CrossAttention(nn.Module):
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         b, t, _ = x.shape
         q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=self.head_dim**-0.5, dropout_p=self.dropout if self.training else 0.0
+        )
         if self.head_gate is not None:
             y = y * self.head_gate.view(1, -1, 1, 1)
         return self.out(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
@@ -227,8 +258,15 @@ class DecoderLayer(nn.Module):
         self.ln1, self.ln2, self.ln3 = (nn.LayerNorm(cfg.d_model) for _ in range(3))
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, src_mask: Tensor,
-                past: tuple[Tensor, Tensor] | None = None, causal: bool = True):
+    def forward(
+        self,
+        x: Tensor,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        src_mask: Tensor,
+        past: tuple[Tensor, Tensor] | None = None,
+        causal: bool = True,
+    ):
         if self.pre_ln:
             h, present = self.self_attn(self.ln1(x), causal=causal, past=past)
             x = x + self.drop(h)
@@ -253,8 +291,9 @@ class Transformer(nn.Module):
         self.embed_scale = math.sqrt(cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg, h, f) for h, f in zip(cfg.enc_heads, cfg.enc_ffn))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg, hs, hc, f) for hs, hc, f in
-                                     zip(cfg.dec_self_heads, cfg.dec_cross_heads, cfg.dec_ffn))
+        self.decoder = nn.ModuleList(
+            DecoderLayer(cfg, hs, hc, f) for hs, hc, f in zip(cfg.dec_self_heads, cfg.dec_cross_heads, cfg.dec_ffn)
+        )
         # Pre-LN stacks end with a LayerNorm; post-LN ones are already normalised.
         self.enc_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_ln else nn.Identity()
         self.dec_norm = nn.LayerNorm(cfg.d_model) if cfg.pre_ln else nn.Identity()
@@ -267,7 +306,7 @@ class Transformer(nn.Module):
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
         # Tied with the output projection, so the scale that suits logits: N(0, d^-1/2).
-        nn.init.normal_(self.embed.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
+        nn.init.normal_(self.embed.weight, mean=0.0, std=self.cfg.d_model**-0.5)
         if self.embed_proj is not None:  # orthonormal columns: rows keep their norms both ways
             nn.init.orthogonal_(self.embed_proj.weight)
         with torch.no_grad():
@@ -279,7 +318,7 @@ class Transformer(nn.Module):
         if t == 1:  # one decoding step: a single row, which a traced graph reads with one Gather
             pos = self.positions[offset]
         elif isinstance(offset, int):
-            pos = self.positions[offset: offset + t]
+            pos = self.positions[offset : offset + t]
         else:
             pos = self.positions.narrow(0, offset, t)
         x = self.embed(tokens)
@@ -329,15 +368,22 @@ class Transformer(nn.Module):
         return self.logits(x)
 
     # -------------------------------------------------------------------- decoding
-    def decode_step(self, tokens: Tensor, cross: list[tuple[Tensor, Tensor]], src_mask: Tensor,
-                    past: Cache | None = None) -> tuple[Tensor, Cache]:
+    def decode_step(
+        self, tokens: Tensor, cross: list[tuple[Tensor, Tensor]], src_mask: Tensor, past: Cache | None = None
+    ) -> tuple[Tensor, Cache]:
         """One or more new target positions given the cache: logits of the last, and the new cache."""
         offset = past[0][0].shape[2] if past else 0
         x = self._embed(tokens, offset)
         present: Cache = []
         for i, layer in enumerate(self.decoder):
-            x, kv = layer(x, cross[i][0], cross[i][1], src_mask, past=past[i] if past else None,
-                          causal=past is None and tokens.shape[1] > 1)
+            x, kv = layer(
+                x,
+                cross[i][0],
+                cross[i][1],
+                src_mask,
+                past=past[i] if past else None,
+                causal=past is None and tokens.shape[1] > 1,
+            )
             present.append(kv)
         return self.logits(self.dec_norm(x[:, -1])), present
 
@@ -378,7 +424,9 @@ def load_model(folder: Path, device: str | torch.device = "cpu") -> Transformer:
     try:
         data = json.loads(read_bounded(folder / CONFIG, MAX_CONFIG_BYTES))
     except (ValueError, OSError) as exc:  # UnsafeFile, bad JSON or UTF-8, a 5000-digit number
-        raise ModelConfigError(f"{folder / CONFIG}: unreadable model config ({str(exc).splitlines()[0][:200]})") from None
+        raise ModelConfigError(
+            f"{folder / CONFIG}: unreadable model config ({str(exc).splitlines()[0][:200]})"
+        ) from None
     try:
         cfg = TransformerConfig.from_dict(data)
     except ModelConfigError as exc:
@@ -387,6 +435,7 @@ def load_model(folder: Path, device: str | torch.device = "cpu") -> Transformer:
     state = load_file(str(folder / WEIGHTS), device=str(device))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{folder / WEIGHTS}: weights do not fit the config "
-                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise ValueError(
+            f"{folder / WEIGHTS}: weights do not fit the config (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     return model.to(device).eval()

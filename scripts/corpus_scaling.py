@@ -48,6 +48,7 @@ def multi30k_pairs(data: Path) -> list[tuple[str, str]]:
     def lines(name):
         with gzip.open(data / "multi30k" / name, "rt", encoding="utf-8") as f:
             return [line.rstrip("\n") for line in f]
+
     return list(zip(lines("train.en.gz"), lines("train.fr.gz")))
 
 
@@ -95,9 +96,11 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     pairs = multi30k_pairs(data)
     valid = work / "valid.tsv"
-    with gzip.open(data / "multi30k" / "val.en.gz", "rt", encoding="utf-8") as en, \
-            gzip.open(data / "multi30k" / "val.fr.gz", "rt", encoding="utf-8") as fr, \
-            open(valid, "w", encoding="utf-8") as out:
+    with (
+        gzip.open(data / "multi30k" / "val.en.gz", "rt", encoding="utf-8") as en,
+        gzip.open(data / "multi30k" / "val.fr.gz", "rt", encoding="utf-8") as fr,
+        open(valid, "w", encoding="utf-8") as out,
+    ):
         for s, t in zip(en, fr):
             out.write(f"{s.rstrip()}\t{t.rstrip()}\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PIPELINE_DATA": str(data)}
@@ -110,21 +113,35 @@ def main() -> None:
             write_corpus(corpus, pairs, n)
         recipe = work / f"scaling_{n}.yaml"
         recipe.write_text(RECIPE.format(n=n, train=corpus, valid=valid, sample=args.sample, steps=args.steps))
-        row = {"pairs": n, "tsv_mb": round(corpus.stat().st_size / 2 ** 20, 1)}
+        row = {"pairs": n, "tsv_mb": round(corpus.stat().st_size / 2**20, 1)}
         shutil.rmtree(work / f"store_{n}", ignore_errors=True)  # every stage built, none reused
         for stage in stages:
-            wall, rss, code = measured([sys.executable, "-m", "pipeline.commands.cli", "run", str(recipe), "--until", stage,
-                                        "--store", str(work / f"store_{n}")], env)
+            wall, rss, code = measured(
+                [
+                    sys.executable,
+                    "-m",
+                    "pipeline.commands.cli",
+                    "run",
+                    str(recipe),
+                    "--until",
+                    stage,
+                    "--store",
+                    str(work / f"store_{n}"),
+                ],
+                env,
+            )
             if code:
                 raise SystemExit(f"{stage} failed at {n} pairs (exit {code})")
             row[f"{stage}_s"], row[f"{stage}_peak_rss_mb"] = round(wall, 1), round(rss)
         if "teacher" in stages:
             row.update(teacher_record(work / f"store_{n}"))
         results.append(row)
-        print(f"{n:>10} {row['tsv_mb']:>7}" + "".join(f" {row[s + '_s']:>13} {row[s + '_peak_rss_mb']:>13}"
-                                                     for s in stages)
-              + (f"  (teacher: encoding {row['encode_s']} s, {row['step_ms']} ms a step)" if "teacher" in stages
-                 else ""), flush=True)
+        print(
+            f"{n:>10} {row['tsv_mb']:>7}"
+            + "".join(f" {row[s + '_s']:>13} {row[s + '_peak_rss_mb']:>13}" for s in stages)
+            + (f"  (teacher: encoding {row['encode_s']} s, {row['step_ms']} ms a step)" if "teacher" in stages else ""),
+            flush=True,
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -32,9 +32,19 @@ from pipeline.measure.timing import interleaved
 def student_shaped(d_model: int, vocab_size: int) -> Transformer:
     ffn = int(round(d_model * 416 / 112 / 16) * 16)
     torch.manual_seed(0)
-    return Transformer(TransformerConfig(vocab_size=vocab_size, d_model=d_model, head_dim=d_model // 4,
-                                         enc_heads=[4] * 4, dec_self_heads=[4] * 2, dec_cross_heads=[4] * 2,
-                                         enc_ffn=[ffn] * 4, dec_ffn=[ffn] * 2, dropout=0.0)).eval()
+    return Transformer(
+        TransformerConfig(
+            vocab_size=vocab_size,
+            d_model=d_model,
+            head_dim=d_model // 4,
+            enc_heads=[4] * 4,
+            dec_self_heads=[4] * 2,
+            dec_cross_heads=[4] * 2,
+            enc_ffn=[ffn] * 4,
+            dec_ffn=[ffn] * 2,
+            dropout=0.0,
+        )
+    ).eval()
 
 
 def fp32_and_int8(model: Transformer, tokenizer: Path, work: Path) -> tuple[Path, Path]:
@@ -56,11 +66,19 @@ def forced_length_session(package: Path, steps: int) -> ort.InferenceSession:
     return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def time_packages(packages: dict[str, Path], ids: list[list[int]], eos: int, pad: int, steps: int,
-                  rounds: int) -> dict[str, float]:
+def time_packages(
+    packages: dict[str, Path], ids: list[list[int]], eos: int, pad: int, steps: int, rounds: int
+) -> dict[str, float]:
     sessions = {name: forced_length_session(path, steps) for name, path in packages.items()}
-    feeds = [{"input_ids": np.array([row + [eos]], np.int32), "max_length": np.array([steps + 1], np.int32),
-              "num_beams": np.array([1], np.int32), "length_penalty": np.array([1.0], np.float32)} for row in ids]
+    feeds = [
+        {
+            "input_ids": np.array([row + [eos]], np.int32),
+            "max_length": np.array([steps + 1], np.int32),
+            "num_beams": np.array([1], np.int32),
+            "length_penalty": np.array([1.0], np.float32),
+        }
+        for row in ids
+    ]
 
     def decode(session: ort.InferenceSession, name: str):
         def run(feed):
@@ -68,10 +86,12 @@ def time_packages(packages: dict[str, Path], ids: list[list[int]], eos: int, pad
             decoded = int((tokens[0, 0] != pad).sum()) - 1  # less the start token
             if decoded != steps:
                 raise RuntimeError(f"{name}: decoded {decoded} tokens, not {steps}")
+
         return run
 
-    timed = interleaved({name: decode(session, name) for name, session in sessions.items()}, feeds,
-                        repeats=rounds, warmup=3)
+    timed = interleaved(
+        {name: decode(session, name) for name, session in sessions.items()}, feeds, repeats=rounds, warmup=3
+    )
     return {name: 1000 * timed.median_s(name) for name in sessions}
 
 
@@ -96,10 +116,14 @@ def main() -> None:
     for name, model in models:
         with tempfile.TemporaryDirectory() as work:
             fp32, int8 = fp32_and_int8(model, args.tokenizer, Path(work))
-            ms = time_packages({"fp32": fp32, "int8": int8}, ids, model.cfg.eos_id, model.cfg.pad_id, args.steps,
-                               args.rounds)
-        print(f"{name:40} {model.cfg.d_model:>4} {model.num_parameters():>11,} {ms['fp32']:>8.2f} {ms['int8']:>8.2f} "
-              f"{ms['int8'] / ms['fp32']:>9.3f}", flush=True)
+            ms = time_packages(
+                {"fp32": fp32, "int8": int8}, ids, model.cfg.eos_id, model.cfg.pad_id, args.steps, args.rounds
+            )
+        print(
+            f"{name:40} {model.cfg.d_model:>4} {model.num_parameters():>11,} {ms['fp32']:>8.2f} {ms['int8']:>8.2f} "
+            f"{ms['int8'] / ms['fp32']:>9.3f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

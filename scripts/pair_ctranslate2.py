@@ -55,8 +55,10 @@ def in_this_process(args, sample: list[str], threads: int, points: list[list[int
     from model.ctranslate2_export import PeerTranslator
     from model.runtime import Translator
 
-    engines = {"ours": Translator(args.package, threads=threads),
-               "ctranslate2": PeerTranslator(args.ctranslate2, threads=threads, compute_type=args.compute_type)}
+    engines = {
+        "ours": Translator(args.package, threads=threads),
+        "ctranslate2": PeerTranslator(args.ctranslate2, threads=threads, compute_type=args.compute_type),
+    }
     if engines["ours"].describe()["shortlist"]:
         engines["whole"] = Translator(args.package, threads=threads, shortlist=False)
     print(f"| threads | search | batch | {' | '.join(engines)} |")
@@ -64,8 +66,14 @@ def in_this_process(args, sample: list[str], threads: int, points: list[list[int
     for batch, beam in points:
         # The shortlist serves greedy batches only: elsewhere "whole" would time the same thing.
         names = [n for n in engines if n != "whole" or (batch > 1 and beam == 1)]
-        timed, batches = take_turns({n: engines[n] for n in names}, sample[:64] if batch == 1 else sample,
-                                    batch, beam, args.rounds, engines["ours"].tokenizer)
+        timed, batches = take_turns(
+            {n: engines[n] for n in names},
+            sample[:64] if batch == 1 else sample,
+            batch,
+            beam,
+            args.rounds,
+            engines["ours"].tokenizer,
+        )
         theirs = timed.median_s("ctranslate2")
         per_item = 1 if batch == 1 else len(sample) / batches
 
@@ -80,8 +88,10 @@ def in_this_process(args, sample: list[str], threads: int, points: list[list[int
 
 def in_processes(args, sample: list[str], threads: list[int], points: list[list[int]]) -> None:
     """Each timing in a fresh process, as the benchmark stage makes them."""
-    sides = {"ctranslate2": {"runtime": "ctranslate2", "folder": str(args.ctranslate2)},
-             "ours": {"runtime": "onnxruntime", "folder": str(args.package)}}
+    sides = {
+        "ctranslate2": {"runtime": "ctranslate2", "folder": str(args.ctranslate2)},
+        "ours": {"runtime": "onnxruntime", "folder": str(args.package)},
+    }
     common = {"sentences": sample, "points": points, "tokenizer": str(args.package / "tokenizer.json")}
 
     def engine(side: str, n: int) -> dict:
@@ -91,17 +101,37 @@ def in_processes(args, sample: list[str], threads: list[int], points: list[list[
     together, alone = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in threads:
-            together[str(n)] = run_process(Path(tmp), f"versus-t{n}", {
-                **common, "kind": "versus", "threads": n, "rounds": args.rounds,
-                "ours": engine("ours", n), "theirs": engine("ctranslate2", n)}, n)
+            together[str(n)] = run_process(
+                Path(tmp),
+                f"versus-t{n}",
+                {
+                    **common,
+                    "kind": "versus",
+                    "threads": n,
+                    "rounds": args.rounds,
+                    "ours": engine("ours", n),
+                    "theirs": engine("ctranslate2", n),
+                },
+                n,
+            )
             if args.separate:
-                alone[str(n)] = {side: run_process(Path(tmp), f"alone-{side}-t{n}", {
-                    **common, "kind": "alone", "threads": n, "rounds": rounds, "engine": engine(side, n)}, n)
-                    for side in sides}
-    print(f"{len(sample)} sentences; taking turns in one process, {args.rounds} rounds"
-          + (f"; each alone in a process of its own, {rounds} rounds" if args.separate else ""))
-    print("| threads | search | batch | ours | CTranslate2 | ours / CTranslate2 |"
-          + (" alone: ours | alone: CTranslate2 | alone: ours / CTranslate2 |" if args.separate else ""))
+                alone[str(n)] = {
+                    side: run_process(
+                        Path(tmp),
+                        f"alone-{side}-t{n}",
+                        {**common, "kind": "alone", "threads": n, "rounds": rounds, "engine": engine(side, n)},
+                        n,
+                    )
+                    for side in sides
+                }
+    print(
+        f"{len(sample)} sentences; taking turns in one process, {args.rounds} rounds"
+        + (f"; each alone in a process of its own, {rounds} rounds" if args.separate else "")
+    )
+    print(
+        "| threads | search | batch | ours | CTranslate2 | ours / CTranslate2 |"
+        + (" alone: ours | alone: CTranslate2 | alone: ours / CTranslate2 |" if args.separate else "")
+    )
     print("|---|---|---|---|---|---|" + ("---|---|---|" if args.separate else ""))
     for n in threads:
         result = together[str(n)]
@@ -110,15 +140,24 @@ def in_processes(args, sample: list[str], threads: list[int], points: list[list[
             continue
         both = alone.get(str(n)) or {}
         skipped = [r["skipped"] for r in both.values() if r.get("skipped")]
-        separate = {} if skipped or not both else {
-            (p["batch"], p["beam"]): p for p in separate_points(both["ours"], both["ctranslate2"])}
+        separate = (
+            {}
+            if skipped or not both
+            else {(p["batch"], p["beam"]): p for p in separate_points(both["ours"], both["ctranslate2"])}
+        )
         for p in result["points"]:
-            cells = [_figure(p["batch"], p["ours_sent_per_s"]), _figure(p["batch"], p["ctranslate2_sent_per_s"]),
-                     f"{p['ratio']:.3f}"]
+            cells = [
+                _figure(p["batch"], p["ours_sent_per_s"]),
+                _figure(p["batch"], p["ctranslate2_sent_per_s"]),
+                f"{p['ratio']:.3f}",
+            ]
             q = separate.get((p["batch"], p["beam"]))
             if q:
-                cells += [_figure(q["batch"], q["ours_sent_per_s"]), _figure(q["batch"], q["ctranslate2_sent_per_s"]),
-                          f"{q['ratio']:.3f}"]
+                cells += [
+                    _figure(q["batch"], q["ours_sent_per_s"]),
+                    _figure(q["batch"], q["ctranslate2_sent_per_s"]),
+                    f"{q['ratio']:.3f}",
+                ]
             elif args.separate:
                 cells += [f"skipped: {'; '.join(skipped)}", "", ""]
             print(f"| {n} | {_search(p['beam'])} | {p['batch']} | {' | '.join(cells)} |")

@@ -50,8 +50,10 @@ def sessions(folder: Path, threads: int, pad_id: int, profile: bool) -> OnnxDeco
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.enable_profiling = profile
-    made = [ort.InferenceSession(str(folder / f"{g}.onnx"), options, providers=["CPUExecutionProvider"])
-            for g in ("encoder", "decoder")]
+    made = [
+        ort.InferenceSession(str(folder / f"{g}.onnx"), options, providers=["CPUExecutionProvider"])
+        for g in ("encoder", "decoder")
+    ]
     return OnnxDecoder(*made, pad_id=pad_id)
 
 
@@ -84,11 +86,18 @@ def main() -> None:
     total = time.perf_counter() - start
     n = len(lines)
     ms = lambda s: round(1000 * s / n, 3)  # noqa: E731  per sentence
-    breakdown = {"sentences": n, "threads": args.threads, "total_ms": ms(total), "tokenize_ms": ms(tokenize_s),
-                 "encoder_ms": ms(decoder.encode_s), "decoder_ms": ms(decoder.step_s),
-                 "search_loop_ms": ms(total - tokenize_s - detok_s - decoder.encode_s - decoder.step_s),
-                 "detokenize_ms": ms(detok_s), "steps_per_sentence": round(decoder.steps / n, 2),
-                 "ms_per_decoder_step": round(1000 * decoder.step_s / decoder.steps, 4)}
+    breakdown = {
+        "sentences": n,
+        "threads": args.threads,
+        "total_ms": ms(total),
+        "tokenize_ms": ms(tokenize_s),
+        "encoder_ms": ms(decoder.encode_s),
+        "decoder_ms": ms(decoder.step_s),
+        "search_loop_ms": ms(total - tokenize_s - detok_s - decoder.encode_s - decoder.step_s),
+        "detokenize_ms": ms(detok_s),
+        "steps_per_sentence": round(decoder.steps / n, 2),
+        "ms_per_decoder_step": round(1000 * decoder.step_s / decoder.steps, 4),
+    }
 
     if translator.graph_search:  # the package's own path: the loop inside onnxruntime, one opaque call
         for _ in range(2):  # a warm-up pass, then the timed one (as for the step graphs)
@@ -112,8 +121,10 @@ def main() -> None:
     kernels = sum(by_op.values())
     breakdown["decoder_graph"] = {
         "kernel_share_of_run": round(kernels / run_us, 3) if run_us else None,
-        "ops_ms_per_sentence": {op: round(us / 1000 / n, 3)
-                                for op, us in sorted(by_op.items(), key=lambda kv: -kv[1])[:12]}}
+        "ops_ms_per_sentence": {
+            op: round(us / 1000 / n, 3) for op, us in sorted(by_op.items(), key=lambda kv: -kv[1])[:12]
+        },
+    }
     for path in Path(".").glob("onnxruntime_profile_*.json"):
         path.unlink()
     print(json.dumps(breakdown, indent=2))

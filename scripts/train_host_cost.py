@@ -43,9 +43,9 @@ import torch  # noqa: E402
 from model.subword import SubwordTokenizer  # noqa: E402
 from model.transformer import TransformerConfig  # noqa: E402
 from pipeline import context, train_loop  # noqa: E402
-from pipeline.corpora.splits import split_lines  # noqa: E402
 from pipeline.corpora.distilled import TOP_K_FILE, TopKWriter, encoded_training_set, training_pairs  # noqa: E402
 from pipeline.corpora.encoded import Corpus  # noqa: E402
+from pipeline.corpora.splits import split_lines  # noqa: E402
 from pipeline.engine.recipe import dump_config  # noqa: E402
 from pipeline.training.settings import TrainConfig  # noqa: E402
 from pipeline.training.speed_probe import SpeedChoice  # noqa: E402
@@ -190,7 +190,11 @@ def _resolve(path: str):
     parts = path.split(".")
     for cut in range(len(parts), 0, -1):
         try:
-            obj = sys.modules["__main__"] if parts[:cut] == ["__main__"] else importlib.import_module(".".join(parts[:cut]))
+            obj = (
+                sys.modules["__main__"]
+                if parts[:cut] == ["__main__"]
+                else importlib.import_module(".".join(parts[:cut]))
+            )
         except ImportError:
             continue
         for attr in parts[cut:]:
@@ -236,14 +240,23 @@ def counting_syncs(counts: dict):
 # --------------------------------------------------------------------------------- run
 def role_setup(role: str, nodes: dict, data: Path, tokenizer_path: Path, kd: Path, work: Path):
     node = nodes[role]
-    job = {**dump_config(node.settings), "data": str(data), "tokenizer": str(tokenizer_path),
-           "kd_corpus": str(kd) if "kd_corpus" in node.inputs else None}
+    job = {
+        **dump_config(node.settings),
+        "data": str(data),
+        "tokenizer": str(tokenizer_path),
+        "kd_corpus": str(kd) if "kd_corpus" in node.inputs else None,
+    }
     tok = SubwordTokenizer.load(tokenizer_path)
     model_cfg = TransformerConfig.from_spec(node.settings.model, tok.vocab_size, tok.special_ids())
     word_level = node.settings.word_level
-    text = training_pairs(data, Path(job["kd_corpus"]) if job["kd_corpus"] else None, node.settings.reference_mix,
-                          node.settings.train.seed, bool(word_level and word_level.enabled and word_level.from_kd_corpus),
-                          lambda m: None)
+    text = training_pairs(
+        data,
+        Path(job["kd_corpus"]) if job["kd_corpus"] else None,
+        node.settings.reference_mix,
+        node.settings.train.seed,
+        bool(word_level and word_level.enabled and word_level.from_kd_corpus),
+        lambda m: None,
+    )
     train, _ = encoded_training_set(text, tok, model_cfg.max_positions, work / role, lambda m: None, plain_progress)
     return job, tok, model_cfg, train
 
@@ -257,9 +270,19 @@ def fit(job: dict, tok, model_cfg, train, work: Path, steps: int, prefetch, sect
     speed = SpeedChoice(bf16=False, attention="default", fused_optimizer=True, threads=1, isa="stand-in")
     word_level = job.get("word_level") or {}
     extra = {} if prefetch is None else {"prefetch": prefetch}
-    trainer = train_loop.Trainer(NoCompute(model_cfg), cfg, train, valid, tok, work, lambda m: None,
-                                 plain_progress, kd_alpha=word_level.get("alpha", 0.0) if word_level.get("enabled")
-                                 else 0.0, speed=speed, **extra)
+    trainer = train_loop.Trainer(
+        NoCompute(model_cfg),
+        cfg,
+        train,
+        valid,
+        tok,
+        work,
+        lambda m: None,
+        plain_progress,
+        kd_alpha=word_level.get("alpha", 0.0) if word_level.get("enabled") else 0.0,
+        speed=speed,
+        **extra,
+    )
     marks: list[tuple[float, float, float]] = []
     spent: list[dict] = []  # the sections' totals at each mark
     original = train_loop.Trainer._train_step
@@ -278,22 +301,29 @@ def fit(job: dict, tok, model_cfg, train, work: Path, steps: int, prefetch, sect
 
 
 def per_step(marks: list, column: int) -> list[float]:
-    values = [b[column] - a[column] for a, b in zip(marks[WARMUP:], marks[WARMUP + 1:])]
+    values = [b[column] - a[column] for a, b in zip(marks[WARMUP:], marks[WARMUP + 1 :])]
     return [v * 1000 for v in values]
 
 
 def figures(values: list[float]) -> dict:
     ordered = sorted(values)
-    return {"median": round(statistics.median(ordered), 3),
-            "p90": round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 3)}
+    return {
+        "median": round(statistics.median(ordered), 3),
+        "p90": round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 3),
+    }
 
 
 def measure_role(role: str, args, nodes, data, tokenizer_path, kd) -> dict:
     work = Path(args.work)
     job, tok, model_cfg, train = role_setup(role, nodes, data, tokenizer_path, kd, work / "encoded")
     with_soft = train.soft is not None and bool((job.get("word_level") or {}).get("enabled"))
-    result = {"role": role, "batch_tokens": job["train"]["batch_tokens"], "pairs": len(train),
-              "top_k": int(train.soft.k) if with_soft else None, "modes": {}}
+    result = {
+        "role": role,
+        "batch_tokens": job["train"]["batch_tokens"],
+        "pairs": len(train),
+        "top_k": int(train.soft.k) if with_soft else None,
+        "modes": {},
+    }
     modes = [None] if args.prefetch == "default" else [{"on": True, "off": False}[m] for m in args.prefetch.split(",")]
     for mode in modes:
         sections = Sections()
@@ -322,8 +352,10 @@ def measure_role(role: str, args, nodes, data, tokenizer_path, kd) -> dict:
             ms = (seconds - first.get((label, where), 0.0)) * 1000 / timed_steps
             breakdown[key] = round(breakdown.get(key, 0.0) + ms, 3)
         main_total = sum(main_ms) / timed_steps
-        compute_ms = [1000 * (b.get((COMPUTE, "main"), 0.0) - a.get((COMPUTE, "main"), 0.0))
-                      for a, b in zip(run["spent"][WARMUP:], run["spent"][WARMUP + 1:])]
+        compute_ms = [
+            1000 * (b.get((COMPUTE, "main"), 0.0) - a.get((COMPUTE, "main"), 0.0))
+            for a, b in zip(run["spent"][WARMUP:], run["spent"][WARMUP + 1 :])
+        ]
         host_ms = [m - c for m, c in zip(main_ms, compute_ms)]
         order_s = time.thread_time()
         batches = train_loop.make_batches(train, job["train"]["batch_tokens"], 1, 0)
@@ -333,7 +365,8 @@ def measure_role(role: str, args, nodes, data, tokenizer_path, kd) -> dict:
         name = {None: "default", True: "prefetch on", False: "prefetch off"}[mode]
         result["modes"][name] = {
             "steps_timed": len(main_ms),
-            "main_thread_ms": figures(main_ms), "process_cpu_ms": figures(per_step(marks, 1)),
+            "main_thread_ms": figures(main_ms),
+            "process_cpu_ms": figures(per_step(marks, 1)),
             "wall_ms": figures(per_step(marks, 2)),
             "host_ms": figures(host_ms),
             "batch_order_ms_per_step": round(order_s * 1000 / len(batches), 3),
@@ -360,18 +393,26 @@ def main() -> None:
     tok = SubwordTokenizer.load(tokenizer_path)
     kd = stand_in_kd_corpus(data, tok, 8, work / "kd_corpus")
     results = [measure_role(role, args, nodes, data, tokenizer_path, kd) for role in args.roles.split(",")]
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, recipe {Path(args.recipe).name}; ms per step, "
-          f"after {WARMUP} warm-up steps")
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, recipe {Path(args.recipe).name}; ms per step, "
+        f"after {WARMUP} warm-up steps"
+    )
     for r in results:
-        print(f"\n{r['role']}: batch_tokens {r['batch_tokens']}, {r['pairs']} pairs"
-              + (f", top {r['top_k']} from the KD store" if r["top_k"] else ""))
+        print(
+            f"\n{r['role']}: batch_tokens {r['batch_tokens']}, {r['pairs']} pairs"
+            + (f", top {r['top_k']} from the KD store" if r["top_k"] else "")
+        )
         for mode, m in r["modes"].items():
-            print(f"  [{mode}] host cost (the main thread's CPU time less the stand-in's compute): median "
-                  f"{m['host_ms']['median']:.2f} ms, p90 {m['host_ms']['p90']:.2f} ms over {m['steps_timed']} steps")
-            print(f"      main thread {m['main_thread_ms']['median']:.2f} / p90 {m['main_thread_ms']['p90']:.2f} ms;"
-                  f" process CPU {m['process_cpu_ms']['median']:.2f} / {m['process_cpu_ms']['p90']:.2f};"
-                  f" wall {m['wall_ms']['median']:.2f} / {m['wall_ms']['p90']:.2f}; the batch order"
-                  f" (make_batches, once an epoch of {m['batches_per_epoch']}) {m['batch_order_ms_per_step']:.3f} a step")
+            print(
+                f"  [{mode}] host cost (the main thread's CPU time less the stand-in's compute): median "
+                f"{m['host_ms']['median']:.2f} ms, p90 {m['host_ms']['p90']:.2f} ms over {m['steps_timed']} steps"
+            )
+            print(
+                f"      main thread {m['main_thread_ms']['median']:.2f} / p90 {m['main_thread_ms']['p90']:.2f} ms;"
+                f" process CPU {m['process_cpu_ms']['median']:.2f} / {m['process_cpu_ms']['p90']:.2f};"
+                f" wall {m['wall_ms']['median']:.2f} / {m['wall_ms']['p90']:.2f}; the batch order"
+                f" (make_batches, once an epoch of {m['batches_per_epoch']}) {m['batch_order_ms_per_step']:.3f} a step"
+            )
             print("      mean per step, main thread unless named:")
             for label, ms in m["breakdown_ms_per_step"].items():
                 print(f"      {ms:8.3f}  {label}")

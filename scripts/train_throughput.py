@@ -40,10 +40,16 @@ class TorchReference(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, src, tgt_in, tgt_out):
-        emb = lambda x: self.drop(self.embed(x) * self.d ** 0.5 + self.pos[: x.shape[1]])  # noqa: E731
+        emb = lambda x: self.drop(self.embed(x) * self.d**0.5 + self.pos[: x.shape[1]])  # noqa: E731
         causal = self.core.generate_square_subsequent_mask(tgt_in.shape[1])
-        h = self.core(emb(src), emb(tgt_in), tgt_mask=causal, tgt_is_causal=True,
-                      src_key_padding_mask=src == self.pad, memory_key_padding_mask=src == self.pad)
+        h = self.core(
+            emb(src),
+            emb(tgt_in),
+            tgt_mask=causal,
+            tgt_is_causal=True,
+            src_key_padding_mask=src == self.pad,
+            memory_key_padding_mask=src == self.pad,
+        )
         return F.linear(h[tgt_out != self.pad], self.embed.weight)
 
 
@@ -70,13 +76,25 @@ def main() -> None:
     corpus = encode_corpus(tok, src, tgt, 256)
     batches = make_batches(corpus, args.batch_tokens, seed=0, epoch=0)
 
-    cfg = TransformerConfig(vocab_size=tok.vocab_size, d_model=args.d_model, head_dim=args.d_model // args.heads,
-                            enc_heads=[args.heads] * args.layers, dec_self_heads=[args.heads] * args.layers,
-                            dec_cross_heads=[args.heads] * args.layers, enc_ffn=[args.ffn] * args.layers,
-                            dec_ffn=[args.ffn] * args.layers, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
-    models = {"ours (model/transformer.py)": Transformer(cfg),
-              "torch.nn.Transformer": TorchReference(tok.vocab_size, args.d_model, args.heads, args.layers,
-                                                     args.ffn, 0.1, tok.pad_id)}
+    cfg = TransformerConfig(
+        vocab_size=tok.vocab_size,
+        d_model=args.d_model,
+        head_dim=args.d_model // args.heads,
+        enc_heads=[args.heads] * args.layers,
+        dec_self_heads=[args.heads] * args.layers,
+        dec_cross_heads=[args.heads] * args.layers,
+        enc_ffn=[args.ffn] * args.layers,
+        dec_ffn=[args.ffn] * args.layers,
+        pad_id=tok.pad_id,
+        bos_id=tok.bos_id,
+        eos_id=tok.eos_id,
+    )
+    models = {
+        "ours (model/transformer.py)": Transformer(cfg),
+        "torch.nn.Transformer": TorchReference(
+            tok.vocab_size, args.d_model, args.heads, args.layers, args.ffn, 0.1, tok.pad_id
+        ),
+    }
     optims = {k: torch.optim.Adam(m.parameters(), lr=3e-4, betas=(0.9, 0.98), eps=1e-9) for k, m in models.items()}
     rates: dict[str, list[float]] = {k: [] for k in models}
 
@@ -96,18 +114,22 @@ def main() -> None:
         for index in batches[:2]:  # warm-up
             train(name, index)
     for r in range(args.rounds):
-        chunk = batches[2 + r * args.batches: 2 + (r + 1) * args.batches]
+        chunk = batches[2 + r * args.batches : 2 + (r + 1) * args.batches]
         for name in models:
             t0, tokens = time.perf_counter(), 0
             for index in chunk:
                 tokens += train(name, index)
             rates[name].append(tokens / (time.perf_counter() - t0))
     params = {k: sum(p.numel() for p in m.parameters()) for k, m in models.items()}
-    print(f"d_model {args.d_model}, {args.layers}+{args.layers} layers, {args.heads} heads, FFN {args.ffn}, "
-          f"vocab {tok.vocab_size}, ~{args.batch_tokens} tokens/batch, {args.threads} threads, torch {torch.__version__}")
+    print(
+        f"d_model {args.d_model}, {args.layers}+{args.layers} layers, {args.heads} heads, FFN {args.ffn}, "
+        f"vocab {tok.vocab_size}, ~{args.batch_tokens} tokens/batch, {args.threads} threads, torch {torch.__version__}"
+    )
     for name, values in rates.items():
-        print(f"  {name:<30} {statistics.median(values):8.0f} target tokens/s  (rounds: "
-              f"{', '.join(f'{v:.0f}' for v in values)}; {params[name]:,} parameters)")
+        print(
+            f"  {name:<30} {statistics.median(values):8.0f} target tokens/s  (rounds: "
+            f"{', '.join(f'{v:.0f}' for v in values)}; {params[name]:,} parameters)"
+        )
 
 
 if __name__ == "__main__":

@@ -94,8 +94,14 @@ def _env(monkeypatch, data_dir, tmp_path):
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))  # never touch the user's cache
 
 
-def cli(*args: str, store: Path | None = None, input: bytes | None = None, timeout: float = 300,
-        env: dict | None = None, code: Path = REPO) -> subprocess.CompletedProcess:
+def cli(
+    *args: str,
+    store: Path | None = None,
+    input: bytes | None = None,
+    timeout: float = 300,
+    env: dict | None = None,
+    code: Path = REPO,
+) -> subprocess.CompletedProcess:
     """Run the real `pipeline` command in a subprocess, from the source tree `code`."""
     cmd = [sys.executable, "-m", "pipeline.commands.cli", *args]
     if store is not None:
@@ -122,13 +128,15 @@ else:
 """
 
 
-def run_with_peak_rss(target: str, *args: str, env: dict | None = None,
-                      timeout: float = 600) -> tuple[int, float, str, str]:
+def run_with_peak_rss(
+    target: str, *args: str, env: dict | None = None, timeout: float = 600
+) -> tuple[int, float, str, str]:
     """Run a module (`pipeline.commands.cli`) or a script path in a fresh process: (exit code, its peak
     RSS in MB, stdout, stderr without the report line)."""
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    done = subprocess.run([sys.executable, "-c", _PEAK_SHIM, target, *args], capture_output=True, env=full_env,
-                          cwd=REPO, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK_SHIM, target, *args], capture_output=True, env=full_env, cwd=REPO, timeout=timeout
+    )
     err = done.stderr.decode(errors="replace")
     peaks = [line for line in err.splitlines() if line.startswith("PEAK_RSS_KB ")]
     peak = int(peaks[-1].split()[1]) / 1024 if peaks else float("nan")

@@ -33,9 +33,20 @@ def packages(tmp_path_factory, data_dir):
     table.save(folder / "shortlist.npz")
     torch.manual_seed(3)
     # Uneven heads (a pruned model's), a factorised table, pre-LN: the graphs' less common paths.
-    cfg = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=48, head_dim=8, enc_heads=[6, 3],
-                            dec_self_heads=[2, 6], dec_cross_heads=[6, 1], enc_ffn=[96, 64], dec_ffn=[64, 96],
-                            embed_dim=32, pre_ln=True, max_positions=64, dropout=0.0)
+    cfg = TransformerConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=48,
+        head_dim=8,
+        enc_heads=[6, 3],
+        dec_self_heads=[2, 6],
+        dec_cross_heads=[6, 1],
+        enc_ffn=[96, 64],
+        dec_ffn=[64, 96],
+        embed_dim=32,
+        pre_ln=True,
+        max_positions=64,
+        dropout=0.0,
+    )
     model = Transformer(cfg).eval()
     with torch.no_grad():  # sharper than the init: outputs end before their limits, as trained ones do
         for p in model.parameters():
@@ -45,9 +56,15 @@ def packages(tmp_path_factory, data_dir):
     for variant in VARIANTS:
         for listed in (True, False):
             built[variant, listed] = folder / f"{variant}-{listed}"
-            build_package(model, variant, built[variant, listed], tokenizer=folder / "tokenizer.json",
-                          work=folder / "work" / f"{variant}-{listed}", calibration=calibration,
-                          shortlist=folder / "shortlist.npz" if listed else None)
+            build_package(
+                model,
+                variant,
+                built[variant, listed],
+                tokenizer=folder / "tokenizer.json",
+                work=folder / "work" / f"{variant}-{listed}",
+                calibration=calibration,
+                shortlist=folder / "shortlist.npz" if listed else None,
+            )
     return built, prepare_sources(tokenizer, en[:48], 64)
 
 
@@ -66,10 +83,11 @@ def test_a_sentence_translates_the_same_alone_and_in_any_batch(packages, variant
             order = rng.permutation(len(sources)) if shuffled else np.argsort([len(s) for s in sources])
             got = {}
             for start in range(0, len(order), size):
-                rows = order[start: start + size].tolist()
+                rows = order[start : start + size].tolist()
                 got.update(zip(rows, translator.searcher([sources[i] for i in rows], gen)))
             assert [got[i] for i in range(len(sources))] == alone, (variant, listed, beam, size)
         # The text path a user calls, in length-sorted batches as translate() makes them.
-        texts = translator.translate([translator.tokenizer.decode([s[:-1]])[0] for s in sources], beam=beam,
-                                     max_batch=16)
+        texts = translator.translate(
+            [translator.tokenizer.decode([s[:-1]])[0] for s in sources], beam=beam, max_batch=16
+        )
         assert len(texts) == len(sources)

@@ -6,8 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from model.search import (GenerationConfig, IncrementalDecoder, beam_search, beam_search_nbest, greedy_search,
-                          top_k_indices)
+from model.search import (
+    GenerationConfig,
+    IncrementalDecoder,
+    beam_search,
+    beam_search_nbest,
+    greedy_search,
+    top_k_indices,
+)
 from model.torch_decoder import TorchDecoder
 
 from .test_model import tiny
@@ -81,8 +87,12 @@ def test_beam_search_equals_the_per_sentence_reference(pre_ln, seed):
         for penalty in (0.6, 1.0, 1.5):
             for a, b in ((1.5, 10), (0.0, 3), (0.0, 1)):
                 gen = GenerationConfig(beam=beam, length_penalty=penalty, max_len_a=a, max_len_b=b, max_positions=64)
-                assert beam_search(decoder, sources, gen) == reference_beam_search(decoder, sources, gen), \
-                    (beam, penalty, a, b)
+                assert beam_search(decoder, sources, gen) == reference_beam_search(decoder, sources, gen), (
+                    beam,
+                    penalty,
+                    a,
+                    b,
+                )
                 assert beam_search(decoder, sources[:1], gen) == reference_beam_search(decoder, sources[:1], gen)
                 compared += 1
     assert compared == 27
@@ -117,7 +127,9 @@ class _EndsSooner:
         return (logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True))).astype(np.float32)
 
 
-def _length_normalised_log_prob(decoder: IncrementalDecoder, src: list[int], hyp: list[int], gen: GenerationConfig) -> float:
+def _length_normalised_log_prob(
+    decoder: IncrementalDecoder, src: list[int], hyp: list[int], gen: GenerationConfig
+) -> float:
     """Teacher-forced score of hyp + EOS, as beam search defines it."""
     decoder.encode([src], 1)
     tokens, total = [gen.bos_id] + hyp, 0.0

@@ -17,18 +17,25 @@ import struct
 import pytest
 import torch
 
-from pipeline.stages.benchmark import BenchmarkNode
-from pipeline.stages.report import ReportTargets
-from pipeline.report.rows import ReportRow, missing_keys
 from pipeline.commands.report_view import compare_runs, show_latest
-from pipeline.stages.benchmark.build import pick_best, thread_counts
 from pipeline.measure.scoring import bleu_only, paired_bootstrap
+from pipeline.report.rows import ReportRow, missing_keys
+from pipeline.stages.benchmark import BenchmarkNode
+from pipeline.stages.benchmark.build import pick_best, thread_counts
+from pipeline.stages.report import ReportTargets
 from pipeline.stages.report.build import bleu_uncertainty, markdown, pareto_front, step_lines, targets
 
 from .conftest import SMOKE, QuietContext, cli
 
-OVERRIDES = ("distill=null", "prune=null", "export=null", "quantize=null",
-             "benchmark.threads=[one]", "benchmark.sentences=4", "benchmark.paired_rounds=2")
+OVERRIDES = (
+    "distill=null",
+    "prune=null",
+    "export=null",
+    "quantize=null",
+    "benchmark.threads=[one]",
+    "benchmark.sentences=4",
+    "benchmark.paired_rounds=2",
+)
 HAS_CT2 = importlib.util.find_spec("ctranslate2") is not None
 
 
@@ -55,8 +62,14 @@ def test_every_benchmark_row_has_numbers_or_a_reason(built):
     store, arts, _ = built
     bench = arts["benchmark"].metrics
     rows = {r["name"]: r for r in bench["results"]}
-    expected = {"teacher", "teacher_cuda", "ctranslate2_teacher_int8", "ctranslate2_teacher_float32",
-                "ctranslate2_teacher_float16_cuda", "ctranslate2_teacher_int8_float16_cuda"}
+    expected = {
+        "teacher",
+        "teacher_cuda",
+        "ctranslate2_teacher_int8",
+        "ctranslate2_teacher_float32",
+        "ctranslate2_teacher_float16_cuda",
+        "ctranslate2_teacher_int8_float16_cuda",
+    }
     assert set(rows) == expected
     if not HAS_CT2:
         assert all(rows[n]["skipped"].startswith("ctranslate2 is not installed") for n in expected if "ctrans" in n)
@@ -122,11 +135,34 @@ def test_report_files(built):
     teacher_training = report["training"]["teacher"]  # as this machine trained it
     assert teacher_training["steps"] > 0 and teacher_training["precision"] in ("bf16", "float32")
     assert teacher_training["cut_by_time"] is None and teacher_training["precision_reason"]
-    types = {"variant": str, "runtime": str, "device": str, "compute_type": str, "params": int, "heads": int,
-             "bytes": int, "bleu": float, "chrf": float}
+    types = {
+        "variant": str,
+        "runtime": str,
+        "device": str,
+        "compute_type": str,
+        "params": int,
+        "heads": int,
+        "bytes": int,
+        "bleu": float,
+        "chrf": float,
+    }
     for row in report["rows"]:
-        assert {"variant", "runtime", "device", "compute_type", "params", "heads", "bytes", "bleu", "chrf",
-                "latency_ms", "throughput", "skipped", "pareto", "vs_teacher"} <= set(row)
+        assert {
+            "variant",
+            "runtime",
+            "device",
+            "compute_type",
+            "params",
+            "heads",
+            "bytes",
+            "bleu",
+            "chrf",
+            "latency_ms",
+            "throughput",
+            "skipped",
+            "pareto",
+            "vs_teacher",
+        } <= set(row)
         assert row["runtime"] in ("torch", "onnxruntime", "ctranslate2")
         if row["skipped"]:
             assert isinstance(row["skipped"], str)
@@ -171,22 +207,43 @@ def test_pareto_front():
 
 def test_the_peer_goal_is_judged_on_paired_rounds_when_there_are_some():
     """Rows measured minutes apart drift on a shared VM; paired rounds do not, so they decide."""
+
     def row(name, runtime, compute, greedy, beam, paired=None):
-        return {"name": name, "variant": "pruned", "runtime": runtime, "compute_type": compute, "device": "cpu",
-                "skipped": None, "source": "pruned", "paired": paired,
-                "latency_ms": {"greedy_b1": {"p50": greedy}, "beam4_b1": {"p50": beam}}}
+        return {
+            "name": name,
+            "variant": "pruned",
+            "runtime": runtime,
+            "compute_type": compute,
+            "device": "cpu",
+            "skipped": None,
+            "source": "pruned",
+            "paired": paired,
+            "latency_ms": {"greedy_b1": {"p50": greedy}, "beam4_b1": {"p50": beam}},
+        }
 
     peer = row("ctranslate2_pruned_int8", "ctranslate2", "int8", 2.4, 4.1)
-    paired = {"peer": peer["name"], "greedy_b1_p50_ratio": 1.08, "beam4_b1_p50_ratio": 1.27, "threads": [2, 1],
-              "rounds": [{}, {}, {}]}
+    paired = {
+        "peer": peer["name"],
+        "greedy_b1_p50_ratio": 1.08,
+        "beam4_b1_p50_ratio": 1.27,
+        "threads": [2, 1],
+        "rounds": [{}, {}, {}],
+    }
     ours = row("int8_dynamic", "onnxruntime", "int8", 1.96, 4.06, paired)
     vs = targets([ours, peer])["int8_dynamic"]["vs_ctranslate2_int8"]
     assert vs["greedy_b1_p50_ratio"] == 0.817 and vs["beam4_b1_p50_ratio"] == 0.99  # the rows alone would pass
-    assert vs["verdict"] == {"basis": "paired", "greedy_b1_p50_ratio": 1.08, "beam4_b1_p50_ratio": 1.27,
-                             "met": False}
-    md = markdown({"recipe": "r", "machine": {}, "rows": [], "recommendation": "-", "recommendations": {},
-                   "benchmark": {"sentences": 4, "test_set": "t", "batch_size": 2, "throughput_beam": 4, "threads": [1]},
-                   "targets": targets([ours, peer], ReportTargets(speedup=4, bytes_ratio=0.25))})
+    assert vs["verdict"] == {"basis": "paired", "greedy_b1_p50_ratio": 1.08, "beam4_b1_p50_ratio": 1.27, "met": False}
+    md = markdown(
+        {
+            "recipe": "r",
+            "machine": {},
+            "rows": [],
+            "recommendation": "-",
+            "recommendations": {},
+            "benchmark": {"sentences": 4, "test_set": "t", "batch_size": 2, "throughput_beam": 4, "threads": [1]},
+            "targets": targets([ours, peer], ReportTargets(speedup=4, bytes_ratio=0.25)),
+        }
+    )
     assert "1.08 greedy, 1.27 beam 4 in 3 paired rounds" in md and "goal <= 1.0: not met" in md
     assert "(target >= 4)" in md and "(target >= -1)" in md and "(target <= 0.25)" in md  # the recipe's targets
 
@@ -202,8 +259,14 @@ def test_thread_counts_and_the_faster_setting_wins():
 
     def result(threads, p50):
         lat = {"p50": p50, "p90": p50, "p99": p50, "mean": p50}
-        return {"threads": threads, "latency_ms": {"greedy_b1": lat, "beam4_b1": lat}, "throughput": {},
-                "peak_rss_mb": 1.0, "gpu_mem_mb": None, "load_s": 0.1}
+        return {
+            "threads": threads,
+            "latency_ms": {"greedy_b1": lat, "beam4_b1": lat},
+            "throughput": {},
+            "peak_rss_mb": 1.0,
+            "gpu_mem_mb": None,
+            "load_s": 0.1,
+        }
 
     row = {"skipped": None, "by_threads": {"1": result(1, 5.0), "2": result(2, 41.0)}}
     pick_best(row)
@@ -253,8 +316,13 @@ def test_onnx_packages_are_measured_in_onnxruntime(smoke):
     # The smoke student's export and quantize artifacts (shared with the ONNX tests); only the
     # onnxruntime rows are measured, so the others must say why not.
     with one_torch_thread():
-        _, arts = smoke.build("benchmark", "prune=null", "benchmark.threads=[one]", "benchmark.sentences=4",
-                              "benchmark.runtimes=[onnxruntime]")
+        _, arts = smoke.build(
+            "benchmark",
+            "prune=null",
+            "benchmark.threads=[one]",
+            "benchmark.sentences=4",
+            "benchmark.runtimes=[onnxruntime]",
+        )
     rows = {r["name"]: r for r in arts["benchmark"].metrics["results"]}
     assert {n for n, r in rows.items() if not r["skipped"]} == {"student_onnx", "int8_dynamic", "int8_static"}
     assert rows["teacher"]["skipped"] == "runtime torch not in benchmark.runtimes"
@@ -274,9 +342,14 @@ def test_plot_labels_of_clustered_points_stay_in_the_axes_and_do_not_overlap():
 
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
     # Four variants within 2-3.5 ms and 0.3 BLEU of each other, as int8 / fp32 / CTranslate2 rows are.
-    points = [(2.1, 53.0, "int8_dynamic/onnxruntime/int8"), (2.15, 52.85, "pruned/ctranslate2/int8"),
-              (2.5, 52.78, "pruned/onnxruntime/float32"), (2.55, 52.77, "pruned/ctranslate2/float32"),
-              (3.4, 52.9, "int8_static/onnxruntime/int8"), (48.0, 55.6, "teacher/torch/float32")]
+    points = [
+        (2.1, 53.0, "int8_dynamic/onnxruntime/int8"),
+        (2.15, 52.85, "pruned/ctranslate2/int8"),
+        (2.5, 52.78, "pruned/onnxruntime/float32"),
+        (2.55, 52.77, "pruned/ctranslate2/float32"),
+        (3.4, 52.9, "int8_static/onnxruntime/int8"),
+        (48.0, 55.6, "teacher/torch/float32"),
+    ]
     ax.scatter([p[0] for p in points], [p[1] for p in points])
     ax.set_xscale("log")
     ax.margins(x=0.2, y=0.12)
@@ -289,7 +362,7 @@ def test_plot_labels_of_clustered_points_stay_in_the_axes_and_do_not_overlap():
     for box in boxes:  # the leftmost and the topmost label too: none over the axis labels
         assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1, (box, frame)
     for i, a in enumerate(boxes):
-        for b in boxes[i + 1:]:
+        for b in boxes[i + 1 :]:
             assert not a.overlaps(b), (a, b)
     plt.close(fig)
 
@@ -298,8 +371,9 @@ def test_plot_labels_of_clustered_points_stay_in_the_axes_and_do_not_overlap():
 def _corrupted(references: list[str], share: float, seed: int) -> list[str]:
     """Each word replaced by a wrong one with probability `share`."""
     rng = random.Random(seed)
-    return [" ".join(w if rng.random() >= share else f"x{rng.randrange(99)}" for w in ref.split())
-            for ref in references]
+    return [
+        " ".join(w if rng.random() >= share else f"x{rng.randrange(99)}" for w in ref.split()) for ref in references
+    ]
 
 
 def _references(n: int = 300) -> list[str]:
@@ -326,37 +400,63 @@ def test_paired_bootstrap_tells_a_real_difference_from_none():
 
 
 def _row(name, variant, runtime, compute_type, source, device="cpu", skipped=None, ms=10.0):
-    return {"name": name, "variant": variant, "runtime": runtime, "device": device, "compute_type": compute_type,
-            "source": source, "skipped": skipped, "bleu_beam": 4, "bleu_greedy": 1.0, "bytes": 1000, "params": 100,
-            "latency_ms": {"greedy_b1": {"mean": ms}, "beam4_b1": {"mean": 2 * ms}}, "vs_teacher": {}}
+    return {
+        "name": name,
+        "variant": variant,
+        "runtime": runtime,
+        "device": device,
+        "compute_type": compute_type,
+        "source": source,
+        "skipped": skipped,
+        "bleu_beam": 4,
+        "bleu_greedy": 1.0,
+        "bytes": 1000,
+        "params": 100,
+        "latency_ms": {"greedy_b1": {"mean": ms}, "beam4_b1": {"mean": 2 * ms}},
+        "vs_teacher": {},
+    }
 
 
 def test_each_step_gets_its_bleu_difference_with_an_interval():
     refs = _references()
-    share = {"teacher": 0.10, "student": 0.14, "student_ref": 0.2, "pruned": 0.16, "pruned_onnx": 0.16,
-             "int8_dynamic": 0.17}
-    hyps = {(name, beam): _corrupted(refs, s + (0.03 if beam == 1 else 0), seed=10 * i + beam)
-            for i, (name, s) in enumerate(share.items()) for beam in (1, 4)}
+    share = {
+        "teacher": 0.10,
+        "student": 0.14,
+        "student_ref": 0.2,
+        "pruned": 0.16,
+        "pruned_onnx": 0.16,
+        "int8_dynamic": 0.17,
+    }
+    hyps = {
+        (name, beam): _corrupted(refs, s + (0.03 if beam == 1 else 0), seed=10 * i + beam)
+        for i, (name, s) in enumerate(share.items())
+        for beam in (1, 4)
+    }
     hyps[("pruned_onnx", 4)] = hyps[("pruned", 4)]  # an export that changes nothing
     hyps[("ctranslate2_pruned_int8", 4)] = hyps[("int8_dynamic", 4)]
     hyps[("ctranslate2_pruned_int8", 1)] = _corrupted(refs, 0.2, 99)
-    rows = [_row("teacher", "teacher", "torch", "float32", "teacher", ms=40),
-            _row("teacher_cuda", "teacher", "torch", "float32", "teacher", device="cuda", skipped="no CUDA"),
-            _row("student", "student", "torch", "float32", "student"),
-            _row("student_ref", "student_ref", "torch", "float32", "student_ref"),
-            _row("pruned", "pruned", "torch", "float32", "pruned"),
-            _row("pruned_onnx", "pruned", "onnxruntime", "float32", "pruned", ms=2),
-            _row("int8_dynamic", "int8_dynamic", "onnxruntime", "int8", "pruned", ms=1.6),
-            _row("ctranslate2_pruned_int8", "pruned", "ctranslate2", "int8", "pruned", ms=1.5),
-            _row("ctranslate2_pruned_float32", "pruned", "ctranslate2", "float32", "pruned", ms=1.5)]
+    rows = [
+        _row("teacher", "teacher", "torch", "float32", "teacher", ms=40),
+        _row("teacher_cuda", "teacher", "torch", "float32", "teacher", device="cuda", skipped="no CUDA"),
+        _row("student", "student", "torch", "float32", "student"),
+        _row("student_ref", "student_ref", "torch", "float32", "student_ref"),
+        _row("pruned", "pruned", "torch", "float32", "pruned"),
+        _row("pruned_onnx", "pruned", "onnxruntime", "float32", "pruned", ms=2),
+        _row("int8_dynamic", "int8_dynamic", "onnxruntime", "int8", "pruned", ms=1.6),
+        _row("ctranslate2_pruned_int8", "pruned", "ctranslate2", "int8", "pruned", ms=1.5),
+        _row("ctranslate2_pruned_float32", "pruned", "ctranslate2", "float32", "pruned", ms=1.5),
+    ]
     read = lambda name, beam: (hyps[(name, beam)], refs) if (name, beam) in hyps else None  # noqa: E731
     steps = bleu_uncertainty(rows, read)
     assert [(s["step"], s["from"], s["to"]) for s in steps] == [
-        ("distillation", "teacher", "student"), ("distillation vs references only", "student_ref", "student"),
-        ("head pruning", "student", "pruned"), ("ONNX export", "pruned", "pruned_onnx"),
+        ("distillation", "teacher", "student"),
+        ("distillation vs references only", "student_ref", "student"),
+        ("head pruning", "student", "pruned"),
+        ("ONNX export", "pruned", "pruned_onnx"),
         ("int8 dynamic", "pruned_onnx", "int8_dynamic"),
         ("CTranslate2 instead of onnxruntime (int8)", "int8_dynamic", "ctranslate2_pruned_int8"),
-        ("CTranslate2 instead of onnxruntime (float32)", "pruned_onnx", "ctranslate2_pruned_float32")]
+        ("CTranslate2 instead of onnxruntime (float32)", "pruned_onnx", "ctranslate2_pruned_float32"),
+    ]
     for s in steps[:-1]:
         for key, beam in (("bleu", 4), ("bleu_greedy", 1)):
             expected = bleu_only(hyps[(s["to"], beam)], refs) - bleu_only(hyps[(s["from"], beam)], refs)
@@ -367,7 +467,8 @@ def test_each_step_gets_its_bleu_difference_with_an_interval():
     by_name = {r["name"]: r for r in rows}
     student = by_name["student"]
     assert student["greedy_vs_beam"]["delta"] == pytest.approx(
-        bleu_only(hyps[("student", 1)], refs) - bleu_only(hyps[("student", 4)], refs), abs=0.011)
+        bleu_only(hyps[("student", 1)], refs) - bleu_only(hyps[("student", 4)], refs), abs=0.011
+    )
     assert student["vs_teacher"]["bleu_delta_ci95"] == steps[0]["bleu"]["ci95"]
     assert steps[5]["bleu"]["ci95"] == [0, 0] and steps[5]["greedy_b1_speedup"] == pytest.approx(1.6 / 1.5, abs=1e-3)
     assert by_name["ctranslate2_pruned_int8"]["greedy_vs_beam"]["delta"] < 0
@@ -375,7 +476,9 @@ def test_each_step_gets_its_bleu_difference_with_an_interval():
     assert steps[6]["bleu"] is None and by_name["ctranslate2_pruned_float32"]["greedy_vs_beam"] is None
     assert by_name["teacher_cuda"]["greedy_vs_beam"] is None
     md = "\n".join(step_lines(steps, rows))
-    assert "| head pruning | student → pruned |" in md and "student " + "%+.2f" % student["greedy_vs_beam"]["delta"] in md
+    assert (
+        "| head pruning | student → pruned |" in md and "student " + "%+.2f" % student["greedy_vs_beam"]["delta"] in md
+    )
 
 
 def test_the_smoke_report_says_how_far_greedy_is_from_beam(built):
@@ -400,10 +503,24 @@ def test_paired_rounds_time_both_at_the_peers_thread_count(monkeypatch):
         return {"latency_ms": {"greedy_b1": {"p50": ms}, "beam4_b1": {"p50": 2 * ms}}}
 
     monkeypatch.setattr(bench, "measure", fake_measure)
-    ours = {"name": "ours", "runtime": "onnxruntime", "device": "cpu", "skipped": None, "source": "pruned",
-            "compute_type": "int8", "threads": 2}
-    peer = {"name": "peer", "runtime": "ctranslate2", "device": "cpu", "skipped": None, "source": "pruned",
-            "compute_type": "int8", "threads": 1}
+    ours = {
+        "name": "ours",
+        "runtime": "onnxruntime",
+        "device": "cpu",
+        "skipped": None,
+        "source": "pruned",
+        "compute_type": "int8",
+        "threads": 2,
+    }
+    peer = {
+        "name": "peer",
+        "runtime": "ctranslate2",
+        "device": "cpu",
+        "skipped": None,
+        "source": "pruned",
+        "compute_type": "int8",
+        "threads": 1,
+    }
     bench.paired_rounds(QuietContext(), [ours, peer], ["a b"], BenchmarkNode(final_model="pruned", paired_rounds=3))
     assert {threads for _, threads, _ in calls} == {1} and len(calls) == 6 and all(only for *_, only in calls)
     assert [name for name, *_ in calls][:4] == ["ours", "peer", "peer", "ours"]  # alternating order
@@ -424,8 +541,11 @@ def test_versus_runs_one_process_per_thread_count_and_the_report_says_each_point
     from pipeline.stages.report.build import versus_summary, versus_target_line
 
     jobs = []
-    speed = {"int8_dynamic": {1: 100.0, 2: 150.0}, "int8_static": {1: 50.0, 2: 60.0},
-             "ctranslate2_pruned_int8": {1: 120.0, 2: 12.0}}
+    speed = {
+        "int8_dynamic": {1: 100.0, 2: 150.0},
+        "int8_static": {1: 50.0, 2: 60.0},
+        "ctranslate2_pruned_int8": {1: 120.0, 2: 12.0},
+    }
 
     def fake_run_job(ctx, tag, job, threads):
         jobs.append((tag, job, threads))
@@ -433,12 +553,28 @@ def test_versus_runs_one_process_per_thread_count_and_the_report_says_each_point
         result = {"threads": threads, "sentences": len(job["sentences"]), "rounds": job["rounds"]}
         if job["kind"] == "versus":
             ours, theirs = speed[name][threads], speed["ctranslate2_pruned_int8"][threads]
-            return {**result, "points": [{**versus_point(b, k, ours, theirs, 5), "median_sent_per_s": {
-                "ours": ours, "ctranslate2": theirs}} for b, k in job["points"]]}
+            return {
+                **result,
+                "points": [
+                    {**versus_point(b, k, ours, theirs, 5), "median_sent_per_s": {"ours": ours, "ctranslate2": theirs}}
+                    for b, k in job["points"]
+                ],
+            }
         # Alone, ours at 2 threads does worse at beam 4, batch 32 than CTranslate2 at 1 thread.
-        return {**result, "runtime": job["engine"]["runtime"], "points": [
-            {"batch": b, "beam": k, "sent_per_s": 110.0 if (name, threads, b, k) == ("int8_dynamic", 2, 32, 4)
-             else speed[name][threads]} for b, k in job["points"]]}
+        return {
+            **result,
+            "runtime": job["engine"]["runtime"],
+            "points": [
+                {
+                    "batch": b,
+                    "beam": k,
+                    "sent_per_s": 110.0
+                    if (name, threads, b, k) == ("int8_dynamic", 2, 32, 4)
+                    else speed[name][threads],
+                }
+                for b, k in job["points"]
+            ],
+        }
 
     monkeypatch.setattr(bench, "run_job", fake_run_job)
     (tmp_path / "tokenizer.json").write_text("{}")
@@ -446,36 +582,56 @@ def test_versus_runs_one_process_per_thread_count_and_the_report_says_each_point
     dynamic = {**common, "name": "int8_dynamic", "runtime": "onnxruntime", "compute_type": "int8"}
     static = {**common, "name": "int8_static", "runtime": "onnxruntime", "compute_type": "int8"}
     torch_row = {**common, "name": "pruned", "runtime": "torch", "compute_type": "float32"}
-    peers = [{**common, "name": f"ctranslate2_pruned_{t}", "runtime": "ctranslate2", "compute_type": t}
-             for t in ("int8", "float32")]
+    peers = [
+        {**common, "name": f"ctranslate2_pruned_{t}", "runtime": "ctranslate2", "compute_type": t}
+        for t in ("int8", "float32")
+    ]
     cfg = BenchmarkNode(final_model="pruned", versus={"batches": [1, 32], "beams": [1, 4], "rounds": 2})
     bench.versus_ctranslate2(QuietContext(), [dynamic, static, torch_row, *peers], ["a b"] * 5, cfg, [1, 2])
     assert [(job["kind"], job["threads"]) for _, job, _ in jobs[:4]] == [("versus", 1), ("versus", 2)] * 2
     assert all(job["theirs"]["compute_type"] == "int8" for _, job, _ in jobs[:4]) and "versus" not in torch_row
     assert jobs[0][1]["points"] == [[1, 1], [1, 4], [32, 1], [32, 4]]
     # Alone: per thread count CTranslate2 once, then each of ours, with the same batching file.
-    assert [tag for tag, *_ in jobs[4:]] == [f"alone-{name}-t{n}" for n in (1, 2) for name in
-                                             ("ctranslate2_pruned_int8", "int8_dynamic", "int8_static")]
+    assert [tag for tag, *_ in jobs[4:]] == [
+        f"alone-{name}-t{n}" for n in (1, 2) for name in ("ctranslate2_pruned_int8", "int8_dynamic", "int8_static")
+    ]
     assert {job["rounds"] for _, job, _ in jobs[4:]} == {3} and jobs[4][1]["engine"]["runtime"] == "ctranslate2"
     assert jobs[4][1]["tokenizer"] == jobs[5][1]["tokenizer"] == str(tmp_path / "tokenizer.json")
 
     versus = dynamic["versus"]
-    assert versus["separate"]["by_threads"]["1"]["ctranslate2"] is static["versus"]["separate"]["by_threads"]["1"][
-        "ctranslate2"]
+    assert (
+        versus["separate"]["by_threads"]["1"]["ctranslate2"]
+        is static["versus"]["separate"]["by_threads"]["1"]["ctranslate2"]
+    )
     together, alone = versus["best"]["interleaved"], versus["best"]["separate"]
-    assert [(p["ours_threads"], p["ctranslate2_threads"], p["same_process"], p["ratio"]) for p in together] == \
-        [(2, 1, False, 1.25)] * 4
-    assert [(p["ours_threads"], p["ctranslate2_threads"], p["ratio"], p["met"]) for p in alone] == \
-        [(2, 1, 1.25, True)] * 3 + [(2, 1, 0.917, False)]
-    assert together[0]["verdict"] == ("greedy, batch 1: ours 6.67 ms a sentence at 2 threads, CTranslate2 8.33 ms "
-                                      "at 1 thread: ours faster (1.25x its throughput)")
+    assert [(p["ours_threads"], p["ctranslate2_threads"], p["same_process"], p["ratio"]) for p in together] == [
+        (2, 1, False, 1.25)
+    ] * 4
+    assert [(p["ours_threads"], p["ctranslate2_threads"], p["ratio"], p["met"]) for p in alone] == [
+        (2, 1, 1.25, True)
+    ] * 3 + [(2, 1, 0.917, False)]
+    assert together[0]["verdict"] == (
+        "greedy, batch 1: ours 6.67 ms a sentence at 2 threads, CTranslate2 8.33 ms "
+        "at 1 thread: ours faster (1.25x its throughput)"
+    )
     summary = versus_summary(versus)
     assert {k: summary[k] for k in ("peer", "points", "ours_faster", "lowest_ratio", "same_threads_met", "met")} == {
-        "peer": "ctranslate2_pruned_int8", "points": 8, "ours_faster": 4, "lowest_ratio": 0.833,
-        "same_threads_met": False, "met": False}
-    assert summary["best_interleaved"] == {"points": 4, "ours_faster": 4, "met": True, "lowest_ratio": 1.25,
-                                           "lowest_point": "greedy, batch 1", "ctranslate2_threads": [1],
-                                           "ours_threads": [2]}
+        "peer": "ctranslate2_pruned_int8",
+        "points": 8,
+        "ours_faster": 4,
+        "lowest_ratio": 0.833,
+        "same_threads_met": False,
+        "met": False,
+    }
+    assert summary["best_interleaved"] == {
+        "points": 4,
+        "ours_faster": 4,
+        "met": True,
+        "lowest_ratio": 1.25,
+        "lowest_point": "greedy, batch 1",
+        "ctranslate2_threads": [1],
+        "ours_threads": [2],
+    }
     assert summary["best_separate"]["met"] is False and summary["best_separate"]["lowest_point"] == "beam 4, batch 32"
     said = versus_target_line(summary)
     assert "taking turns in one process 4 of 4 ours faster (lowest 1.25x at greedy" in said
@@ -491,7 +647,8 @@ def test_versus_runs_one_process_per_thread_count_and_the_report_says_each_point
         "- beam 4, batch 32: taking turns, ours 150.0 sentences/s at 2 threads, CTranslate2 120.0 at 1 thread: ours "
         "faster (1.25x its throughput) (each one's median round: ours from the 2-thread process, CTranslate2 from the "
         "1-thread one); each alone, ours 110.0 sentences/s at 2 threads, CTranslate2 120.0 at 1 thread: CTranslate2 "
-        "faster (ours 0.92x)")
+        "faster (ours 0.92x)"
+    )
 
 
 def test_the_verdict_needs_best_against_best_both_ways():
@@ -501,9 +658,13 @@ def test_the_verdict_needs_best_against_best_both_ways():
     from pipeline.stages.report.build import versus_summary
 
     def together(ours, theirs):
-        return {"sentences": 8, "points": [{**versus_point(b, 1, o, t, 8, [o / t] * 3),
-                                             "median_sent_per_s": {"ours": o, "ctranslate2": t}}
-                                            for b, o, t in zip((1, 32), ours, theirs)]}
+        return {
+            "sentences": 8,
+            "points": [
+                {**versus_point(b, 1, o, t, 8, [o / t] * 3), "median_sent_per_s": {"ours": o, "ctranslate2": t}}
+                for b, o, t in zip((1, 32), ours, theirs)
+            ],
+        }
 
     def alone(speeds):
         return {"sentences": 8, "points": [{"batch": b, "beam": 1, "sent_per_s": x} for b, x in zip((1, 32), speeds)]}
@@ -512,17 +673,26 @@ def test_the_verdict_needs_best_against_best_both_ways():
     best = best_vs_best(one_process)
     # Greedy batch 1: ours fastest at 2 threads, CTranslate2 at 1; batch 32: both at 1, the same process's point.
     assert [(p["ours_threads"], p["ctranslate2_threads"], p["same_process"]) for p in best["interleaved"]] == [
-        (2, 1, False), (1, 1, True)]
-    assert best["interleaved"][0]["ratio"] == pytest.approx(120 / 90, abs=1e-3) and "[rounds" not in \
-        best["interleaved"][0]["verdict"] and best["interleaved"][1]["round_ratios"] == [round(300 / 280, 3)] * 3
+        (2, 1, False),
+        (1, 1, True),
+    ]
+    assert (
+        best["interleaved"][0]["ratio"] == pytest.approx(120 / 90, abs=1e-3)
+        and "[rounds" not in best["interleaved"][0]["verdict"]
+        and best["interleaved"][1]["round_ratios"] == [round(300 / 280, 3)] * 3
+    )
     assert best["separate"] == []
     versus = {"peer": "ct2", "by_threads": one_process, "best": best}
     assert versus_summary(versus)["met"] is None  # nothing alone: not measured
-    separate = {"1": {"ours": alone((95, 290)), "ctranslate2": alone((90, 300))},
-                "2": {"ours": alone((118, 210)), "ctranslate2": alone((18, 50))}}
+    separate = {
+        "1": {"ours": alone((95, 290)), "ctranslate2": alone((90, 300))},
+        "2": {"ours": alone((118, 210)), "ctranslate2": alone((18, 50))},
+    }
     versus["best"] = best_vs_best(one_process, separate)
     assert [(p["ours_threads"], p["ctranslate2_threads"], p["ratio"]) for p in versus["best"]["separate"]] == [
-        (2, 1, round(118 / 90, 3)), (1, 1, round(290 / 300, 3))]
+        (2, 1, round(118 / 90, 3)),
+        (1, 1, round(290 / 300, 3)),
+    ]
     summary = versus_summary(versus)
     assert (summary["best_interleaved"]["met"], summary["best_separate"]["met"], summary["met"]) == (True, False, False)
     separate["1"]["ours"] = alone((95, 310))

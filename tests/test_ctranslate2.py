@@ -10,8 +10,12 @@ import torch
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
-from model.ctranslate2_export import (PeerTranslator, NotConvertible, compare_greedy,  # noqa: E402
-                                      export_ctranslate2)
+from model.ctranslate2_export import (  # noqa: E402
+    NotConvertible,
+    PeerTranslator,
+    compare_greedy,
+    export_ctranslate2,
+)
 from model.subword import SubwordTokenizer  # noqa: E402
 from model.transformer import Transformer, TransformerConfig, save_model  # noqa: E402
 
@@ -28,11 +32,23 @@ def tiny_model(tmp_path, tokenizer, pre_ln=False, activation="relu", heads=(3, 3
     """A randomly initialised model (biases and norms jittered so no layer is an identity),
     with heads x head_dim != d_model and uneven FFN widths, which the converter must handle."""
     torch.manual_seed(seed)
-    cfg = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, head_dim=8, enc_heads=[heads[0]] * 2,
-                            dec_self_heads=[heads[1]] * 2, dec_cross_heads=[heads[2]] * 2, enc_ffn=[64, 48],
-                            dec_ffn=[40, 64], activation=activation, pre_ln=pre_ln, max_positions=64,
-                            pad_id=tokenizer.pad_id, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
-                            embed_dim=embed_dim)
+    cfg = TransformerConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=32,
+        head_dim=8,
+        enc_heads=[heads[0]] * 2,
+        dec_self_heads=[heads[1]] * 2,
+        dec_cross_heads=[heads[2]] * 2,
+        enc_ffn=[64, 48],
+        dec_ffn=[40, 64],
+        activation=activation,
+        pre_ln=pre_ln,
+        max_positions=64,
+        pad_id=tokenizer.pad_id,
+        bos_id=tokenizer.bos_id,
+        eos_id=tokenizer.eos_id,
+        embed_dim=embed_dim,
+    )
     model = Transformer(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -44,8 +60,9 @@ def tiny_model(tmp_path, tokenizer, pre_ln=False, activation="relu", heads=(3, 3
     return model.eval(), folder
 
 
-@pytest.mark.parametrize("pre_ln,activation,embed_dim", [(False, "relu", None), (True, "gelu", None),
-                                                         (False, "relu", 12)])
+@pytest.mark.parametrize(
+    "pre_ln,activation,embed_dim", [(False, "relu", None), (True, "gelu", None), (False, "relu", 12)]
+)
 def test_float32_conversion_reproduces_our_model(tmp_path, corpus, pre_ln, activation, embed_dim):
     sentences, tokenizer = corpus
     model, folder = tiny_model(tmp_path, tokenizer, pre_ln, activation, embed_dim=embed_dim)
@@ -109,17 +126,23 @@ def test_uneven_heads_are_refused_or_padded_with_zero_heads(tmp_path, corpus):
 def test_ours_and_ctranslate2_are_timed_in_one_process_point_by_point(tmp_path, corpus):
     """benchmark.versus: our package and the converted model, same weights, same threads, taking
     turns batch by batch at every (batch, beam); one verdict per point, from the rounds' ratios."""
-    from pipeline.measure.speed import measure_versus
     from pipeline.export.package_builder import build_package
+    from pipeline.measure.speed import measure_versus
 
     sentences, tokenizer = corpus
     model, folder = tiny_model(tmp_path, tokenizer)
     build_package(model, "fp32", tmp_path / "fp32", tokenizer=folder / "tokenizer.json", work=tmp_path / "work")
     export_ctranslate2(folder, tmp_path / "ct2", "float32")
     engine = {"device": "cpu", "compute_type": "float32", "threads": 1}
-    job = {"kind": "versus", "threads": 1, "sentences": sentences[:10], "points": [[1, 1], [4, 2]], "rounds": 2,
-           "ours": {**engine, "runtime": "onnxruntime", "folder": str(tmp_path / "fp32")},
-           "theirs": {**engine, "runtime": "ctranslate2", "folder": str(tmp_path / "ct2")}}
+    job = {
+        "kind": "versus",
+        "threads": 1,
+        "sentences": sentences[:10],
+        "points": [[1, 1], [4, 2]],
+        "rounds": 2,
+        "ours": {**engine, "runtime": "onnxruntime", "folder": str(tmp_path / "fp32")},
+        "theirs": {**engine, "runtime": "ctranslate2", "folder": str(tmp_path / "ct2")},
+    }
     result = measure_versus(job)
     assert result["search"] == {"one_sentence": "graph", "batches": "python"} and result["sentences"] == 10
     greedy, beam = result["points"]
@@ -157,8 +180,9 @@ def test_each_side_is_also_timed_alone_in_a_process_of_its_own(tmp_path, corpus)
     common = {"device": "cpu", "compute_type": "float32", "skipped": None, "source": "student", "threads": 1}
     ours = {**common, "name": "student_onnx", "runtime": "onnxruntime", "folder": str(tmp_path / "fp32")}
     peer = {**common, "name": "ctranslate2_student_float32", "runtime": "ctranslate2", "folder": str(tmp_path / "ct2")}
-    cfg = BenchmarkNode(final_model="student", versus={"batches": [1, 4], "beams": [1], "rounds": 2,
-                                                       "separate_rounds": 3})
+    cfg = BenchmarkNode(
+        final_model="student", versus={"batches": [1, 4], "beams": [1], "rounds": 2, "separate_rounds": 3}
+    )
     bench.versus_ctranslate2(QuietContext(tmp_path / "jobs"), [ours, peer], sentences[:10], cfg, [1])
 
     versus = ours["versus"]
@@ -169,12 +193,17 @@ def test_each_side_is_also_timed_alone_in_a_process_of_its_own(tmp_path, corpus)
     assert together["runtimes_loaded"] == ["onnxruntime", "ctranslate2"]
     assert mine["runtimes_loaded"] == ["onnxruntime"] and theirs["runtimes_loaded"] == ["ctranslate2"]
     assert (mine["runtime"], theirs["runtime"], mine["sentences"], theirs["sentences"]) == (
-        "onnxruntime", "ctranslate2", 10, 10)
+        "onnxruntime",
+        "ctranslate2",
+        10,
+        10,
+    )
     for side in (mine, theirs):
         assert [(p["batch"], p["beam"]) for p in side["points"]] == [(1, 1), (4, 1)]
         for p in side["points"]:
             assert len(p["round_sent_per_s"]) == 3 and p["sent_per_s"] == pytest.approx(
-                statistics.median(p["round_sent_per_s"]), abs=0.01)
+                statistics.median(p["round_sent_per_s"]), abs=0.01
+            )
     for p, a, b in zip(alone["points"], mine["points"], theirs["points"]):
         assert p["ratio"] == pytest.approx(a["sent_per_s"] / b["sent_per_s"], abs=1e-3)
         assert p["met"] == (p["ratio"] >= 1)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.engine.context import StageContext
+from pipeline.commands import read_recipe
 from pipeline.corpora.splits import reservoir_sample
 from pipeline.corpora.user_files import MAX_LINE_BYTES, text_lines, tsv_pairs
+from pipeline.engine.context import StageContext
 from pipeline.engine.errors import DataError, RecipeError
-from pipeline.commands import read_recipe
 from pipeline.engine.recipe import dump_config
 from pipeline.stages.data import CleanConfig, DataConfig, DataInputs, FileSplit
 from pipeline.stages.data import build as data_stage
@@ -30,7 +30,7 @@ def multi30k_config(**kw) -> DataConfig:
     return DataConfig(test_sets=["test_2016_flickr"], **kw)
 
 
-WANTED = [f"{s}.{l}.gz" for s in ("train", "val", "test_2016_flickr") for l in ("en", "fr")]
+WANTED = [f"{s}.{lang}.gz" for s in ("train", "val", "test_2016_flickr") for lang in ("en", "fr")]
 
 
 def test_finds_local_copy_and_verifies_checksums(data_dir, tmp_path, monkeypatch):
@@ -127,12 +127,15 @@ def test_user_files_plain_tsv_and_compressed(tmp_path):
         assert _pairs(FileSplit(tsv=str(tmp_path / name))) == [["One", "Two"], ["Un", "Deux"]]
 
 
-@pytest.mark.parametrize("content,message", [
-    (b"ok\n\xff\xfebad\n", r"line 2: not valid UTF-8 \(byte 0xff at column 1\)"),
-    (b"", "file is empty"),
-    (b"fine\n\x00\x01\x02binary", r"line 2: NUL bytes: binary data"),
-    (b"a" * (MAX_LINE_BYTES + 10), r"line 1: longer than 1 MiB"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        (b"ok\n\xff\xfebad\n", r"line 2: not valid UTF-8 \(byte 0xff at column 1\)"),
+        (b"", "file is empty"),
+        (b"fine\n\x00\x01\x02binary", r"line 2: NUL bytes: binary data"),
+        (b"a" * (MAX_LINE_BYTES + 10), r"line 1: longer than 1 MiB"),
+    ],
+)
 def test_bad_files_are_named_with_the_line(tmp_path, content, message):
     path = tmp_path / "bad.txt"
     path.write_bytes(content)
@@ -202,8 +205,9 @@ def _files_recipe(tmp_path, train: Path | str, name: str = "own", extra: str = "
     valid.write_text("".join(f"valid sentence {i} .\tphrase de validation {i} .\n" for i in range(20)))
     recipe = tmp_path / f"{name}.yaml"
     train = f"{{tsv: {train}}}" if isinstance(train, Path) else train
-    recipe.write_text(f"name: {name}\ndata:\n  source: files\n  files: {{train: {train}, "
-                      f"valid: {{tsv: {valid}}}}}\n{extra}")
+    recipe.write_text(
+        f"name: {name}\ndata:\n  source: files\n  files: {{train: {train}, valid: {{tsv: {valid}}}}}\n{extra}"
+    )
     return recipe
 
 
@@ -226,8 +230,10 @@ def test_a_bad_line_in_a_users_corpus_fails_the_run_with_one_line_and_leaves_not
 def test_the_data_stage_streams_memory_does_not_grow_with_the_corpus(tmp_path, data_dir):
     """Ten times the pairs, about the same peak memory: only the 8-byte digests of kept pairs
     are held (holding the text, as the stage once did, costs ~100 MB more at 300k pairs)."""
-    with gzip.open(data_dir / "multi30k" / "train.en.gz", "rt") as en, gzip.open(data_dir / "multi30k" / "train.fr.gz",
-                                                                               "rt") as fr:
+    with (
+        gzip.open(data_dir / "multi30k" / "train.en.gz", "rt") as en,
+        gzip.open(data_dir / "multi30k" / "train.fr.gz", "rt") as fr,
+    ):
         pairs = [(s.strip(), t.strip()) for s, t in zip(en, fr)]
     peaks = {}
     for n in (30_000, 300_000):
@@ -236,8 +242,9 @@ def test_the_data_stage_streams_memory_does_not_grow_with_the_corpus(tmp_path, d
             for i in range(n):
                 s, t = pairs[i % len(pairs)]
                 f.write(f"{s} #{i}\t{t} #{i}\n")
-        code, peaks[n], err = _peak_rss_mb(["run", str(_files_recipe(tmp_path, train, f"own{n}")), "--until", "data"],
-                                           tmp_path / f"s{n}")
+        code, peaks[n], err = _peak_rss_mb(
+            ["run", str(_files_recipe(tmp_path, train, f"own{n}")), "--until", "data"], tmp_path / f"s{n}"
+        )
         assert code == 0, err
     kept = (tmp_path / "s300000" / "objects").glob("data-*/train.src")
     assert sum(1 for _ in open(next(kept), encoding="utf-8")) == 300_000
@@ -259,8 +266,14 @@ def _run_data(tmp_path, train: Path | str, out: str = "out", extra: str = "") ->
     recipe, _ = read_recipe(_files_recipe(tmp_path, train, extra=extra))
     folder = tmp_path / out
     folder.mkdir()
-    ctx = StageContext(name="data", settings=recipe.data, config=dump_config(recipe.data), inputs=DataInputs(), out=folder,
-                       work=tmp_path / "work")
+    ctx = StageContext(
+        name="data",
+        settings=recipe.data,
+        config=dump_config(recipe.data),
+        inputs=DataInputs(),
+        out=folder,
+        work=tmp_path / "work",
+    )
     metrics = data_stage.run(ctx)
     src = (folder / "train.src").read_text(encoding="utf-8").splitlines()
     tgt = (folder / "train.tgt").read_text(encoding="utf-8").splitlines()
@@ -278,7 +291,8 @@ def test_weights_one_and_two_write_each_kept_pair_once_and_twice(tmp_path):
     assert metrics["train_pairs"] == 70 and metrics["train_raw_pairs"] == 50 and metrics["dropped"] == {}
     assert metrics["train_corpora"] == [
         {"name": "a", "weight": 1.0, "raw_pairs": 30, "kept_pairs": 30, "written_pairs": 30, "dropped": {}},
-        {"name": "books", "weight": 2.0, "raw_pairs": 20, "kept_pairs": 20, "written_pairs": 40, "dropped": {}}]
+        {"name": "books", "weight": 2.0, "raw_pairs": 20, "kept_pairs": 20, "written_pairs": 40, "dropped": {}},
+    ]
     assert any(line.startswith("a (weight 1): 30 pairs read, 30 kept, 30 written") for line in log)
     assert any(line.startswith("books (weight 2): 20 pairs read, 20 kept, 40 written") for line in log)
 
@@ -305,8 +319,12 @@ def test_duplicates_are_found_across_corpora_and_max_train_counts_over_all(tmp_p
     a_pairs = _numbered("a", 10) + [("Café sentence .", "Café phrase .")]
     a = _tsv(tmp_path / "a.tsv", a_pairs)
     # b repeats five of a's pairs (one of them only the same after NFC) and one of its own.
-    b_pairs = (_numbered("a", 4) + [("Cafe\u0301 sentence .", "Cafe\u0301 phrase .")] + _numbered("b", 6)
-               + [("b sentence 0 .", "b phrase 0 .")])
+    b_pairs = (
+        _numbered("a", 4)
+        + [("Cafe\u0301 sentence .", "Cafe\u0301 phrase .")]
+        + _numbered("b", 6)
+        + [("b sentence 0 .", "b phrase 0 .")]
+    )
     b = _tsv(tmp_path / "b.tsv", b_pairs)
     metrics, src, _ = _run_data(tmp_path, f"[{{tsv: {a}}}, {{tsv: {b}, weight: 3}}]")
     assert src == [s for s, _ in a_pairs] + [s for s, _ in _numbered("b", 6) for _ in range(3)]
@@ -314,8 +332,9 @@ def test_duplicates_are_found_across_corpora_and_max_train_counts_over_all(tmp_p
     assert [c["kept_pairs"] for c in metrics["train_corpora"]] == [11, 6]
     assert metrics["dropped"] == {"duplicate": 6} and metrics["train_raw_pairs"] == 23
     # The first 14 raw pairs: all of a's and three of b's (all duplicates): b adds none, and says so.
-    metrics, src, log = _run_data(tmp_path, f"[{{tsv: {a}}}, {{tsv: {b}, weight: 3}}]", out="cut",
-                                  extra="  max_train: 14\n")
+    metrics, src, log = _run_data(
+        tmp_path, f"[{{tsv: {a}}}, {{tsv: {b}, weight: 3}}]", out="cut", extra="  max_train: 14\n"
+    )
     assert [c["raw_pairs"] for c in metrics["train_corpora"]] == [11, 3] and len(src) == 11
     assert metrics["train_raw_pairs"] == 14
     assert any(line.startswith("warning: training corpus b") for line in log)
@@ -333,17 +352,22 @@ def test_errors_name_the_corpus_file_and_an_empty_split(tmp_path):
         _run_data(tmp_path, f"[{{tsv: {empty}, weight: 2}}]", out="empty")
 
 
-@pytest.mark.parametrize("train,message", [
-    ("[{tsv: a.tsv, weight: 0}]", r"data\.files\.train\.0\.weight: must be > 0, got 0"),
-    ("[{tsv: a.tsv}, {tsv: b.tsv, weight: -1.5}]", r"data\.files\.train\.1\.weight: must be > 0, got -1\.5"),
-    ("[]", r"data\.files\.train: must be one split or a list of at least one corpus"),
-    ("[{tsv: a.tsv, name: x}, {tsv: b.tsv, name: x}]", r"data\.files\.train: corpus names must be unique \('x'"),
-    ("[{tsv: one/a.tsv}, {src: two/a.en.gz, tgt: two/a.fr.gz}]",  # two default names: the stems
-     r"data\.files\.train: corpus names must be unique \('a'"),
-    ("[{tsv: a.tsv, wieght: 2}]", r"data\.files\.train\.0: unknown key 'wieght' \(did you mean 'weight'\?\)"),
-    ("{tsv: a.tsv, weight: 2}", r"data\.files\.train: 'name' and 'weight' are keys of a list of corpora"),
-    ("[{src: a.en}]", r"data\.files\.train\.0: give either 'tsv' or both 'src' and 'tgt'"),
-])
+@pytest.mark.parametrize(
+    "train,message",
+    [
+        ("[{tsv: a.tsv, weight: 0}]", r"data\.files\.train\.0\.weight: must be > 0, got 0"),
+        ("[{tsv: a.tsv}, {tsv: b.tsv, weight: -1.5}]", r"data\.files\.train\.1\.weight: must be > 0, got -1\.5"),
+        ("[]", r"data\.files\.train: must be one split or a list of at least one corpus"),
+        ("[{tsv: a.tsv, name: x}, {tsv: b.tsv, name: x}]", r"data\.files\.train: corpus names must be unique \('x'"),
+        (
+            "[{tsv: one/a.tsv}, {src: two/a.en.gz, tgt: two/a.fr.gz}]",  # two default names: the stems
+            r"data\.files\.train: corpus names must be unique \('a'",
+        ),
+        ("[{tsv: a.tsv, wieght: 2}]", r"data\.files\.train\.0: unknown key 'wieght' \(did you mean 'weight'\?\)"),
+        ("{tsv: a.tsv, weight: 2}", r"data\.files\.train: 'name' and 'weight' are keys of a list of corpora"),
+        ("[{src: a.en}]", r"data\.files\.train\.0: give either 'tsv' or both 'src' and 'tgt'"),
+    ],
+)
 def test_the_recipe_refuses_bad_corpus_lists(tmp_path, train, message):
     with pytest.raises(RecipeError) as exc:
         read_recipe(_files_recipe(tmp_path, train))
@@ -357,9 +381,16 @@ def test_one_split_writes_what_it_always_did(tmp_path):
     train = _tsv(tmp_path / "t.tsv", pairs)
     metrics, src, log = _run_data(tmp_path, train)
     assert src == [s for s, _ in _numbered("a", 8) + _numbered("b", 4)]
-    assert metrics == {"src_lang": "en", "tgt_lang": "fr", "source": "files", "test_sets": [],
-                       "dropped": {"duplicate": 1, "empty": 1}, "train_raw_pairs": 14, "train_pairs": 12,
-                       "valid_pairs": 20}
+    assert metrics == {
+        "src_lang": "en",
+        "tgt_lang": "fr",
+        "source": "files",
+        "test_sets": [],
+        "dropped": {"duplicate": 1, "empty": 1},
+        "train_raw_pairs": 14,
+        "train_pairs": 12,
+        "valid_pairs": 20,
+    }
     assert log == ["12 training pairs kept of 14 (dropped: {'duplicate': 1, 'empty': 1}); valid 20; test none"]
     listed, listed_src, _ = _run_data(tmp_path, f"[{{tsv: {train}}}]", out="listed")
     assert listed_src == src and listed["train_pairs"] == 12 and listed["dropped"] == metrics["dropped"]

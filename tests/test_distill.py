@@ -17,16 +17,15 @@ from sacrebleu.metrics import BLEU
 
 from model.torch_decoder import TorchTranslator
 from model.transformer import load_model
-from pipeline.engine.errors import RecipeError, UserInputError
 from pipeline.commands import plan_recipe
-from pipeline.engine.runner import node_status
-from pipeline.corpora.splits import read_split
 from pipeline.corpora.distilled import TopKStore
+from pipeline.corpora.splits import read_split
+from pipeline.engine.errors import RecipeError, UserInputError
+from pipeline.engine.runner import node_status
 from pipeline.stages.kd_corpus.build import closest_to_reference
 from pipeline.stages.train.build import project_embedding
 
 from .conftest import REPO, SMOKE, cli
-
 
 # The smoke teacher writes "eeee..." after its 3 epochs; 15 give it real (poor) sentences. Tests
 # that need those share this one teacher (the smoke store builds it once).
@@ -62,8 +61,19 @@ def test_two_processes_translate_the_same_kd_corpus_in_the_same_order(smoke, tmp
     shutil.copytree(store.root, copy)
     corpora = []
     for nproc in ("1", "2"):  # 200 sentences in 4 chunks: ranks take 0, 2 and 1, 3
-        proc = cli("run", str(SMOKE), "--until", "kd_corpus", "--force", "kd_corpus", "--nproc", nproc,
-                   store=copy, timeout=600, env={"PIPELINE_KD_CHUNK": "64"})
+        proc = cli(
+            "run",
+            str(SMOKE),
+            "--until",
+            "kd_corpus",
+            "--force",
+            "kd_corpus",
+            "--nproc",
+            nproc,
+            store=copy,
+            timeout=600,
+            env={"PIPELINE_KD_CHUNK": "64"},
+        )
         assert proc.returncode == 0, proc.stderr.decode()[-3000:]
         built = [n for n in _latest_run(copy)["nodes"] if n["node"] == "kd_corpus"][0]
         folder = copy / "objects" / built["id"]
@@ -109,15 +119,27 @@ def test_side_by_side_trains_the_student_and_its_ablation_at_once(smoke, tmp_pat
     store, _ = smoke.build("kd_corpus")
     copy = tmp_path / "store"
     shutil.copytree(store.root, copy)
-    proc = cli("run", str(SMOKE), "--until", "train", "--set", "distill.ablation_budget=side_by_side",
-               "--set", "distill.student.train.max_epochs=6", store=copy, timeout=600)
+    proc = cli(
+        "run",
+        str(SMOKE),
+        "--until",
+        "train",
+        "--set",
+        "distill.ablation_budget=side_by_side",
+        "--set",
+        "distill.student.train.max_epochs=6",
+        store=copy,
+        timeout=600,
+    )
     err = proc.stderr.decode()
     assert proc.returncode == 0, err[-3000:]
     assert "student and student_ref side by side" in err
     records = {r["node"]: r for r in _latest_run(copy)["nodes"]}
     assert records["teacher"]["action"] == "reused"
-    manifests = {name: json.loads((copy / "objects" / records[name]["id"] / "manifest.json").read_text())
-                 for name in ("student", "student_ref")}
+    manifests = {
+        name: json.loads((copy / "objects" / records[name]["id"] / "manifest.json").read_text())
+        for name in ("student", "student_ref")
+    }
     student, ref = (manifests[n] for n in ("student", "student_ref"))
     assert student["started"] < ref["created"] and ref["started"] < student["created"]  # they overlapped
     cores = len(os.sched_getaffinity(0))
@@ -128,12 +150,24 @@ def test_side_by_side_trains_the_student_and_its_ablation_at_once(smoke, tmp_pat
         assert any("parameters" in e["message"] for e in records[name]["events"])  # relayed from its process
     assert "steps_matched_to" not in ref["metrics"]
     # Run again unchanged: both are reused, nothing is trained.
-    again = cli("run", str(SMOKE), "--until", "train", "--set", "distill.ablation_budget=side_by_side",
-                "--set", "distill.student.train.max_epochs=6", store=copy, timeout=120)
+    again = cli(
+        "run",
+        str(SMOKE),
+        "--until",
+        "train",
+        "--set",
+        "distill.ablation_budget=side_by_side",
+        "--set",
+        "distill.student.train.max_epochs=6",
+        store=copy,
+        timeout=120,
+    )
     assert again.returncode == 0, again.stderr.decode()[-3000:]
     rerun = {r["node"]: r for r in _latest_run(copy)["nodes"]}
     assert {rerun[n]["action"] for n in ("student", "student_ref")} == {"reused"}
-    assert {rerun[n]["id"] for n in ("student", "student_ref")} == {records[n]["id"] for n in ("student", "student_ref")}
+    assert {rerun[n]["id"] for n in ("student", "student_ref")} == {
+        records[n]["id"] for n in ("student", "student_ref")
+    }
     assert "side by side" not in again.stderr.decode()
 
 
@@ -143,11 +177,24 @@ def test_a_killed_runner_takes_its_side_by_side_workers_with_it(smoke, tmp_path)
     store, _ = smoke.build("kd_corpus")
     copy = tmp_path / "store"
     shutil.copytree(store.root, copy)
-    args = ["run", str(SMOKE), "--until", "train", "--set", "distill.ablation_budget=side_by_side",
-            "--set", "distill.student.train.max_epochs=6", "--set", "distill.student.train.checkpoint_every_minutes=0.01"]
-    runner = subprocess.Popen([sys.executable, "-m", "pipeline.commands.cli", *args, "--store", str(copy)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    args = [
+        "run",
+        str(SMOKE),
+        "--until",
+        "train",
+        "--set",
+        "distill.ablation_budget=side_by_side",
+        "--set",
+        "distill.student.train.max_epochs=6",
+        "--set",
+        "distill.student.train.checkpoint_every_minutes=0.01",
+    ]
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.commands.cli", *args, "--store", str(copy)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(list(copy.glob("work/*/checkpoint/state.json"))) < 2:
         time.sleep(0.05)
@@ -174,8 +221,12 @@ def test_changing_only_the_student_reuses_the_kd_corpus(smoke):
 
 
 def test_word_level_distillation_trains_against_the_teacher(smoke):
-    store, arts = smoke.build("student", "distill.student.word_level.enabled=true",
-                              "distill.student.word_level.alpha=0.5", "distill.student.train.max_epochs=1")
+    store, arts = smoke.build(
+        "student",
+        "distill.student.word_level.enabled=true",
+        "distill.student.word_level.alpha=0.5",
+        "distill.student.train.max_epochs=1",
+    )
     student = arts["student"]
     assert student.manifest["inputs"]["teacher"] == arts["teacher"].id
     history = json.loads((student.path / "training.json").read_text())["history"]
@@ -186,9 +237,15 @@ def test_word_level_distillation_from_the_distributions_the_kd_corpus_stored(smo
     """The corpus keeps the teacher's top k per target position as it decodes; they line up with the
     student's encoding of each translation and are the teacher's teacher-forced distributions;
     the student (and the pruning fine-tune after it) learn from them without the teacher in the loop."""
-    overrides = (*TAUGHT, "distill.corpus.beam=1", "distill.corpus.top_k=4", "distill.student.word_level.enabled=true",
-                 "distill.student.word_level.from_kd_corpus=true", "distill.student.word_level.alpha=0.7",
-                 "distill.student.reference_mix=0.5")
+    overrides = (
+        *TAUGHT,
+        "distill.corpus.beam=1",
+        "distill.corpus.top_k=4",
+        "distill.student.word_level.enabled=true",
+        "distill.student.word_level.from_kd_corpus=true",
+        "distill.student.word_level.alpha=0.7",
+        "distill.student.reference_mix=0.5",
+    )
     store, arts = smoke.build("pruned", *overrides)
     kd = arts["kd_corpus"]
     assert kd.metrics["top_k"]["k"] == 4
@@ -211,8 +268,9 @@ def test_word_level_distillation_from_the_distributions_the_kd_corpus_stored(smo
         forced_p, forced_ids = logits.softmax(-1).topk(4, -1)
         assert (forced_ids[:, 0].numpy() == ids[:, 0]).all()  # the greedy choice at every step
         assert ids[:-1, 0].tolist() == target  # ... which is the translation itself
-        np.testing.assert_allclose(probs.astype(np.float32),
-                                   (forced_p / forced_p.sum(-1, keepdim=True)).numpy(), atol=3e-3)
+        np.testing.assert_allclose(
+            probs.astype(np.float32), (forced_p / forced_p.sum(-1, keepdim=True)).numpy(), atol=3e-3
+        )
 
     student = arts["student"]
     assert "teacher" in student.manifest["inputs"]  # the vocabulary check
@@ -222,14 +280,27 @@ def test_word_level_distillation_from_the_distributions_the_kd_corpus_stored(smo
 
 def test_stored_distributions_need_a_greedy_corpus_that_keeps_them():
     with pytest.raises(RecipeError, match="distill.corpus.top_k"):
-        plan_recipe(SMOKE, ["distill.corpus.beam=1", "distill.student.word_level.enabled=true",
-                          "distill.student.word_level.from_kd_corpus=true"])
+        plan_recipe(
+            SMOKE,
+            [
+                "distill.corpus.beam=1",
+                "distill.student.word_level.enabled=true",
+                "distill.student.word_level.from_kd_corpus=true",
+            ],
+        )
     with pytest.raises(RecipeError, match="beam: 1"):
         plan_recipe(SMOKE, ["distill.corpus.top_k=4"])
     with pytest.raises(RecipeError, match="temperature: 1"):
-        plan_recipe(SMOKE, ["distill.corpus.beam=1", "distill.corpus.top_k=4", "distill.student.word_level.enabled=true",
-                          "distill.student.word_level.from_kd_corpus=true",
-                          "distill.student.word_level.temperature=2"])
+        plan_recipe(
+            SMOKE,
+            [
+                "distill.corpus.beam=1",
+                "distill.corpus.top_k=4",
+                "distill.student.word_level.enabled=true",
+                "distill.student.word_level.from_kd_corpus=true",
+                "distill.student.word_level.temperature=2",
+            ],
+        )
 
 
 def test_the_ablation_may_have_its_own_dropout(smoke):
@@ -246,14 +317,17 @@ def test_the_ablation_may_have_its_own_dropout(smoke):
 
 def test_closest_to_reference_takes_the_beam_hypothesis_nearest_the_reference():
     reference = "un homme en chemise bleue est assis sur une chaise ."
-    nbest = [["un homme est assis .", "un homme en chemise bleue est assis sur une chaise .", "un homme assis ."],
-             ["deux chiens courent .", "deux chiens courent ."],  # a tie: the teacher's order decides
-             ["une femme lit un livre ."]]
+    nbest = [
+        ["un homme est assis .", "un homme en chemise bleue est assis sur une chaise .", "un homme assis ."],
+        ["deux chiens courent .", "deux chiens courent ."],  # a tie: the teacher's order decides
+        ["une femme lit un livre ."],
+    ]
     part = closest_to_reference(nbest, [reference, "deux chiens jouent dans la neige .", "une femme lit un livre ."])
     assert part["hyps"] == [nbest[0][1], nbest[1][0], nbest[2][0]]
     assert part["not_top"] == 1
     assert part["sentence_bleu_selected"] - part["sentence_bleu_top"] == pytest.approx(
-        100 - BLEU(effective_order=True).sentence_score(nbest[0][0], [reference]).score)
+        100 - BLEU(effective_order=True).sentence_score(nbest[0][0], [reference]).score
+    )
 
 
 def test_a_seq_inter_corpus_holds_the_beam_hypothesis_nearest_each_reference(smoke):
@@ -276,8 +350,11 @@ def test_a_seq_inter_corpus_holds_the_beam_hypothesis_nearest_each_reference(smo
     # Each changed target is strictly nearer its reference (a tie keeps the teacher's best); the
     # corpus BLEU need not rise with it (brevity and n-gram totals are pooled), so not asserted.
     sentence = BLEU(effective_order=True)
-    nearer = [sentence.sentence_score(a, [refs[s]]).score - sentence.sentence_score(b, [refs[s]]).score
-              for s, a, b in zip(src, inter_tgt, top_tgt) if a != b]
+    nearer = [
+        sentence.sentence_score(a, [refs[s]]).score - sentence.sentence_score(b, [refs[s]]).score
+        for s, a, b in zip(src, inter_tgt, top_tgt)
+        if a != b
+    ]
     assert nearer and min(nearer) > 0
 
 
@@ -302,8 +379,12 @@ def test_the_projected_embedding_keeps_the_words_dot_products():
 
 def test_the_student_may_start_from_the_teachers_embedding(smoke):
     # At a vanishing learning rate the trained student still holds its starting point.
-    store, arts = smoke.build("student", "distill.student.embeddings_from_teacher=true",
-                              "distill.student.train.lr=1e-9", "distill.student.train.max_epochs=1")
+    store, arts = smoke.build(
+        "student",
+        "distill.student.embeddings_from_teacher=true",
+        "distill.student.train.lr=1e-9",
+        "distill.student.train.max_epochs=1",
+    )
     student = arts["student"]
     assert student.manifest["inputs"]["teacher"] == arts["teacher"].id
     assert 0 < student.metrics["embeddings_from_teacher"]["variance_kept"] < 1
@@ -311,8 +392,14 @@ def test_the_student_may_start_from_the_teachers_embedding(smoke):
     table = load_model(student.path).embed.weight.detach()
     want, _ = project_embedding(teacher_table, table.shape[1], float(table.std()))
     torch.testing.assert_close(table, want, atol=1e-5, rtol=1e-4)
-    plan = plan_recipe(SMOKE, ["distill.student.embeddings_from_teacher=false", "distill.student.train.lr=1e-9",
-                             "distill.student.train.max_epochs=1"])
+    plan = plan_recipe(
+        SMOKE,
+        [
+            "distill.student.embeddings_from_teacher=false",
+            "distill.student.train.lr=1e-9",
+            "distill.student.train.max_epochs=1",
+        ],
+    )
     rows = {r["node"]: r for r in node_status(store, plan)}
     assert rows["kd_corpus"]["state"] == "cached" and rows["student"]["state"] == "stale"
 
@@ -323,8 +410,9 @@ def test_a_student_wider_than_its_teacher_cannot_take_its_embedding():
 
 
 def test_the_ablation_may_start_from_the_teachers_embedding_too():
-    plain, both = (plan_recipe(SMOKE, overrides) for overrides in
-                   ([], ["distill.ablation_embeddings_from_teacher=true"]))
+    plain, both = (
+        plan_recipe(SMOKE, overrides) for overrides in ([], ["distill.ablation_embeddings_from_teacher=true"])
+    )
     ref_plain, ref_both = (next(n for n in plan.nodes if n.name == "student_ref") for plan in (plain, both))
     assert ref_plain.config["embeddings_from_teacher"] is False and "teacher" not in ref_plain.inputs
     assert ref_both.config["embeddings_from_teacher"] is True and ref_both.inputs["teacher"] == "teacher"

@@ -11,17 +11,19 @@ import torch
 
 from model.subword import SubwordTokenizer
 from pipeline.corpora import encoded as encoded_corpus
-from pipeline.corpora.splits import LineIndex, read_split
 from pipeline.corpora.distilled import TopKStore, TopKWriter
 from pipeline.corpora.encoded import encode_corpus, encode_to_disk
+from pipeline.corpora.splits import LineIndex, read_split
 from pipeline.training.loop import collate, collate_soft, make_batches
 
 from .conftest import run_with_peak_rss
 
 
 def _tokenizer(data_dir, tmp_path) -> SubwordTokenizer:
-    with gzip.open(data_dir / "multi30k" / "train.en.gz", "rt") as en, gzip.open(data_dir / "multi30k" / "train.fr.gz",
-                                                                               "rt") as fr:
+    with (
+        gzip.open(data_dir / "multi30k" / "train.en.gz", "rt") as en,
+        gzip.open(data_dir / "multi30k" / "train.fr.gz", "rt") as fr,
+    ):
         lines = [line.strip() for _, line in zip(range(2000), en)] + [line.strip() for _, line in zip(range(2000), fr)]
     tok = SubwordTokenizer.train(lines, 400)
     tok.save(tmp_path / "tokenizer.json")
@@ -29,8 +31,10 @@ def _tokenizer(data_dir, tmp_path) -> SubwordTokenizer:
 
 
 def _pairs(data_dir, n: int):
-    with gzip.open(data_dir / "multi30k" / "train.en.gz", "rt") as en, gzip.open(data_dir / "multi30k" / "train.fr.gz",
-                                                                               "rt") as fr:
+    with (
+        gzip.open(data_dir / "multi30k" / "train.en.gz", "rt") as en,
+        gzip.open(data_dir / "multi30k" / "train.fr.gz", "rt") as fr,
+    ):
         return [(s.strip(), t.strip()) for _, s, t in zip(range(n), en, fr)]
 
 
@@ -48,13 +52,16 @@ def test_the_corpus_encoded_to_disk_is_the_one_encoded_in_memory(tmp_path, data_
         assert on_disk.tgt[i].tolist() == in_memory.tgt[i].tolist()
     memory_batches, disk_batches = (make_batches(c, 400, seed=3, epoch=1) for c in (in_memory, on_disk))
     assert all(np.array_equal(a, b) for a, b in zip(memory_batches, disk_batches))
-    for a, b in zip(collate(in_memory, memory_batches[0], 0, 1, 2, "cpu"), collate(on_disk, disk_batches[0], 0, 1, 2, "cpu")):
+    for a, b in zip(
+        collate(in_memory, memory_batches[0], 0, 1, 2, "cpu"), collate(on_disk, disk_batches[0], 0, 1, 2, "cpu")
+    ):
         assert a.dtype == torch.long and torch.equal(a, b)
 
     # Encoded once: a resumed training opens the folder and reads no text.
     def no_text():
         raise AssertionError("encoded again")
         yield
+
     reopened, again = encode_to_disk(tok, no_text(), tmp_path / "enc", 24)
     assert again == record and np.array_equal(reopened.tgt.offsets, on_disk.tgt.offsets)
 
@@ -76,8 +83,9 @@ def test_stored_distributions_follow_their_pairs_where_they_fit(tmp_path, data_d
     assert len(store) == 50 and store.k == 3
     assert all(np.array_equal(store[r][0], rows[r][0]) and np.array_equal(store[r][1], rows[r][1]) for r in rows)
 
-    corpus, _ = encode_to_disk(tok, ((s, t, r if r < 50 else -1) for r, (s, t) in enumerate(pairs)),
-                               tmp_path / "enc", 256, top_k=store)
+    corpus, _ = encode_to_disk(
+        tok, ((s, t, r if r < 50 else -1) for r, (s, t) in enumerate(pairs)), tmp_path / "enc", 256, top_k=store
+    )
     fitting = [r for r in range(50) if r % 3]
     assert corpus.soft.present() == len(fitting)
     assert all((corpus.soft[r] is None) == (r not in fitting) for r in range(60))
@@ -85,7 +93,7 @@ def test_stored_distributions_follow_their_pairs_where_they_fit(tmp_path, data_d
     assert ids.shape[2] == 3
     assert torch.equal(ids[0, : lengths[1]], torch.from_numpy(rows[1][0].astype(np.int64)))
     assert probs[1].sum() == 0 and probs[2].sum() == 0  # pair 3 does not fit, pair 55 has none
-    assert float(probs[0, lengths[1]:].sum()) == 0  # nothing past the target's end
+    assert float(probs[0, lengths[1] :].sum()) == 0  # nothing past the target's end
 
 
 def test_line_index_reads_any_line_as_split_lines_does(tmp_path):

@@ -16,11 +16,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline.commands import read_recipe
 from pipeline.engine.errors import RecipeError, UserInputError
 from pipeline.engine.graph import build_graph
-from pipeline.stages import STAGES
-from pipeline.commands import read_recipe
 from pipeline.engine.store import Store
+from pipeline.stages import STAGES
 
 from .conftest import REPO, SMOKE, cli, count
 
@@ -34,8 +34,14 @@ def _default_sigint() -> None:
 
 def _spawn(store: Path, *args: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "pipeline.commands.cli", "run", str(SMOKE), "--store", str(store), *args]
-    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=_default_sigint)
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=_default_sigint,
+    )
 
 
 def _assert_store_sound(store: Store) -> None:
@@ -139,15 +145,60 @@ def test_concurrent_run_is_refused_with_the_holders_pid(tmp_path):
 
 
 # ----------------------------------------------------------------------------- fuzzing
-_SECTIONS = ["data", "tokenizer", "teacher", "distill", "prune", "export", "quantize", "evaluate",
-             "benchmark", "report", "extends", "name", "tokeniser", "teacher.train", "0", ""]
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
-                     st.text(max_size=12), st.sampled_from(["unigram", "bpe", "nan", "-1", "1e9", "[", "{"]))
-_values = st.recursive(_scalars, lambda inner: st.one_of(
-    st.lists(inner, max_size=3),
-    st.dictionaries(st.sampled_from(["lr", "model", "train", "vocab_size", "kind", "heads", "d_model",
-                                     "max_epochs", "beam", "src", "tgt", "files", "x"]), inner, max_size=4)),
-    max_leaves=10)
+_SECTIONS = [
+    "data",
+    "tokenizer",
+    "teacher",
+    "distill",
+    "prune",
+    "export",
+    "quantize",
+    "evaluate",
+    "benchmark",
+    "report",
+    "extends",
+    "name",
+    "tokeniser",
+    "teacher.train",
+    "0",
+    "",
+]
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+    st.sampled_from(["unigram", "bpe", "nan", "-1", "1e9", "[", "{"]),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "lr",
+                    "model",
+                    "train",
+                    "vocab_size",
+                    "kind",
+                    "heads",
+                    "d_model",
+                    "max_epochs",
+                    "beam",
+                    "src",
+                    "tgt",
+                    "files",
+                    "x",
+                ]
+            ),
+            inner,
+            max_size=4,
+        ),
+    ),
+    max_leaves=10,
+)
 _recipes = st.one_of(
     st.dictionaries(st.sampled_from(_SECTIONS), _values, max_size=5),
     _values,
@@ -188,9 +239,18 @@ def test_fuzzed_bytes_never_crash_the_loader(tmp_path, blob):
 
 def test_malformed_recipes_through_the_cli_exit_2_with_one_line(tmp_path):
     rng = random.Random(7)
-    broken = ["teacher: {model: {heads: []}}\ntokenizer: {}", "tokenizer: {vocab_size: 1e99}", "\t\tbad",
-              "data: {source: files}", "distill: {}", "export: {}", "data: {max_train: -3}", ": : :",
-              "report: {}", "quantize: {}\n"]
+    broken = [
+        "teacher: {model: {heads: []}}\ntokenizer: {}",
+        "tokenizer: {vocab_size: 1e99}",
+        "\t\tbad",
+        "data: {source: files}",
+        "distill: {}",
+        "export: {}",
+        "data: {max_train: -3}",
+        ": : :",
+        "report: {}",
+        "quantize: {}\n",
+    ]
     for text in broken + [bytes(rng.randrange(256) for _ in range(40)).decode("latin-1") for _ in range(3)]:
         path = tmp_path / "m.yaml"
         path.write_text(text, encoding="utf-8")

@@ -13,8 +13,15 @@ from pathlib import Path
 import onnx
 import pytest
 
-from model.files import (PackageError, UnsafeFile, check_external_data, external_data_locations, member_problem,
-                         read_bounded, verify_package)
+from model.files import (
+    PackageError,
+    UnsafeFile,
+    check_external_data,
+    external_data_locations,
+    member_problem,
+    read_bounded,
+    verify_package,
+)
 from pipeline.engine.store import Store
 
 from .conftest import cli
@@ -102,9 +109,17 @@ def test_the_rule_refuses_every_way_out(tmp_path):
     (root / "dirlink").symlink_to(root / "sub")
     os.mkfifo(root / "fifo")
     assert member_problem(root, "sub/ok.bin") is None
-    for rel, why in [("../outside.txt", ".."), ("/etc/passwd", "absolute"), ("link", "symbolic link"),
-                     ("dirlink/ok.bin", "symbolic link"), ("fifo", "fifo"), ("sub", "folder"),
-                     ("sub//ok.bin", "empty part"), ("nothere", "missing"), ("a\\b", "backslash")]:
+    for rel, why in [
+        ("../outside.txt", ".."),
+        ("/etc/passwd", "absolute"),
+        ("link", "symbolic link"),
+        ("dirlink/ok.bin", "symbolic link"),
+        ("fifo", "fifo"),
+        ("sub", "folder"),
+        ("sub//ok.bin", "empty part"),
+        ("nothere", "missing"),
+        ("a\\b", "backslash"),
+    ]:
         problem = member_problem(root, rel)
         assert problem and why in problem, (rel, problem)
     with pytest.raises(UnsafeFile, match="fifo"):
@@ -155,9 +170,16 @@ def _point_outside(graph: Path, location: str, subgraph: bool = False) -> None:
     if subgraph:
         node = next(n for n in model.graph.node if n.op_type == "BeamSearch")
         target = next(a.g for a in node.attribute if a.name == "encoder")
-    tensor = next(t for t in target.initializer if t.data_location != onnx.TensorProto.EXTERNAL and t.raw_data) \
-        if not subgraph else next(t for t in target.initializer if t.external_data)
-    size = len(tensor.raw_data) if tensor.raw_data else int(next(e.value for e in tensor.external_data if e.key == "length"))
+    tensor = (
+        next(t for t in target.initializer if t.data_location != onnx.TensorProto.EXTERNAL and t.raw_data)
+        if not subgraph
+        else next(t for t in target.initializer if t.external_data)
+    )
+    size = (
+        len(tensor.raw_data)
+        if tensor.raw_data
+        else int(next(e.value for e in tensor.external_data if e.key == "length"))
+    )
     del tensor.external_data[:]
     tensor.ClearField("raw_data")
     tensor.data_location = onnx.TensorProto.EXTERNAL
@@ -204,8 +226,9 @@ def test_export_package_checks_the_graphs_of_a_rewritten_store_artifact(exported
     _rehash(inside, "fp32/package.json", "manifest.json")
     assert store.verify(exported.id) == []  # every digest matches: only the graph check can tell
     dest = tmp_path / "dest"
-    err = _one_error_line(cli("export-package", exported.id, str(dest), "--package", "fp32", store=store.root,
-                              timeout=60))
+    err = _one_error_line(
+        cli("export-package", exported.id, str(dest), "--package", "fp32", store=store.root, timeout=60)
+    )
     assert "external data" in err and not dest.exists()
 
 

@@ -33,6 +33,7 @@ def _one_error(proc, code: int = 2) -> str:
     assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith("error: "), err[-3000:]
     return lines[0]
 
+
 @pytest.fixture(scope="module")
 def newline_marian(marian, tmp_path_factory):
     """The tiny Marian with three of its pieces holding a line break, biased to write them."""
@@ -49,8 +50,7 @@ def newline_marian(marian, tmp_path_factory):
 
 def test_a_teacher_piece_holding_a_line_break_keeps_the_kd_corpus_aligned(newline_marian, tmp_path):
     store = Store(tmp_path / "store")
-    proc = cli("run", str(_recipe(tmp_path, newline_marian)), "--until", "kd_corpus", store=store.root,
-               env=HUB_OFFLINE)
+    proc = cli("run", str(_recipe(tmp_path, newline_marian)), "--until", "kd_corpus", store=store.root, env=HUB_OFFLINE)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     kd = next((store.objects).glob("kd_corpus-*"))
     src = (kd / "kd.src").read_bytes().decode("utf-8")
@@ -92,8 +92,10 @@ def test_files_read_side_by_side_must_have_as_many_lines(smoke, tmp_path):
     tgt = copy / "valid.tgt"
     tgt.write_bytes(b"".join(tgt.read_bytes().splitlines(keepends=True)[:-1]))
     manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["files"]["valid.tgt"] = {"sha256": hashlib.sha256(tgt.read_bytes()).hexdigest(),
-                                      "bytes": tgt.stat().st_size}
+    manifest["files"]["valid.tgt"] = {
+        "sha256": hashlib.sha256(tgt.read_bytes()).hexdigest(),
+        "bytes": tgt.stat().st_size,
+    }
     (copy / "manifest.json").write_text(json.dumps(manifest))
     recipe = tmp_path / "smoke.yaml"
     shutil.copyfile(SMOKE, recipe)

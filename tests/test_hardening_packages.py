@@ -36,14 +36,35 @@ def package(tmp_path_factory, data_dir) -> Path:
     en, fr = multi30k_head(data_dir, "en", 200), multi30k_head(data_dir, "fr", 200)
     tokenizer = SubwordTokenizer.train(en + fr, vocab_size=200)
     tokenizer.save(folder / "tokenizer.json")
-    table, _ = build_shortlist(list(zip(tokenizer.encode(en), tokenizer.encode(fr))), tokenizer.vocab_size,
-                               frequent=10, per_word=3, always=[0, 1, 2, 3])
+    table, _ = build_shortlist(
+        list(zip(tokenizer.encode(en), tokenizer.encode(fr))),
+        tokenizer.vocab_size,
+        frequent=10,
+        per_word=3,
+        always=[0, 1, 2, 3],
+    )
     table.save(folder / "shortlist.npz")
     torch.manual_seed(0)
-    cfg = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=16, head_dim=8, enc_heads=[2], dec_self_heads=[2],
-                            dec_cross_heads=[2], enc_ffn=[32], dec_ffn=[32], max_positions=POSITIONS, dropout=0.0)
-    build_package(Transformer(cfg).eval(), "int8_dynamic", folder / "int8", tokenizer=folder / "tokenizer.json",
-                  work=folder / "work", shortlist=folder / "shortlist.npz")
+    cfg = TransformerConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=16,
+        head_dim=8,
+        enc_heads=[2],
+        dec_self_heads=[2],
+        dec_cross_heads=[2],
+        enc_ffn=[32],
+        dec_ffn=[32],
+        max_positions=POSITIONS,
+        dropout=0.0,
+    )
+    build_package(
+        Transformer(cfg).eval(),
+        "int8_dynamic",
+        folder / "int8",
+        tokenizer=folder / "tokenizer.json",
+        work=folder / "work",
+        shortlist=folder / "shortlist.npz",
+    )
     return folder / "int8"
 
 
@@ -78,29 +99,36 @@ def _one_line(proc: subprocess.CompletedProcess, code: int) -> str:
 
 
 # ------------------------------------------------------------------------------ generation.json
-@pytest.mark.parametrize("field, raw, expect", [
-    ("max_positions", "1e999", "max_positions: must be an integer"),
-    ("length_penalty", "1e999", "length_penalty: must be a finite number"),
-    ("max_len_a", "NaN", "not JSON (NaN is not a JSON number)"),
-    ("beam", "[4]", "beam: must be an integer, got a list"),
-    ("beam", "true", "beam: must be an integer, got a boolean"),
-    ("beam", "4.0", "beam: must be an integer, got a number"),
-    ("pad_id", '"zero"', "pad_id: must be an integer, got a string"),
-    ("max_positions", "1e12", "max_positions: must be an integer"),
-    ("max_positions", "1000000000000", f"max_positions: must be from 2 to {POSITIONS} (the rows of the graphs'"),
-    ("max_positions", "-5", f"max_positions: must be from 2 to {POSITIONS}"),
-    ("max_positions", str(POSITIONS + 1), f"max_positions: must be from 2 to {POSITIONS}"),
-    ("bos_id", "999999", "bos_id: must be from 0 to 199 (the graphs' vocabulary)"),
-    ("eos_id", "-7", "eos_id: must be from 0 to 199"),
-    ("eos_id", "0", "eos_id: 0 is not the tokenizer's </s> (2)"),
-    ("beam", "0", "beam: must be from 1 to"),
-    ("max_len_b", "-1", "max_len_b: must be from 0 to"),
-    ("eos_id", None, "eos_id: missing"),
-    (None, "{bad json", "not JSON"),
-    (None, "[1, 2]", "not a JSON object"),
-    (None, '{"beam": 1, "max_len_a": 0, "max_len_b": 1, "bos_id": 1, "eos_id": 2, "pad_id": 0, "max_positions": 32, '
-           '"length_penalty": 1.0}', "a one-word sentence would get no word"),
-])
+@pytest.mark.parametrize(
+    "field, raw, expect",
+    [
+        ("max_positions", "1e999", "max_positions: must be an integer"),
+        ("length_penalty", "1e999", "length_penalty: must be a finite number"),
+        ("max_len_a", "NaN", "not JSON (NaN is not a JSON number)"),
+        ("beam", "[4]", "beam: must be an integer, got a list"),
+        ("beam", "true", "beam: must be an integer, got a boolean"),
+        ("beam", "4.0", "beam: must be an integer, got a number"),
+        ("pad_id", '"zero"', "pad_id: must be an integer, got a string"),
+        ("max_positions", "1e12", "max_positions: must be an integer"),
+        ("max_positions", "1000000000000", f"max_positions: must be from 2 to {POSITIONS} (the rows of the graphs'"),
+        ("max_positions", "-5", f"max_positions: must be from 2 to {POSITIONS}"),
+        ("max_positions", str(POSITIONS + 1), f"max_positions: must be from 2 to {POSITIONS}"),
+        ("bos_id", "999999", "bos_id: must be from 0 to 199 (the graphs' vocabulary)"),
+        ("eos_id", "-7", "eos_id: must be from 0 to 199"),
+        ("eos_id", "0", "eos_id: 0 is not the tokenizer's </s> (2)"),
+        ("beam", "0", "beam: must be from 1 to"),
+        ("max_len_b", "-1", "max_len_b: must be from 0 to"),
+        ("eos_id", None, "eos_id: missing"),
+        (None, "{bad json", "not JSON"),
+        (None, "[1, 2]", "not a JSON object"),
+        (
+            None,
+            '{"beam": 1, "max_len_a": 0, "max_len_b": 1, "bos_id": 1, "eos_id": 2, "pad_id": 0, "max_positions": 32, '
+            '"length_penalty": 1.0}',
+            "a one-word sentence would get no word",
+        ),
+    ],
+)
 def test_every_generation_field_is_checked_against_the_graphs(package, tmp_path, field, raw, expect):
     copy = _copy(package, tmp_path)
     if field is None:
@@ -129,15 +157,23 @@ def _without_piece(data: dict, piece: str) -> dict:
     return data
 
 
-@pytest.mark.parametrize("change, expect", [
-    (lambda d: {"model": 5}, "not a tokenizer ("),
-    (lambda d: _without_piece(d, "<s>"), "no '<s>' piece"),
-    (lambda d: _without_piece(d, "</s>"), "no '</s>' piece"),
-    (lambda d: {**d, "added_tokens": d["added_tokens"] + [{**d["added_tokens"][0], "id": 999999, "content": "zzz",
-                                                           "special": False}]},
-     "holds id 200, beyond the graphs' vocabulary of 200 words"),
-    (lambda d: b"\xff\xfe not UTF-8", "unreadable"),
-])
+@pytest.mark.parametrize(
+    "change, expect",
+    [
+        (lambda d: {"model": 5}, "not a tokenizer ("),
+        (lambda d: _without_piece(d, "<s>"), "no '<s>' piece"),
+        (lambda d: _without_piece(d, "</s>"), "no '</s>' piece"),
+        (
+            lambda d: {
+                **d,
+                "added_tokens": d["added_tokens"]
+                + [{**d["added_tokens"][0], "id": 999999, "content": "zzz", "special": False}],
+            },
+            "holds id 200, beyond the graphs' vocabulary of 200 words",
+        ),
+        (lambda d: b"\xff\xfe not UTF-8", "unreadable"),
+    ],
+)
 def test_a_tokenizer_without_its_pieces_or_malformed_is_refused(package, tmp_path, change, expect):
     copy = _copy(package, tmp_path)
     changed = change(json.loads((copy / "tokenizer.json").read_text()))
@@ -153,7 +189,7 @@ def test_ids_handed_to_the_graphs_must_be_inside_the_vocabulary(package):
         with pytest.raises(ValueError, match="outside the package's vocabulary"):
             translator.encode([[4, 2], ids], beam=1)
     with pytest.raises(ValueError, match="must be integers"):
-        translator.encode([[2 ** 70, 2]], beam=1)
+        translator.encode([[2**70, 2]], beam=1)
     translator.encode([[4, 5, 2]], beam=1)
     with pytest.raises(ValueError, match="token id 999 is outside"):
         translator.step(np.array([1, 999]), None)
@@ -179,8 +215,9 @@ def test_a_shortlist_that_inflates_to_gigabytes_is_refused_before_anything_is_al
     _inflating_shortlist(tmp_path / "bomb.npz", 200, 1 << 26)
     assert (tmp_path / "bomb.npz").stat().st_size < 3 << 20
     _resign(copy, "shortlist.npz", (tmp_path / "bomb.npz").read_bytes())
-    code, peak, _, err = run_with_peak_rss("pipeline.commands.cli", "translate", "--model", str(copy),
-                                           "--store", str(tmp_path / "store"))
+    code, peak, _, err = run_with_peak_rss(
+        "pipeline.commands.cli", "translate", "--model", str(copy), "--store", str(tmp_path / "store")
+    )
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 1 and len(lines) == 1 and "Traceback" not in err, err
     assert "shortlist.npz: 5368" in lines[0] and "more than a shortlist may hold" in lines[0], err
@@ -209,9 +246,14 @@ def test_closed_pipes_end_quietly(package, tmp_path):
     lines = b"".join(b"A man rides a bike number %d.\n" % i for i in range(3000))
     (tmp_path / "in.txt").write_bytes(lines)
     with open(tmp_path / "in.txt", "rb") as stdin:
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline.commands.cli", *model, "--batch-size", "2"], cwd=REPO,
-                                stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env={**os.environ, "PYTHONPATH": str(REPO)})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.commands.cli", *model, "--batch-size", "2"],
+            cwd=REPO,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         assert proc.stdout.readline()
         proc.stdout.close()
         err = proc.stderr.read().decode()
@@ -222,8 +264,13 @@ def test_closed_pipes_end_quietly(package, tmp_path):
 def test_a_package_whose_pieces_decode_to_line_breaks_still_gives_one_line_per_line(package, tmp_path):
     copy = _copy(package, tmp_path)
     tokenizer = json.loads((copy / "tokenizer.json").read_text())
-    tokenizer["decoder"] = {"type": "Sequence", "decoders": [
-        {"type": "Replace", "pattern": {"String": "▁"}, "content": "\r\n\u2028\x85"}, tokenizer["decoder"]]}
+    tokenizer["decoder"] = {
+        "type": "Sequence",
+        "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": "\r\n\u2028\x85"},
+            tokenizer["decoder"],
+        ],
+    }
     _resign(copy, "tokenizer.json", json.dumps(tokenizer).encode())
     proc = _cli("translate", "--model", str(copy), "--beam", "2", input=b"A man rides.\n\nTwo dogs\r play.\nA cat.\n")
     assert proc.returncode == 0, proc.stderr.decode()

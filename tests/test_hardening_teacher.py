@@ -19,8 +19,14 @@ import pytest
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-from model.hf_checkpoint import (UnsafeCheckpoint, check_checkpoint, checkpoint_files, copy_checkpoint,  # noqa: E402
-                                 from_pretrained, size_problem)
+from model.hf_checkpoint import (  # noqa: E402
+    UnsafeCheckpoint,
+    check_checkpoint,
+    checkpoint_files,
+    copy_checkpoint,
+    from_pretrained,
+    size_problem,
+)
 
 from .conftest import REPO, cli, run_with_peak_rss  # noqa: E402
 from .test_hardening_lines import HUB_OFFLINE, _one_error  # noqa: E402
@@ -103,8 +109,11 @@ def test_copies_keep_no_wider_permissions_and_are_hashed_as_written(marian, tmp_
     assert set(digests) == {p.name for p in dest.iterdir()}
     assert not (dest / "pytorch_model.bin").exists() and not (dest / "custom.py").exists()
     for name, digest in digests.items():
-        assert hashlib.sha256((dest / name).read_bytes()).hexdigest() == digest == \
-            hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        assert (
+            hashlib.sha256((dest / name).read_bytes()).hexdigest()
+            == digest
+            == hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        )
         source, copy = (stat.S_IMODE(p.stat().st_mode) for p in (folder / name, dest / name))
         assert copy & ~source == 0, f"{name}: {oct(copy)} is wider than {oct(source)}"
     assert stat.S_IMODE((dest / "model.safetensors").stat().st_mode) & 0o077 == 0
@@ -131,8 +140,10 @@ def _custom_code(marian: Path, tmp_path: Path, marker: Path) -> Path:
     folder = _copy(marian, tmp_path, "custom")
     (folder / "custom_config.py").write_text(CUSTOM_CODE.format(marker=str(marker)))
     config = json.loads((folder / "config.json").read_text())
-    config.update(model_type="evil", auto_map={"AutoConfig": "custom_config.EvilConfig",
-                                               "AutoModelForSeq2SeqLM": "custom_config.EvilModel"})
+    config.update(
+        model_type="evil",
+        auto_map={"AutoConfig": "custom_config.EvilConfig", "AutoModelForSeq2SeqLM": "custom_config.EvilModel"},
+    )
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
@@ -140,16 +151,32 @@ def _custom_code(marian: Path, tmp_path: Path, marker: Path) -> Path:
 def test_custom_code_is_refused_up_front_by_run_and_by_translate_whatever_stdin_says(marian, tmp_path):
     marker = tmp_path / "MARKER"
     folder = _custom_code(marian, tmp_path, marker)
-    proc = cli("run", str(_recipe(tmp_path, folder)), "--until", "teacher", store=tmp_path / "s", input=b"y\ny\n",
-               env=HUB_OFFLINE)
+    proc = cli(
+        "run",
+        str(_recipe(tmp_path, folder)),
+        "--until",
+        "teacher",
+        store=tmp_path / "s",
+        input=b"y\ny\n",
+        env=HUB_OFFLINE,
+    )
     assert "auto_map" in _one_error(proc) and "never code" in proc.stderr.decode()
     # An imported teacher's folder (hf_import.json beside checkpoint/), handed over as it is: the
     # first text line ("y") would have answered transformers' prompt.
     handed = _copy(folder, tmp_path, "handed")
     shutil.copytree(folder, handed / "checkpoint")
     (handed / "hf_import.json").write_text('{"format": "huggingface"}')
-    proc = cli("translate", "--model", str(handed), "--beam", "1", store=tmp_path / "s", input=b"y\n1\nA man.\n",
-               env=HUB_OFFLINE, timeout=120)
+    proc = cli(
+        "translate",
+        "--model",
+        str(handed),
+        "--beam",
+        "1",
+        store=tmp_path / "s",
+        input=b"y\n1\nA man.\n",
+        env=HUB_OFFLINE,
+        timeout=120,
+    )
     assert "auto_map" in _one_error(proc) and proc.stdout == b""
     assert not marker.exists()
 
@@ -173,14 +200,17 @@ def test_no_library_is_asked_before_the_check_and_none_can_read_stdin(tmp_path):
         from_pretrained(Loader, folder)
     assert Loader.calls == 0
     # While a library loads, fd 0 and sys.stdin are /dev/null; the user's input is there after.
-    script = ("import os, sys\nfrom model.hf_checkpoint import stdin_closed\n"
-              "with stdin_closed():\n"
-              "    seen = [sys.stdin.read(), os.read(0, 100)]\n"
-              "    try:\n        input('run the custom code? [y/N] ')\n"
-              "    except EOFError:\n        seen.append('EOF')\n"
-              "print(repr(seen), sys.stdin.readline().strip())\n")
-    done = subprocess.run([sys.executable, "-c", script], input=b"y\nthe user's text\n", capture_output=True,
-                          cwd=REPO, timeout=60)
+    script = (
+        "import os, sys\nfrom model.hf_checkpoint import stdin_closed\n"
+        "with stdin_closed():\n"
+        "    seen = [sys.stdin.read(), os.read(0, 100)]\n"
+        "    try:\n        input('run the custom code? [y/N] ')\n"
+        "    except EOFError:\n        seen.append('EOF')\n"
+        "print(repr(seen), sys.stdin.readline().strip())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], input=b"y\nthe user's text\n", capture_output=True, cwd=REPO, timeout=60
+    )
     assert done.stdout.decode().endswith("['', b'', 'EOF'] y\n"), done.stderr.decode()
 
 
@@ -202,18 +232,32 @@ def test_an_oversized_config_is_refused_before_anything_is_allocated(marian, tmp
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 100_000_000}))
     code, peak_mb, _, err = run_with_peak_rss(
-        "pipeline.commands.cli", "run", str(_recipe(tmp_path, folder)), "--until", "teacher", "--store", str(tmp_path / "s"),
-        env=HUB_OFFLINE)
+        "pipeline.commands.cli",
+        "run",
+        str(_recipe(tmp_path, folder)),
+        "--until",
+        "teacher",
+        "--store",
+        str(tmp_path / "s"),
+        env=HUB_OFFLINE,
+    )
     lines = [line for line in err.splitlines() if "error" in line.lower()]
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
     assert "max_position_embeddings must be an integer from 0 to 1,048,576, got 100000000" in lines[0]
     assert peak_mb < 500, f"peak RSS {peak_mb:.0f} MB"  # 3 GB in 13 s and growing before the check
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"vocab_size": -5}, "vocab_size"), ({"d_model": 32.0}, "d_model"), ({"encoder_layers": True}, "encoder_layers"),
-    ({"decoder_ffn_dim": "64"}, "decoder_ffn_dim"), ({"encoder": {"num_heads": 10**40}}, "num_heads"),
-    ({"vocab_size": 1_000_000, "d_model": 65536}, "vocab_size")])  # 500 GiB of token tables
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"vocab_size": -5}, "vocab_size"),
+        ({"d_model": 32.0}, "d_model"),
+        ({"encoder_layers": True}, "encoder_layers"),
+        ({"decoder_ffn_dim": "64"}, "decoder_ffn_dim"),
+        ({"encoder": {"num_heads": 10**40}}, "num_heads"),
+        ({"vocab_size": 1_000_000, "d_model": 65536}, "vocab_size"),
+    ],
+)  # 500 GiB of token tables
 def test_each_size_in_a_config_is_checked_and_named(marian, change, field):
     config = {**json.loads((marian / "config.json").read_text()), **change}
     problem = size_problem(config)

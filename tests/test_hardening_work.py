@@ -19,10 +19,17 @@ import torch
 
 from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
-from pipeline.corpora.distilled import TOP_K_FILE, TopKStore, TrainingText, chunk_problem, encoded_training_set, write_top_k
+from pipeline.commands import read_recipe
+from pipeline.corpora.distilled import (
+    TOP_K_FILE,
+    TopKStore,
+    TrainingText,
+    chunk_problem,
+    encoded_training_set,
+    write_top_k,
+)
 from pipeline.corpora.encoded import encode_to_disk
 from pipeline.engine.errors import IntegrityError, PipelineError, RecipeError
-from pipeline.commands import read_recipe
 from pipeline.engine.recipe import MAX_ALIAS_VALUES
 from pipeline.engine.store import file_record
 from pipeline.training.loop import Checkpoints
@@ -56,10 +63,12 @@ def test_every_codec_decompresses_in_bounded_pieces(tmp_path):
     bound, with memory flat (a 65 KB .zst expanding to 2 GiB took 3 GB in 10 s: each 64 KiB read
     was decompressed whole)."""
     zstandard = pytest.importorskip("zstandard")
-    bombs = {"bomb.zst": _zeros(zstandard.ZstdCompressor(level=1).compressobj(), 2048),  # 2 GiB in 65 KB
-             "bomb.gz": _zeros(zlib.compressobj(1, zlib.DEFLATED, 31), 64),
-             "bomb.xz": _zeros(lzma.LZMACompressor(preset=0), 64),
-             "bomb.bz2": _zeros(bz2.BZ2Compressor(1), 64)}
+    bombs = {
+        "bomb.zst": _zeros(zstandard.ZstdCompressor(level=1).compressobj(), 2048),  # 2 GiB in 65 KB
+        "bomb.gz": _zeros(zlib.compressobj(1, zlib.DEFLATED, 31), 64),
+        "bomb.xz": _zeros(lzma.LZMACompressor(preset=0), 64),
+        "bomb.bz2": _zeros(bz2.BZ2Compressor(1), 64),
+    }
     for name, data in bombs.items():
         (tmp_path / name).write_bytes(data)
     assert len(bombs["bomb.zst"]) < 100_000
@@ -113,8 +122,10 @@ def test_nested_yaml_aliases_are_refused_before_anything_walks_them(tmp_path, de
 
 def test_yaml_aliases_within_the_bound_and_recursive_ones(tmp_path):
     reused = tmp_path / "reused.yaml"
-    reused.write_text(f"extends: {SMOKE}\nteacher: {{train: &train {{lr: 0.002, warmup_steps: 10}}}}\n"
-                      "distill: {student: {train: *train}}\n")
+    reused.write_text(
+        f"extends: {SMOKE}\nteacher: {{train: &train {{lr: 0.002, warmup_steps: 10}}}}\n"
+        "distill: {student: {train: *train}}\n"
+    )
     raw = read_recipe(reused)[1]
     assert raw["teacher"]["train"]["lr"] == raw["distill"]["student"]["train"]["lr"] == 0.002
     (tmp_path / "self.yaml").write_text("a: &a [1, *a]\n")
@@ -164,8 +175,10 @@ def test_a_damaged_encoded_folder_is_encoded_again(encoded_inputs, tmp_path, how
 
     corpus, info = encoded_training_set(text, tok, 64, tmp_path / "work", logged.append, progress_bar)
     assert any("encoding the training pairs again" in line for line in logged), logged
-    assert ([corpus.src[i].tolist() for i in range(len(corpus))],
-            [corpus.tgt[i].tolist() for i in range(len(corpus))]) == expected
+    assert (
+        [corpus.src[i].tolist() for i in range(len(corpus))],
+        [corpus.tgt[i].tolist() for i in range(len(corpus))],
+    ) == expected
     assert len(corpus) == record["pairs"] > 0 and min(corpus.src.lengths()) > 0
 
 
@@ -215,14 +228,35 @@ def test_a_top_k_store_whose_arrays_disagree_is_one_line(tmp_path):
 
 # ------------------------------------------------------------------------------- 5. checkpoints
 def _checkpoint(work: Path) -> tuple[Checkpoints, Transformer, torch.optim.Optimizer]:
-    cfg = TransformerConfig(vocab_size=50, d_model=8, head_dim=4, enc_heads=[2], dec_self_heads=[2],
-                            dec_cross_heads=[2], enc_ffn=[16], dec_ffn=[16], max_positions=16)
+    cfg = TransformerConfig(
+        vocab_size=50,
+        d_model=8,
+        head_dim=4,
+        enc_heads=[2],
+        dec_self_heads=[2],
+        dec_cross_heads=[2],
+        enc_ffn=[16],
+        dec_ffn=[16],
+        max_positions=16,
+    )
     model = Transformer(cfg)
     optimizer = torch.optim.Adam(model.parameters())
     ckpt = Checkpoints(work)
     snapshot = ckpt.save_snapshot(model, "epoch1")
-    ckpt.save(model, optimizer, {"step": 3, "epoch": 1, "batch": 0, "elapsed_s": 1.0, "history": [], "tokens": 9,
-                                 "resumed_from": [], "kept": [{"name": "epoch1", "snapshot": snapshot}]})
+    ckpt.save(
+        model,
+        optimizer,
+        {
+            "step": 3,
+            "epoch": 1,
+            "batch": 0,
+            "elapsed_s": 1.0,
+            "history": [],
+            "tokens": 9,
+            "resumed_from": [],
+            "kept": [{"name": "epoch1", "snapshot": snapshot}],
+        },
+    )
     return ckpt, model, optimizer
 
 

@@ -13,8 +13,8 @@ import pytest
 transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
 
-from pipeline.engine.errors import RecipeError  # noqa: E402
 from pipeline.commands import plan_recipe  # noqa: E402
+from pipeline.engine.errors import RecipeError  # noqa: E402
 from pipeline.engine.runner import run  # noqa: E402
 from pipeline.engine.store import Store  # noqa: E402
 
@@ -50,21 +50,45 @@ def marian(tmp_path_factory, data_dir):
         with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt") as f:
             lines = [s.strip() for _, s in zip(range(400), f)]
         (folder / f"{side}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        spm.SentencePieceTrainer.train(input=str(folder / f"{side}.txt"), model_prefix=str(folder / side),
-                                       vocab_size=250, character_coverage=1.0, bos_id=-1, eos_id=1, pad_id=-1,
-                                       unk_id=0, minloglevel=2)
+        spm.SentencePieceTrainer.train(
+            input=str(folder / f"{side}.txt"),
+            model_prefix=str(folder / side),
+            vocab_size=250,
+            character_coverage=1.0,
+            bos_id=-1,
+            eos_id=1,
+            pad_id=-1,
+            unk_id=0,
+            minloglevel=2,
+        )
         shutil.copyfile(folder / f"{side}.model", ckpt / f"{side}.spm")
         pieces = spm.SentencePieceProcessor(model_file=str(folder / f"{side}.model"))
         for i in range(pieces.get_piece_size()):
             vocab.setdefault(pieces.id_to_piece(i), len(vocab))
     vocab["<pad>"] = len(vocab)  # Marian's pad is the last id
     (ckpt / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
-    tokenizer = transformers.MarianTokenizer(vocab=str(ckpt / "vocab.json"), source_spm=str(ckpt / "source.spm"),
-                                             target_spm=str(ckpt / "target.spm"), source_lang="en", target_lang="fr")
+    tokenizer = transformers.MarianTokenizer(
+        vocab=str(ckpt / "vocab.json"),
+        source_spm=str(ckpt / "source.spm"),
+        target_spm=str(ckpt / "target.spm"),
+        source_lang="en",
+        target_lang="fr",
+    )
     config = transformers.MarianConfig(
-        vocab_size=len(vocab), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
-        pad_token_id=vocab["<pad>"], eos_token_id=0, decoder_start_token_id=vocab["<pad>"], forced_eos_token_id=0)
+        vocab_size=len(vocab),
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=128,
+        pad_token_id=vocab["<pad>"],
+        eos_token_id=0,
+        decoder_start_token_id=vocab["<pad>"],
+        forced_eos_token_id=0,
+    )
     transformers.set_seed(0)
     transformers.MarianMTModel(config).save_pretrained(ckpt)
     tokenizer.save_pretrained(ckpt)
@@ -83,8 +107,9 @@ def wordy_marian(marian, tmp_path_factory):
     shutil.copytree(marian, folder)
     tok = SubwordTokenizer(*teacher_tokenizers(folder))
     vocab = json.loads((folder / "vocab.json").read_text())
-    words = [i for p, i in vocab.items() if p.startswith("▁") and len(p) > 3
-             and tok.encode_target([p[1:]])[0] == [i]][:12]
+    words = [i for p, i in vocab.items() if p.startswith("▁") and len(p) > 3 and tok.encode_target([p[1:]])[0] == [i]][
+        :12
+    ]
     assert len(words) == 12
     return biased_to(folder, words)
 
@@ -145,7 +170,9 @@ def test_an_imported_teacher_is_distilled_through_both_decoders(marian, tmp_path
     assert rows["teacher"]["bytes"] == teacher.metrics["model_bytes"] > 0
     assert rows["teacher"]["latency_ms"]["greedy_b1"]["p50"] > 0
     for ct in ("int8", "float32"):
-        assert rows[f"ctranslate2_teacher_{ct}"]["latency_ms"]["greedy_b1"]["p50"] > 0, rows[f"ctranslate2_teacher_{ct}"]
+        assert rows[f"ctranslate2_teacher_{ct}"]["latency_ms"]["greedy_b1"]["p50"] > 0, rows[
+            f"ctranslate2_teacher_{ct}"
+        ]
     assert "imported, not trained" in (arts["report"].path / "report.md").read_text()
 
     # The fingerprint follows the weights: other weights, a new teacher and all that follows.
@@ -169,18 +196,29 @@ def test_bad_teachers_are_one_line_and_exit_2(case, marian, tmp_path):
         recipe, expect = _recipe(tmp_path, folder), "not a checkpoint folder"
     elif case == "encoder_only":
         folder = tmp_path / "bert"
-        transformers.BertModel(transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
-                                                       num_attention_heads=2, intermediate_size=32)).save_pretrained(folder)
+        transformers.BertModel(
+            transformers.BertConfig(
+                vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+            )
+        ).save_pretrained(folder)
         recipe, expect = _recipe(tmp_path, folder), "not an encoder-decoder model"
     elif case == "hub_without_network":
         recipe, expect = _recipe(tmp_path, "Helsinki-NLP/opus-mt-en-fr"), "cannot be reached"
     else:
         recipe = _recipe(tmp_path, marian)
-        text = recipe.read_text().replace("    model: {d_model: 16", "    word_level: {enabled: true}\n    model: {d_model: 16")
+        text = recipe.read_text().replace(
+            "    model: {d_model: 16", "    word_level: {enabled: true}\n    model: {d_model: 16"
+        )
         recipe.write_text(text)
         expect = "word-level distillation needs one vocabulary"
-    done = cli("run", str(recipe), "--until", "kd_corpus", store=tmp_path / "s",
-               env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")})
+    done = cli(
+        "run",
+        str(recipe),
+        "--until",
+        "kd_corpus",
+        store=tmp_path / "s",
+        env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home")},
+    )
     err = done.stderr.decode()
     lines = [ln for ln in err.splitlines() if "error" in ln.lower()]
     assert done.returncode == 2, err[-2000:]
@@ -203,19 +241,24 @@ def test_the_teachers_vocabulary_splits_text_as_marian_does(marian, data_dir):
     assert ours.target is not None  # the two sides split text differently
     assert ours.vocab_size == len(theirs.get_vocab()) + 1 and ours.bos_id == len(theirs.get_vocab())  # + <s>
     assert (ours.pad_id, ours.eos_id, ours.unk_id) == (theirs.pad_token_id, theirs.eos_token_id, theirs.unk_token_id)
-    with gzip.open(data_dir / "multi30k" / "val.en.gz", "rt") as en, gzip.open(data_dir / "multi30k" / "val.fr.gz",
-                                                                             "rt") as fr:
+    with (
+        gzip.open(data_dir / "multi30k" / "val.en.gz", "rt") as en,
+        gzip.open(data_dir / "multi30k" / "val.fr.gz", "rt") as fr,
+    ):
         sources, targets = [s.strip() for _, s in zip(range(300), en)], [t.strip() for _, t in zip(range(300), fr)]
     sources += ["  Two  dogs\u00a0run ", "ﬁne café №5 ½", ""]
-    for ids, expected in ((ours.encode(sources), theirs(sources, add_special_tokens=False).input_ids),
-                          (ours.encode_target(targets), theirs(text_target=targets, add_special_tokens=False).input_ids)):
+    for ids, expected in (
+        (ours.encode(sources), theirs(sources, add_special_tokens=False).input_ids),
+        (ours.encode_target(targets), theirs(text_target=targets, add_special_tokens=False).input_ids),
+    ):
         # Where they differ, SentencePiece wrote <unk> for a character its model never saw and
         # the Unigram spelt it with pieces of the other language's model.
         differ = [(a, b) for a, b in zip(ids, expected) if a != b]
         assert all(ours.unk_id in b for _, b in differ) and len(differ) <= len(ids) // 50, differ[:3]
     # Decoded as Marian decodes, but for <unk>, which we write where Marian drops it (as for our own vocabularies).
-    written = [ids for ids in theirs(text_target=targets[:100], add_special_tokens=False).input_ids
-               if ours.unk_id not in ids]
+    written = [
+        ids for ids in theirs(text_target=targets[:100], add_special_tokens=False).input_ids if ours.unk_id not in ids
+    ]
     assert len(written) >= 90
     assert ours.decode(written) == [theirs.decode(ids, skip_special_tokens=True) for ids in written]
 
@@ -228,15 +271,17 @@ def test_a_student_on_the_teachers_vocabulary_learns_from_its_distributions(word
 
     from model.subword import TARGET_FILE, SubwordTokenizer
     from model.torch_decoder import TorchTranslator
-    from pipeline.corpora.splits import read_split
     from pipeline.corpora.distilled import TopKStore
+    from pipeline.corpora.splits import read_split
 
     marian = wordy_marian
     recipe = _recipe(tmp_path, marian)
     text = recipe.read_text().replace("tokenizer: {kind: unigram, vocab_size: 400}", "tokenizer: {kind: teacher}")
     text = text.replace("corpus: {beam: 1,", "corpus: {beam: 1, top_k: 4,").replace(
-        "    model: {d_model: 16", "    word_level: {enabled: true, from_kd_corpus: true}\n"
-                                   "    embeddings_from_teacher: true\n    model: {d_model: 16")
+        "    model: {d_model: 16",
+        "    word_level: {enabled: true, from_kd_corpus: true}\n"
+        "    embeddings_from_teacher: true\n    model: {d_model: 16",
+    )
     recipe.write_text(text)
     store = Store(tmp_path / "store")
     plan = plan_recipe(recipe, ["export={}", "quantize={}"])
@@ -261,12 +306,15 @@ def test_a_student_on_the_teachers_vocabulary_learns_from_its_distributions(word
         target = tok.encode_target([tgt[i]])[0]
         assert ids.shape == (len(target) + 1, 4) and ids[:-1, 0].tolist() == target
         with torch.no_grad():
-            logits = teacher(**hf([src[i]], return_tensors="pt"),
-                             decoder_input_ids=torch.tensor([[teacher.config.decoder_start_token_id] + target])).logits[0]
+            logits = teacher(
+                **hf([src[i]], return_tensors="pt"),
+                decoder_input_ids=torch.tensor([[teacher.config.decoder_start_token_id] + target]),
+            ).logits[0]
         forced_p, forced_ids = logits.softmax(-1).topk(4, -1)
         assert (forced_ids.numpy() == ids).all()
-        np.testing.assert_allclose(np.asarray(probs, dtype=np.float32),
-                                   (forced_p / forced_p.sum(-1, keepdim=True)).numpy(), atol=3e-3)
+        np.testing.assert_allclose(
+            np.asarray(probs, dtype=np.float32), (forced_p / forced_p.sum(-1, keepdim=True)).numpy(), atol=3e-3
+        )
     assert student.metrics["word_level_pairs"] == len(present)
     assert student.metrics["embeddings_from_teacher"]["teacher_d_model"] == 32
 
@@ -314,10 +362,12 @@ def test_a_fast_tokenizer_converts_with_its_ids(tmp_path, data_dir):
         lines = [s.strip() for _, s in zip(range(300), f)]
     backend = Tokenizer(models.Unigram())
     backend.pre_tokenizer = pre_tokenizers.Metaspace()
-    backend.train_from_iterator(lines, trainers.UnigramTrainer(vocab_size=200, special_tokens=["<pad>", "</s>", "<unk>"],
-                                                               unk_token="<unk>"))
-    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>",
-                                              unk_token="<unk>")
+    backend.train_from_iterator(
+        lines, trainers.UnigramTrainer(vocab_size=200, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>")
+    )
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )
     hf.save_pretrained(tmp_path / "t5ish")
     source, target = teacher_tokenizers(tmp_path / "t5ish")
     ours = SubwordTokenizer(source, target)
@@ -326,8 +376,9 @@ def test_a_fast_tokenizer_converts_with_its_ids(tmp_path, data_dir):
     written = [ids + [hf.eos_token_id, hf.pad_token_id] for ids in hf(lines[:50]).input_ids]  # as a decoder ends them
     assert ours.decode(written) == [hf.decode(ids, skip_special_tokens=True) for ids in written]
 
-    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", eos_token="</s>",
-                                              unk_token="<unk>")
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="[PAD]", eos_token="</s>", unk_token="<unk>"
+    )
     hf.save_pretrained(tmp_path / "odd")
     with pytest.raises(UnconvertibleTokenizer, match="pad '\\[PAD\\]'"):
         teacher_tokenizers(tmp_path / "odd")

@@ -14,8 +14,7 @@ from pipeline.stages import BY_KIND, STAGES
 
 # pipeline/'s subpackages, lowest first: a module may import its own subpackage and those ranked
 # below it (docs/architecture.md draws them).
-LAYERS = {"engine": 1, "corpora": 2, "measure": 3, "export": 3, "report": 3, "training": 4, "stages": 5,
-          "commands": 6}
+LAYERS = {"engine": 1, "corpora": 2, "measure": 3, "export": 3, "report": 3, "training": 4, "stages": 5, "commands": 6}
 MACHINERY = {"pipeline/engine/graph.py", "pipeline/engine/runner.py", "pipeline/stages/__init__.py"}
 
 
@@ -82,7 +81,7 @@ def test_no_import_cycle():
         state[name] = "open"
         for up in sorted(graph[name]):
             if state.get(up) == "open":
-                cycles.append(path[path.index(up):] + [up] if up in path else [name, up])
+                cycles.append(path[path.index(up) :] + [up] if up in path else [name, up])
             elif up not in state:
                 visit(up, path + [up])
         state[name] = "done"

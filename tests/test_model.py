@@ -12,9 +12,19 @@ from model.transformer import Transformer, TransformerConfig, load_model, save_m
 
 def tiny(pre_ln=False, seed=0) -> Transformer:
     torch.manual_seed(seed)
-    cfg = TransformerConfig(vocab_size=60, d_model=32, head_dim=8, enc_heads=[4, 2], dec_self_heads=[3, 1],
-                            dec_cross_heads=[2, 4], enc_ffn=[64, 48], dec_ffn=[32, 64], max_positions=64,
-                            pre_ln=pre_ln, activation="gelu" if pre_ln else "relu")
+    cfg = TransformerConfig(
+        vocab_size=60,
+        d_model=32,
+        head_dim=8,
+        enc_heads=[4, 2],
+        dec_self_heads=[3, 1],
+        dec_cross_heads=[2, 4],
+        enc_ffn=[64, 48],
+        dec_ffn=[32, 64],
+        max_positions=64,
+        pre_ln=pre_ln,
+        activation="gelu" if pre_ln else "relu",
+    )
     model = Transformer(cfg)
     # Random init decodes to one repeated token; sharpen the output layer so search has choices.
     with torch.no_grad():
@@ -34,7 +44,7 @@ def test_incremental_decoding_matches_full_forward():
             memory, mask = model.encode(src)
             cross, past, steps = model.cross_kv(memory), None, []
             for t in range(tgt.shape[1]):
-                logits, past = model.decode_step(tgt[:, t: t + 1], cross, mask, past)
+                logits, past = model.decode_step(tgt[:, t : t + 1], cross, mask, past)
                 steps.append(logits)
         # fp32 round-off only: logits here reach ~60, so 1e-4 is a relative error of ~2e-6.
         assert torch.allclose(full, torch.stack(steps, 1), atol=1e-4, rtol=0)
@@ -104,8 +114,17 @@ def test_a_factorised_token_table_is_smaller_and_unfactorises_to_the_same_model(
     """vocab x E table plus an E -> d projection, tied both ways; unfactorised() is the same
     function with one vocab x d table (what ONNX and CTranslate2 get), and the config saves it."""
     torch.manual_seed(1)
-    base = dict(vocab_size=60, d_model=32, head_dim=8, enc_heads=[4], dec_self_heads=[4], dec_cross_heads=[4],
-                enc_ffn=[64], dec_ffn=[64], max_positions=64)
+    base = dict(
+        vocab_size=60,
+        d_model=32,
+        head_dim=8,
+        enc_heads=[4],
+        dec_self_heads=[4],
+        dec_cross_heads=[4],
+        enc_ffn=[64],
+        dec_ffn=[64],
+        max_positions=64,
+    )
     plain = Transformer(TransformerConfig(**base))
     model = Transformer(TransformerConfig(**base, embed_dim=12)).eval()
     assert plain.num_parameters() - model.num_parameters() == 60 * 32 - (60 * 12 + 12 * 32)
@@ -117,8 +136,9 @@ def test_a_factorised_token_table_is_smaller_and_unfactorises_to_the_same_model(
     assert folded.embed_proj is None and folded.embed.weight.shape == (60, 32)
     with torch.no_grad():
         assert torch.allclose(model(src, tgt), folded(src, tgt), atol=1e-4)
-    assert greedy_search(TorchDecoder(model), SOURCES, GenerationConfig(beam=1, max_positions=64)) == \
-        greedy_search(TorchDecoder(folded), SOURCES, GenerationConfig(beam=1, max_positions=64))
+    assert greedy_search(TorchDecoder(model), SOURCES, GenerationConfig(beam=1, max_positions=64)) == greedy_search(
+        TorchDecoder(folded), SOURCES, GenerationConfig(beam=1, max_positions=64)
+    )
     save_model(model, tmp_path / "m")
     loaded = load_model(tmp_path / "m")
     assert loaded.cfg.embed_dim == 12

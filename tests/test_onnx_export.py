@@ -16,29 +16,47 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from model.onnx_export import (DecoderGraph, EncoderGraph, decoder_input_names, example_inputs, export_onnx,
-                               optimize_onnx, positions_as_formula, tie_decoder_embedding)
+from model.onnx_export import (
+    DecoderGraph,
+    EncoderGraph,
+    decoder_input_names,
+    example_inputs,
+    export_onnx,
+    optimize_onnx,
+    positions_as_formula,
+    tie_decoder_embedding,
+)
 from model.onnx_passes import derive_graphs
 from model.onnx_passes.external import EXTERNAL_MIN_BYTES
 from model.runtime import GraphSearch, OnnxDecoder, PackageError, Translator
 from model.search import GenerationConfig, beam_search, greedy_search
 from model.torch_decoder import TorchDecoder, TorchTranslator
 from model.transformer import Transformer, TransformerConfig
+from pipeline.corpora.splits import read_split
 from pipeline.engine.errors import IntegrityError
 from pipeline.export.packages import copy_packages
-from pipeline.corpora.splits import read_split
 from pipeline.measure.translators import load_translator
 
 NO_PRUNE = "prune=null"  # the smoke student is then the final model: node export.student
 
 
-
 def tiny_uneven(pre_ln: bool, embed_dim: int | None = None) -> Transformer:
     torch.manual_seed(3)
-    cfg = TransformerConfig(vocab_size=61, d_model=24, head_dim=6, enc_heads=[4, 1, 3], dec_self_heads=[2, 3],
-                            dec_cross_heads=[1, 4], enc_ffn=[16, 40, 8], dec_ffn=[32, 12], dropout=0.1,
-                            pre_ln=pre_ln, activation="gelu" if pre_ln else "relu", max_positions=64,
-                            embed_dim=embed_dim)
+    cfg = TransformerConfig(
+        vocab_size=61,
+        d_model=24,
+        head_dim=6,
+        enc_heads=[4, 1, 3],
+        dec_self_heads=[2, 3],
+        dec_cross_heads=[1, 4],
+        enc_ffn=[16, 40, 8],
+        dec_ffn=[32, 12],
+        dropout=0.1,
+        pre_ln=pre_ln,
+        activation="gelu" if pre_ln else "relu",
+        max_positions=64,
+        embed_dim=embed_dim,
+    )
     model = Transformer(cfg).eval()
     with torch.no_grad():  # larger weights than the init gives sharper, more decisive outputs
         for p in model.parameters():
@@ -46,16 +64,20 @@ def tiny_uneven(pre_ln: bool, embed_dim: int | None = None) -> Transformer:
     return model
 
 
-@pytest.fixture(scope="module", params=[(False, True, None), (True, True, None), (False, False, None),
-                                        (False, True, 10)],
-                ids=["post_ln", "pre_ln", "post_ln-standard_ops", "factorised_table"])
+@pytest.fixture(
+    scope="module",
+    params=[(False, True, None), (True, True, None), (False, False, None), (False, True, 10)],
+    ids=["post_ln", "pre_ln", "post_ln-standard_ops", "factorised_table"],
+)
 def exported(request, tmp_path_factory):
     pre_ln, fused, embed_dim = request.param
     model = tiny_uneven(pre_ln, embed_dim)
     folder = tmp_path_factory.mktemp("onnx")
     paths = export_onnx(model, folder, fused=fused)
-    attention_nodes = {name: [n for n in onnx.load(str(path)).graph.node if n.op_type == "MultiHeadAttention"]
-                       for name, path in paths.items()}
+    attention_nodes = {
+        name: [n for n in onnx.load(str(path)).graph.node if n.op_type == "MultiHeadAttention"]
+        for name, path in paths.items()
+    }
     if fused:  # one node per attention: encoder self; decoder self and cross
         assert len(attention_nodes["encoder"]) == model.cfg.encoder_layers
         assert len(attention_nodes["decoder"]) == 2 * model.cfg.decoder_layers
@@ -66,8 +88,11 @@ def exported(request, tmp_path_factory):
         optimize_onnx(path, folder / f"{name}_opt.onnx")
     # As the export stage does: the decoder's token lookup reads the output projection's weight.
     assert tie_decoder_embedding(folder / "decoder_opt.onnx")
-    tables = [i for i in onnx.load(str(folder / "decoder_opt.onnx")).graph.initializer
-              if sorted(i.dims) == sorted([model.cfg.vocab_size, model.cfg.d_model])]
+    tables = [
+        i
+        for i in onnx.load(str(folder / "decoder_opt.onnx")).graph.initializer
+        if sorted(i.dims) == sorted([model.cfg.vocab_size, model.cfg.d_model])
+    ]
     assert len(tables) == 1  # one copy of the tied embedding, not two
     for name in paths:  # the position table becomes the nodes that compute it: smaller, same values
         before = (folder / f"{name}_opt.onnx").stat().st_size
@@ -75,8 +100,10 @@ def exported(request, tmp_path_factory):
         assert (folder / f"{name}_opt.onnx").stat().st_size < before - 0.5 * 4 * 64 * model.cfg.d_model
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    sessions = {name: ort.InferenceSession(str(folder / f"{name}_opt.onnx"), options,
-                                           providers=["CPUExecutionProvider"]) for name in paths}
+    sessions = {
+        name: ort.InferenceSession(str(folder / f"{name}_opt.onnx"), options, providers=["CPUExecutionProvider"])
+        for name in paths
+    }
     return model, sessions
 
 
@@ -127,13 +154,16 @@ def test_generate_graph_search_matches_python_search(tmp_path, fused):
     external = [t for g in subgraphs for t in g.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     embedded = [t for g in subgraphs for t in g.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
     # No second copy of the weights: the big tensors are read from the step graphs' files.
-    assert {e.value for t in external for e in t.external_data if e.key == "location"} == {"encoder.onnx",
-                                                                                           "decoder.onnx"}
+    assert {e.value for t in external for e in t.external_data if e.key == "location"} == {
+        "encoder.onnx",
+        "decoder.onnx",
+    }
     assert max(len(t.raw_data) for t in embedded) < EXTERNAL_MIN_BYTES
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    graph = GraphSearch(ort.InferenceSession(str(tmp_path / "generate.onnx"), options,
-                                             providers=["CPUExecutionProvider"]))
+    graph = GraphSearch(
+        ort.InferenceSession(str(tmp_path / "generate.onnx"), options, providers=["CPUExecutionProvider"])
+    )
     torch_decoder = TorchDecoder(model)
     rng = np.random.default_rng(0)
     src = [[int(t) for t in rng.integers(4, 61, n)] + [2] for n in (3, 11, 1, 7, 5, 9)]
@@ -164,15 +194,25 @@ def test_export_stage_parity_and_packages(export_artifact):
     assert set(m["packages"]) == {"fp32", "fp16"}
     assert m["packages"]["fp16"]["onnx_bytes"] < 0.75 * m["packages"]["fp32"]["onnx_bytes"]
     package = json.loads((art.path / "fp32" / "package.json").read_text())
-    assert {"encoder.onnx", "decoder.onnx", "generate.onnx", "tokenizer.json", "generation.json", "MODEL_CARD.md",
-            "mt_runtime/runtime.py", "mt_runtime/search.py"} <= set(package["files"])
+    assert {
+        "encoder.onnx",
+        "decoder.onnx",
+        "generate.onnx",
+        "tokenizer.json",
+        "generation.json",
+        "MODEL_CARD.md",
+        "mt_runtime/runtime.py",
+        "mt_runtime/search.py",
+    } <= set(package["files"])
     # generate.onnx: the search inside onnxruntime, greedy token-for-token ours, no copy of the weights
     graph = m["parity"]["fp32"]["graph_search"]
     assert graph["greedy_identical"] == "20/20" and graph["greedy_sentences_per_s"] > 0
     files = package["files"]
     assert files["generate.onnx"]["bytes"] < 0.5 * (files["encoder.onnx"]["bytes"] + files["decoder.onnx"]["bytes"])
-    assert package["onnx_bytes"] == sum(files[g]["bytes"] for g in ("encoder.onnx", "decoder.onnx", "generate.onnx",
-                                                                     "decoder_batch.onnx", "decoder_greedy.onnx"))
+    assert package["onnx_bytes"] == sum(
+        files[g]["bytes"]
+        for g in ("encoder.onnx", "decoder.onnx", "generate.onnx", "decoder_batch.onnx", "decoder_greedy.onnx")
+    )
     assert "generate.onnx" not in json.loads((art.path / "fp16" / "package.json").read_text())["files"]
     assert Translator(art.path / "fp32").search == "graph" and Translator(art.path / "fp16").search == "python"
     card = (art.path / "fp32" / "MODEL_CARD.md").read_text()
@@ -226,16 +266,28 @@ def test_runtime_runs_without_torch(export_artifact, tmp_path):
         "from mt_runtime import Translator\n"
         f"t = Translator({str(dest)!r}, threads=1)\n"
         f"print(json.dumps(t.translate(json.loads(sys.argv[1]), beam=2)))\n"
-        "assert not any(m == 'torch' or m.startswith('torch.') for m in sys.modules if sys.modules[m])\n")
-    done = subprocess.run([sys.executable, "-c", script, json.dumps(src[:5])], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})
+        "assert not any(m == 'torch' or m.startswith('torch.') for m in sys.modules if sys.modules[m])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(src[:5])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == expected
 
 
 def test_model_runtime_module_does_not_import_torch():
-    done = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; import model.runtime"],
-                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.modules['torch'] = None; import model.runtime"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -260,8 +312,10 @@ def test_cuda_request_falls_back_to_cpu_without_a_gpu(export_artifact):
     with pytest.warns(UserWarning, match="CUDA"):
         t = Translator(arts["export.student"].path / "fp32", device="cuda", threads=1)
     assert t.device == "cpu" and t.providers == ["CPUExecutionProvider"]
-    assert t.translate(["A dog runs."], beam=2)[0] == Translator(
-        arts["export.student"].path / "fp32", threads=1).translate(["A dog runs."], beam=2)[0]
+    assert (
+        t.translate(["A dog runs."], beam=2)[0]
+        == Translator(arts["export.student"].path / "fp32", threads=1).translate(["A dog runs."], beam=2)[0]
+    )
 
 
 def test_export_package_cli(export_artifact, tmp_path):
@@ -279,8 +333,15 @@ def test_failing_parity_fails_the_stage():
     from pipeline.stages.export import ParityConfig
     from pipeline.stages.export.build import _enforce
 
-    good = {"finite": True, "max_abs_diff": 2e-6, "worst_case": "batch 8", "greedy_identical": "20/20",
-            "beam_identical": "20/20", "greedy_mismatches": [], "beam_mismatches": []}
+    good = {
+        "finite": True,
+        "max_abs_diff": 2e-6,
+        "worst_case": "batch 8",
+        "greedy_identical": "20/20",
+        "beam_identical": "20/20",
+        "greedy_mismatches": [],
+        "beam_mismatches": [],
+    }
     limits = ParityConfig(max_abs_diff=1e-4)
     _enforce("fp32", good, limits)
     with pytest.raises(StageFailed, match=re.escape("max |log p difference| 0.003 > 0.0001")):
@@ -302,8 +363,10 @@ def test_the_float32_encoder_runs_layer_norm_unfused_with_the_same_outputs(tmp_p
     model = tiny_uneven(pre_ln=pre_ln)
     fused, _ = float32_graphs(model, tmp_path)
     fp32, done = variant_graphs(fused, "fp32", tmp_path, model.cfg.d_model)
-    ops = {name: [n.op_type for n in onnx.load(str(path)).graph.node] for name, path in
-           (("fused", fused["encoder"]), ("fp32", fp32["encoder"]), ("decoder", fp32["decoder"]))}
+    ops = {
+        name: [n.op_type for n in onnx.load(str(path)).graph.node]
+        for name, path in (("fused", fused["encoder"]), ("fp32", fp32["encoder"]), ("decoder", fp32["decoder"]))
+    }
     assert done["layer_norms_unfused"]["encoder"] == ops["fused"].count("SkipLayerNormalization") > 0
     assert "SkipLayerNormalization" not in ops["fp32"] and "LayerNormalization" in ops["fp32"]
     assert "SkipLayerNormalization" not in ops["decoder"] and "Sum" in ops["decoder"]

@@ -36,9 +36,18 @@ def built(tmp_path_factory, data_dir):
     tokenizer = SubwordTokenizer.train(en[:300] + fr[:300], vocab_size=200)
     tokenizer.save(folder / "tokenizer.json")
     torch.manual_seed(3)
-    cfg = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, head_dim=8, enc_heads=[4, 2],
-                            dec_self_heads=[2, 1], dec_cross_heads=[4, 4], enc_ffn=[64, 48], dec_ffn=[48, 64],
-                            max_positions=64, dropout=0.0)
+    cfg = TransformerConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=32,
+        head_dim=8,
+        enc_heads=[4, 2],
+        dec_self_heads=[2, 1],
+        dec_cross_heads=[4, 4],
+        enc_ffn=[64, 48],
+        dec_ffn=[48, 64],
+        max_positions=64,
+        dropout=0.0,
+    )
     model = Transformer(cfg).eval()
     with torch.no_grad():  # sharper outputs than the init gives: fewer near-ties between runtimes
         for p in model.parameters():
@@ -64,9 +73,11 @@ def test_fp32_package_decodes_as_pytorch_does(built):
     # logits out); a step after a sentence has ended reorders through decoder_batch.onnx.
     calls = {"greedy": 0, "batch": 0}
     for name, session in (("greedy", translator.decoder.greedy), ("batch", translator.decoder.many_rows)):
+
         def counted(*args, _run=session.run, _name=name, **kwargs):
             calls[_name] += 1
             return _run(*args, **kwargs)
+
         session.run = counted
     assert translator.searcher(sources, gen) == greedy_search(TorchDecoder(model), sources, gen)
     assert calls["greedy"] > 0 and calls["batch"] > 0, calls
@@ -86,7 +97,7 @@ def _ops_after_loading(path, tmp_path) -> list[str]:
         for node in graph.node:
             yield node.op_type
             for attribute in node.attribute:
-                for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs):
+                for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs:
                     yield from walk(sub)
 
     return list(walk(onnx.load(options.optimized_model_filepath, load_external_data=False).graph))
@@ -102,8 +113,10 @@ def test_every_graph_runs_residual_norms_unfused(built, tmp_path):
         folder = packages[precision]
         for name in ("decoder.onnx", "decoder_batch.onnx", "decoder_greedy.onnx"):
             ops = _ops_after_loading(folder / name, tmp_path)
-            assert "SkipLayerNormalization" not in ops and ops.count("Sum") == ops.count("LayerNormalization"), \
-                (precision, name)
+            assert "SkipLayerNormalization" not in ops and ops.count("Sum") == ops.count("LayerNormalization"), (
+                precision,
+                name,
+            )
     graph = onnx.load(packages["int8_dynamic"] / "decoder_greedy.onnx", load_external_data=False).graph
     producer = {out: node.op_type for node in graph.node for out in node.output}
     assert {producer[node.input[0]] for node in graph.node if node.op_type == "LayerNormalization"} == {"Sum"}
@@ -114,11 +127,18 @@ def test_chunked_top_k_is_top_k(k):
     """decoder_batch.onnx's top k over chunk maxima (model/onnx_passes/top_k.py) against a full sort,
     with k beyond the number of chunks too (300 > 125)."""
     nodes = chunked_top_k("x", 8000, "p")
-    graph = onnx.helper.make_graph(nodes, "g", [
-        onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["rows", 8000]),
-        onnx.helper.make_tensor_value_info("top_k", onnx.TensorProto.INT64, [1])], [
-        onnx.helper.make_tensor_value_info("p/values", onnx.TensorProto.FLOAT, None),
-        onnx.helper.make_tensor_value_info("p/ids", onnx.TensorProto.INT64, None)])
+    graph = onnx.helper.make_graph(
+        nodes,
+        "g",
+        [
+            onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["rows", 8000]),
+            onnx.helper.make_tensor_value_info("top_k", onnx.TensorProto.INT64, [1]),
+        ],
+        [
+            onnx.helper.make_tensor_value_info("p/values", onnx.TensorProto.FLOAT, None),
+            onnx.helper.make_tensor_value_info("p/ids", onnx.TensorProto.INT64, None),
+        ],
+    )
     proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(k).standard_normal((5, 8000)).astype(np.float32)
@@ -156,8 +176,19 @@ def test_each_precision_is_what_its_name_says(built):
 
 def test_variant_graphs_leave_the_float32_graphs_as_they_were(tmp_path):
     torch.manual_seed(0)
-    model = Transformer(TransformerConfig(vocab_size=50, d_model=16, head_dim=8, enc_heads=[2], dec_self_heads=[2],
-                                          dec_cross_heads=[2], enc_ffn=[32], dec_ffn=[32], max_positions=32)).eval()
+    model = Transformer(
+        TransformerConfig(
+            vocab_size=50,
+            d_model=16,
+            head_dim=8,
+            enc_heads=[2],
+            dec_self_heads=[2],
+            dec_cross_heads=[2],
+            enc_ffn=[32],
+            dec_ffn=[32],
+            max_positions=32,
+        )
+    ).eval()
     graphs, done = float32_graphs(model, tmp_path)
     assert done["tied_embedding"]
 
@@ -186,8 +217,9 @@ def test_set_figures_changes_the_card_and_manifest_only(built, tmp_path):
     assert "- validation BLEU: 12.34" in (folder / "MODEL_CARD.md").read_text()
     changed = {f for f in before["files"] if before["files"][f] != after["files"][f]}
     assert changed == {"MODEL_CARD.md"}
-    assert {k: v for k, v in after.items() if k not in ("files", "figures", "created")} == \
-        {k: v for k, v in before.items() if k not in ("files", "figures", "created")}
+    assert {k: v for k, v in after.items() if k not in ("files", "figures", "created")} == {
+        k: v for k, v in before.items() if k not in ("files", "figures", "created")
+    }
     assert len(Translator(folder, threads=1).translate(sentences[:1])) == 1  # digests still verify
 
 
@@ -199,11 +231,17 @@ def test_interleaved_alternates_warms_up_and_times_only_the_call():
             calls.append(f"{name}{item}")
             time.sleep(cost)
             return item * 10
+
         return run
 
     slept = []
-    timed = interleaved({"a": contestant("a", 0.0), "b": contestant("b", 0.02)}, [1, 2, 3], repeats=2, warmup=1,
-                        prepare={"a": lambda item: (slept.append(item), time.sleep(0.03))})
+    timed = interleaved(
+        {"a": contestant("a", 0.0), "b": contestant("b", 0.02)},
+        [1, 2, 3],
+        repeats=2,
+        warmup=1,
+        prepare={"a": lambda item: (slept.append(item), time.sleep(0.03))},
+    )
     # Warm-up on the first item each, then turn about with the order alternating per item and per repeat.
     assert calls == ["a1", "b1", "a1", "b1", "b2", "a2", "a3", "b3", "b1", "a1", "a2", "b2", "b3", "a3"]
     assert slept == [1, 1, 2, 3, 1, 2, 3]

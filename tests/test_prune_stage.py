@@ -17,7 +17,6 @@ from pipeline.stages.prune import build as prune
 from pipeline.training.loop import Trainer
 
 
-
 def test_prune_stage_through_smoke_recipe(smoke):
     store, arts = smoke.build("pruned")
     pruned, student = arts["pruned"], arts["student"]
@@ -35,8 +34,15 @@ def test_prune_stage_through_smoke_recipe(smoke):
     assert m["model_bytes"] == m["model_bytes_after"] == files["model.safetensors"]["bytes"] < student_bytes
     assert m["model_bytes_before"] == student_bytes
     assert set(files) == {"model.safetensors", "config.json", "tokenizer.json", "importance.json"}
-    for key in ("valid_bleu_before", "valid_bleu_pruned", "valid_bleu_after", "sentence_ms_unpruned",
-                "sentence_ms_pruned", "decoder_step_ms_unpruned", "decoder_step_ms_pruned"):
+    for key in (
+        "valid_bleu_before",
+        "valid_bleu_pruned",
+        "valid_bleu_after",
+        "sentence_ms_unpruned",
+        "sentence_ms_pruned",
+        "decoder_step_ms_unpruned",
+        "decoder_step_ms_pruned",
+    ):
         assert isinstance(m[key], (int, float)), key
     assert m["sentence_ms_pruned"] > 0 and m["decoder_step_ms_pruned"] > 0
     # The same pair timed in onnxruntime, each model exported as the export stage does.
@@ -45,7 +51,8 @@ def test_prune_stage_through_smoke_recipe(smoke):
         assert ort_figures[f"sentence_ms_{name}"] > 0 and ort_figures[f"decoder_step_ms_{name}"] > 0
         assert ort_figures[f"decoder_steps_per_sentence_{name}"] >= 1
     assert ort_figures["decoder_step_speedup"] == round(
-        ort_figures["decoder_step_ms_unpruned"] / ort_figures["decoder_step_ms_pruned"], 3)
+        ort_figures["decoder_step_ms_unpruned"] / ort_figures["decoder_step_ms_pruned"], 3
+    )
 
     # The importance table: every original head once, the lowest-scoring ones pruned.
     table = json.loads(pruned.file("importance.json").read_text())["heads"]
@@ -66,16 +73,30 @@ def test_prune_stage_through_smoke_recipe(smoke):
 def test_prune_resumes_after_a_kill(smoke, tmp_path, monkeypatch):
     """Uniform ranking, FFN pruning and two steps; killed during step 2's fine-tune, then rerun."""
     _, arts = smoke.build("pruned")
-    settings = PruneConfig(ranking="uniform", target_fraction=0.5, steps=2, ffn_fraction=0.25,
-                           importance_batches=2, valid_bleu_sentences=2, latency_sentences=1, latency_repeats=1,
-                           # one batch per epoch, so the Trainer checkpoints after every step
-                           finetune=PruneFinetune(steps=2, batch_tokens=100_000))
+    settings = PruneConfig(
+        ranking="uniform",
+        target_fraction=0.5,
+        steps=2,
+        ffn_fraction=0.25,
+        importance_batches=2,
+        valid_bleu_sentences=2,
+        latency_sentences=1,
+        latency_repeats=1,
+        # one batch per epoch, so the Trainer checkpoints after every step
+        finetune=PruneFinetune(steps=2, batch_tokens=100_000),
+    )
     inputs = PruneInputs(data=arts["data"], model=arts["student"], kd_corpus=arts["kd_corpus"])
 
     def context(name):
         (tmp_path / name).mkdir()
-        return StageContext(name="pruned", settings=settings, config=dump_config(settings), inputs=inputs,
-                            out=tmp_path / name, work=tmp_path / "work")
+        return StageContext(
+            name="pruned",
+            settings=settings,
+            config=dump_config(settings),
+            inputs=inputs,
+            out=tmp_path / name,
+            work=tmp_path / "work",
+        )
 
     real_step = Trainer._train_step
 
@@ -110,15 +131,27 @@ def test_max_bleu_drop_rolls_back_the_step_past_the_tolerance(smoke, tmp_path, m
     """The schedule's decision, with the valid BLEU figures scripted (the model and fine-tune are real):
     step 1 loses 0.2 (kept), step 2 would lose 1.0 > 0.5 (rolled back), so step 1's model ships."""
     _, arts = smoke.build("pruned")
-    settings = PruneConfig(target_fraction=0.5, steps=2, max_bleu_drop=0.5, importance_batches=1,
-                           valid_bleu_sentences=2, latency_sentences=1, latency_repeats=1,
-                           finetune=PruneFinetune(steps=1, batch_tokens=100_000))
+    settings = PruneConfig(
+        target_fraction=0.5,
+        steps=2,
+        max_bleu_drop=0.5,
+        importance_batches=1,
+        valid_bleu_sentences=2,
+        latency_sentences=1,
+        latency_repeats=1,
+        finetune=PruneFinetune(steps=1, batch_tokens=100_000),
+    )
     scripted = iter([30.0, 29.0, 29.8, 28.0, 29.0])  # before; per step: pruned, fine-tuned
     monkeypatch.setattr(prune, "greedy_bleu", lambda *args: next(scripted))
     (tmp_path / "out").mkdir()
-    ctx = StageContext(name="pruned", settings=settings, config=dump_config(settings),
-                       inputs=PruneInputs(data=arts["data"], model=arts["student"]), out=tmp_path / "out",
-                       work=tmp_path / "work")
+    ctx = StageContext(
+        name="pruned",
+        settings=settings,
+        config=dump_config(settings),
+        inputs=PruneInputs(data=arts["data"], model=arts["student"]),
+        out=tmp_path / "out",
+        work=tmp_path / "work",
+    )
     m = prune.run(ctx)
     assert [s["accepted"] for s in m["steps"]] == [True, False]
     assert m["stopped_by"].startswith("max_bleu_drop: step 2 would lose 1.00 BLEU")
@@ -148,18 +181,31 @@ def test_the_same_recipe_prunes_to_the_same_weights_and_another_seed_to_others(s
     _, arts = smoke.build("pruned")
 
     def pruned_with(seed: int, name: str) -> tuple[dict, dict]:
-        settings = PruneConfig(target_fraction=0.5, steps=1, importance_batches=2, valid_bleu_sentences=2,
-                               latency_sentences=1, latency_repeats=1,
-                               finetune=PruneFinetune(steps=3, batch_tokens=1200, seed=seed, bf16="off"))
+        settings = PruneConfig(
+            target_fraction=0.5,
+            steps=1,
+            importance_batches=2,
+            valid_bleu_sentences=2,
+            latency_sentences=1,
+            latency_repeats=1,
+            finetune=PruneFinetune(steps=3, batch_tokens=1200, seed=seed, bf16="off"),
+        )
         (tmp_path / name / "out").mkdir(parents=True)
-        ctx = StageContext(name="pruned", settings=settings, config=dump_config(settings),
-                           inputs=PruneInputs(data=arts["data"], model=arts["student"]), out=tmp_path / name / "out",
-                           work=tmp_path / name / "work")
+        ctx = StageContext(
+            name="pruned",
+            settings=settings,
+            config=dump_config(settings),
+            inputs=PruneInputs(data=arts["data"], model=arts["student"]),
+            out=tmp_path / name / "out",
+            work=tmp_path / name / "work",
+        )
         metrics = prune.run(ctx)
         return metrics["heads_after"], load_file(str(ctx.out / "model.safetensors"))
 
     heads, weights = pruned_with(1, "first")
-    speed = json.loads((tmp_path / "first" / "work" / "step1" / "done" / "record.json").read_text())["finetune"]["speed"]
+    speed = json.loads((tmp_path / "first" / "work" / "step1" / "done" / "record.json").read_text())["finetune"][
+        "speed"
+    ]
     assert (speed["attention"], speed["fused_optimizer"]) == ("math", False)
     heads_again, weights_again = pruned_with(1, "again")
     heads_other, weights_other = pruned_with(2, "other")

@@ -13,12 +13,21 @@ from model.transformer import Transformer, TransformerConfig, load_model, save_m
 VOCAB = 60
 
 
-
 def tiny(pre_ln: bool = False, seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
-    cfg = TransformerConfig(vocab_size=VOCAB, d_model=24, head_dim=6, enc_heads=[4, 4, 3], dec_self_heads=[4, 2],
-                            dec_cross_heads=[4, 4], enc_ffn=[40, 40, 40], dec_ffn=[32, 48], dropout=0.1,
-                            pre_ln=pre_ln, max_positions=64)
+    cfg = TransformerConfig(
+        vocab_size=VOCAB,
+        d_model=24,
+        head_dim=6,
+        enc_heads=[4, 4, 3],
+        dec_self_heads=[4, 2],
+        dec_cross_heads=[4, 4],
+        enc_ffn=[40, 40, 40],
+        dec_ffn=[32, 48],
+        dropout=0.1,
+        pre_ln=pre_ln,
+        max_positions=64,
+    )
     return Transformer(cfg).eval()
 
 
@@ -43,7 +52,7 @@ def incremental_logits(model, src, tgt_in):
     memory, mask = model.encode(src)
     cross, past, out = model.cross_kv(memory), None, []
     for t in range(tgt_in.shape[1]):
-        logits, past = model.decode_step(tgt_in[:, t: t + 1], cross, mask, past)
+        logits, past = model.decode_step(tgt_in[:, t : t + 1], cross, mask, past)
         out.append(logits)
     return torch.stack(out, 1)
 
@@ -89,8 +98,9 @@ def test_uneven_heads_round_trip_and_decode(tmp_path):
     cfg = model.cfg
     sources = [[5, 9, 17, 2], [7, 7, 30, 12, 44, 2], [3, 2]]
     for beam in (1, 3):
-        gen = GenerationConfig(beam=beam, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
-                               max_positions=cfg.max_positions)
+        gen = GenerationConfig(
+            beam=beam, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id, max_positions=cfg.max_positions
+        )
         search = greedy_search if beam == 1 else beam_search
         a = search(TorchDecoder(model), sources, gen)
         b = search(TorchDecoder(loaded), sources, gen)
@@ -101,7 +111,7 @@ def test_importance_shapes_normalisation_and_dead_heads():
     model = tiny()
     # A head whose output is thrown away cannot matter: its gradient is exactly zero.
     with torch.no_grad():
-        model.encoder[1].attn.out.weight[:, 2 * 6: 3 * 6] = 0.0
+        model.encoder[1].attn.out.weight[:, 2 * 6 : 3 * 6] = 0.0
         model.decoder[0].ffn.fc2.weight[:, 7] = 0.0
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     heads, neurons, used = pruning.importance(model, [batch(1), batch(2)], neurons=True)

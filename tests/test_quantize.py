@@ -12,22 +12,28 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from model.onnx_quantize import (TABLE, RecordingDecoder, node_groups, onnx_bytes, quantize_rows, quantize_static,
-                                 weight_nodes)
 from model.layout import DECODER_BATCH, GENERATE
 from model.onnx_passes import derive_graphs
 from model.onnx_passes.external import EXTERNAL_MIN_BYTES
+from model.onnx_quantize import (
+    TABLE,
+    RecordingDecoder,
+    node_groups,
+    onnx_bytes,
+    quantize_rows,
+    quantize_static,
+    weight_nodes,
+)
 from model.runtime import GraphSearch, OnnxDecoder, Translator
 from model.search import GenerationConfig, beam_search, greedy_search
 from model.transformer import Transformer, TransformerConfig
+from pipeline.corpora.splits import read_split
 from pipeline.engine.errors import StageFailed
 from pipeline.export.float_graphs import float32_graphs, variant_graphs
-from pipeline.corpora.splits import read_split
-from pipeline.stages.quantize.build import guarded_search
 from pipeline.measure.translators import load_translator
+from pipeline.stages.quantize.build import guarded_search
 
 NO_PRUNE = "prune=null"
-
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +45,17 @@ def export_tiny(folder, d_model: int = 32, biases: float = 0.0):
     """A small model with uneven heads, exported and optimised like the export stage does;
     `biases`: the scale of random biases instead of the zeros a new model starts with."""
     torch.manual_seed(5)
-    cfg = TransformerConfig(vocab_size=300, d_model=d_model, head_dim=8, enc_heads=[4, 2], dec_self_heads=[1, 3],
-                            dec_cross_heads=[2, 4], enc_ffn=[64, 48], dec_ffn=[40, 64], max_positions=64)
+    cfg = TransformerConfig(
+        vocab_size=300,
+        d_model=d_model,
+        head_dim=8,
+        enc_heads=[4, 2],
+        dec_self_heads=[1, 3],
+        dec_cross_heads=[2, 4],
+        enc_ffn=[64, 48],
+        dec_ffn=[40, 64],
+        max_positions=64,
+    )
     model = Transformer(cfg).eval()
     if biases:
         with torch.no_grad():
@@ -57,8 +72,13 @@ def export_tiny(folder, d_model: int = 32, biases: float = 0.0):
 def _decoder(paths) -> OnnxDecoder:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    return OnnxDecoder(*(ort.InferenceSession(str(paths[g]), options, providers=["CPUExecutionProvider"])
-                         for g in ("encoder", "decoder")), pad_id=0)
+    return OnnxDecoder(
+        *(
+            ort.InferenceSession(str(paths[g]), options, providers=["CPUExecutionProvider"])
+            for g in ("encoder", "decoder")
+        ),
+        pad_id=0,
+    )
 
 
 def _sources(n=6, seed=0):
@@ -66,8 +86,9 @@ def _sources(n=6, seed=0):
     return [[int(t) for t in rng.integers(4, 300, rng.integers(3, 12))] + [2] for _ in range(n)]
 
 
-def assert_same_but_near_ties(decoder, sources, ours, theirs, beam: bool = False, min_agree: float = 0.6,
-                              tie: float = 0.05):
+def assert_same_but_near_ties(
+    decoder, sources, ours, theirs, beam: bool = False, min_agree: float = 0.6, tie: float = 0.05
+):
     """What two int8 kernels promise each other (their rounding differs with the CPU's instruction
     set: AVX2 and AVX-512 machines take different int8 paths): most outputs identical, and where
     one differs, a near-tie under `decoder`: greedy, the two tokens where they part, after the
@@ -100,10 +121,20 @@ def assert_same_but_near_ties(decoder, sources, ours, theirs, beam: bool = False
 def test_every_weight_belongs_to_a_named_group(tiny):
     model, paths, _ = tiny
     groups = node_groups(paths)
-    assert set(groups) == {"embeddings", "output_projection", "encoder.0.attention", "encoder.0.ffn",
-                           "encoder.1.attention", "encoder.1.ffn", "decoder.0.self_attention",
-                           "decoder.0.cross_attention", "decoder.0.ffn", "decoder.1.self_attention",
-                           "decoder.1.cross_attention", "decoder.1.ffn"}
+    assert set(groups) == {
+        "embeddings",
+        "output_projection",
+        "encoder.0.attention",
+        "encoder.0.ffn",
+        "encoder.1.attention",
+        "encoder.1.ffn",
+        "decoder.0.self_attention",
+        "decoder.0.cross_attention",
+        "decoder.0.ffn",
+        "decoder.1.self_attention",
+        "decoder.1.cross_attention",
+        "decoder.1.ffn",
+    }
     # The cross-attention K/V projections run in the encoder graph but belong to their decoder layer.
     assert groups["decoder.1.cross_attention"]["encoder"] == ["/decoder.1/cross_attn/kv/MatMul"]
     assert groups["output_projection"] == {"decoder": ["/logits/MatMul"]}
@@ -137,7 +168,7 @@ def _quantize(form: str, paths, folder, groups, keep_float=()):
 
 def _row(feed: dict, i: int) -> dict:
     """Row i of a decoder step's feed, as a feed of one row."""
-    return {k: (np.zeros(1, np.int64) if k == "cache_index" else v[i: i + 1]) for k, v in feed.items()}
+    return {k: (np.zeros(1, np.int64) if k == "cache_index" else v[i : i + 1]) for k, v in feed.items()}
 
 
 @pytest.mark.parametrize("form", ["rows", "static"])
@@ -150,12 +181,19 @@ def test_int8_products_give_each_row_the_numbers_it_gets_alone(tiny, tmp_path, f
     groups = node_groups(paths)
     out = _quantize(form, paths, tmp_path / form, groups)
     assert onnx_bytes(out) < 0.6 * onnx_bytes(paths)
-    products = sum(n.op_type == "MatMul" for graph in ("encoder", "decoder")
-                   for n in weight_nodes(onnx.load(str(paths[graph]))))
+    products = sum(
+        n.op_type == "MatMul" for graph in ("encoder", "decoder") for n in weight_nodes(onnx.load(str(paths[graph])))
+    )
     ops = [n.op_type for graph in ("encoder", "decoder") for n in onnx.load(str(out[graph])).graph.node]
     assert ops.count("MatMulIntegerToFloat") == products > 10
-    for batch_dependent in ("DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulNBits", "MatMul",
-                            "DequantizeLinear"):
+    for batch_dependent in (
+        "DynamicQuantizeLinear",
+        "MatMulInteger",
+        "DynamicQuantizeMatMul",
+        "MatMulNBits",
+        "MatMul",
+        "DequantizeLinear",
+    ):
         assert batch_dependent not in ops
     recorder = RecordingDecoder(_decoder(paths))
     greedy_search(recorder, _sources(6, seed=7), GenerationConfig(beam=1, max_len_b=3, max_positions=64))
@@ -191,8 +229,11 @@ def test_int8_stores_the_token_table_once(tiny, tmp_path, form):
     out = _quantize(form, paths, tmp_path / form, groups)
     vocab, d = model.cfg.vocab_size, model.cfg.d_model
     encoder = onnx.load(str(out["encoder"]), load_external_data=False)
-    external = {t.name: {e.key: e.value for e in t.external_data} for t in encoder.graph.initializer
-                if t.data_location == onnx.TensorProto.EXTERNAL}
+    external = {
+        t.name: {e.key: e.value for e in t.external_data}
+        for t in encoder.graph.initializer
+        if t.data_location == onnx.TensorProto.EXTERNAL
+    }
     assert TABLE in external and external[TABLE]["location"] == "decoder.onnx"
     assert not _float_tables(out["encoder"], model.cfg) and not _float_tables(out["decoder"], model.cfg)
     tokens = np.array([[5], [17], [299]], dtype=np.int64)
@@ -217,18 +258,26 @@ def _lookup_alone(proto: onnx.ModelProto, prefix: str, tokens: np.ndarray) -> np
     nodes = [n for n in proto.graph.node if n.name.startswith(prefix)]
     needed = {i for n in nodes for i in n.input}
     sub = onnx.helper.make_model(
-        onnx.helper.make_graph(nodes, "lookup",
-                               [onnx.helper.make_tensor_value_info(nodes[0].input[1], onnx.TensorProto.INT64, [None, 1])],
-                               [onnx.helper.make_tensor_value_info(nodes[-1].output[0], onnx.TensorProto.FLOAT, None)],
-                               [t for t in proto.graph.initializer if t.name in needed]),
-        opset_imports=proto.opset_import, ir_version=proto.ir_version)
+        onnx.helper.make_graph(
+            nodes,
+            "lookup",
+            [onnx.helper.make_tensor_value_info(nodes[0].input[1], onnx.TensorProto.INT64, [None, 1])],
+            [onnx.helper.make_tensor_value_info(nodes[-1].output[0], onnx.TensorProto.FLOAT, None)],
+            [t for t in proto.graph.initializer if t.name in needed],
+        ),
+        opset_imports=proto.opset_import,
+        ir_version=proto.ir_version,
+    )
     session = ort.InferenceSession(sub.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, {nodes[0].input[1]: tokens})[0].reshape(len(tokens), -1)
 
 
 def _float_tables(path, cfg) -> list[str]:
-    return [i.name for i in onnx.load(str(path)).graph.initializer
-            if i.data_type == onnx.TensorProto.FLOAT and sorted(i.dims) == sorted([cfg.vocab_size, cfg.d_model])]
+    return [
+        i.name
+        for i in onnx.load(str(path)).graph.initializer
+        if i.data_type == onnx.TensorProto.FLOAT and sorted(i.dims) == sorted([cfg.vocab_size, cfg.d_model])
+    ]
 
 
 def test_int8_keeps_float_groups_in_float(tiny, tmp_path):
@@ -252,8 +301,11 @@ def test_static_int8_takes_a_products_bias_in(tmp_path):
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
     with_bias = [n for n in graph.node if n.op_type == "MatMulIntegerToFloat" and len(n.input) == 7 and n.input[6]]
     assert with_bias and all(np.abs(weights[n.input[6]]).max() > 0.01 for n in with_bias)
-    assert not any(len(n.input) == 7 and n.input[6] for n in onnx.load(str(rows["decoder"])).graph.node
-                   if n.op_type == "MatMulIntegerToFloat")
+    assert not any(
+        len(n.input) == 7 and n.input[6]
+        for n in onnx.load(str(rows["decoder"])).graph.node
+        if n.op_type == "MatMulIntegerToFloat"
+    )
     for out in (static, rows):
         agree, error, spread = _next_token_agreement(paths, out)
         assert agree > 0.75 and error < 0.3 * spread
@@ -265,15 +317,23 @@ def test_static_int8_calibrates_on_recorded_decoding(tiny, method):
     groups = node_groups(paths)
     recorder = RecordingDecoder(_decoder(paths))
     greedy_search(recorder, _sources(4, seed=1), GenerationConfig(beam=1, max_len_b=3, max_positions=64))
-    static = quantize_static(paths, folder / f"static_{method}", groups, recorder.feeds, method,
-                             cache=folder / f"cache_{method}")
+    static = quantize_static(
+        paths, folder / f"static_{method}", groups, recorder.feeds, method, cache=folder / f"cache_{method}"
+    )
     ops = {n.op_type for n in onnx.load(str(static["decoder"])).graph.node}
     assert {"QuantizeLinear", "MatMulIntegerToFloat"} <= ops and "DequantizeLinear" not in ops
     agree, error, spread = _next_token_agreement(paths, static)
     assert agree > 0.75 and error < 0.3 * spread
     # Re-quantizing with a group kept in float reuses the cached ranges (no reader needed).
-    again = quantize_static(paths, folder / f"static_{method}_2", groups, {"encoder": [], "decoder": []}, method,
-                            keep_float=["output_projection"], cache=folder / f"cache_{method}")
+    again = quantize_static(
+        paths,
+        folder / f"static_{method}_2",
+        groups,
+        {"encoder": [], "decoder": []},
+        method,
+        keep_float=["output_projection"],
+        cache=folder / f"cache_{method}",
+    )
     assert onnx_bytes(again) > onnx_bytes(static)
 
 
@@ -326,7 +386,10 @@ def test_quantize_stage_writes_guarded_packages(quantized):
     dynamic = json.loads((art.path / "int8_dynamic" / "package.json").read_text())
     for variant in m["variants"]:
         decoder_ops = {n.op_type for n in onnx.load(str(art.path / variant / "decoder.onnx")).graph.node}
-        assert "MatMulIntegerToFloat" in decoder_ops and not {"MatMul", "MatMulNBits", "DynamicQuantizeMatMul"} & decoder_ops
+        assert (
+            "MatMulIntegerToFloat" in decoder_ops
+            and not {"MatMul", "MatMulNBits", "DynamicQuantizeMatMul"} & decoder_ops
+        )
     assert dynamic["kernel"]["activations"].startswith("int8 per row") and "per row" in dynamic["precision"]
     src, _ = read_split(arts["data"].path, "valid")
     fp32 = Translator(arts["export.student"].path / "fp32", threads=1)
@@ -375,8 +438,12 @@ def test_int8_search_graphs_run_the_step_graphs_numbers(tiny, tmp_path, form):
         assert [graph([s], g)[0] for s in src] == [beam_search(_decoder(out), [s], g)[0] for s in src]
     many_rows = folder / DECODER_BATCH
     plain = _decoder(out)
-    fast = OnnxDecoder(plain.encoder, plain.decoder, pad_id=0,
-                       many_rows=ort.InferenceSession(str(many_rows), options, providers=["CPUExecutionProvider"]))
+    fast = OnnxDecoder(
+        plain.encoder,
+        plain.decoder,
+        pad_id=0,
+        many_rows=ort.InferenceSession(str(many_rows), options, providers=["CPUExecutionProvider"]),
+    )
     for d in (plain, fast):
         d.encode(src, 1)
     tokens = np.full(len(src), 1, dtype=np.int64)

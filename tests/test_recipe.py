@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.engine.errors import RecipeError
 from pipeline.commands import read_recipe
+from pipeline.engine.errors import RecipeError
 
 from .conftest import SMOKE, cli
 
@@ -31,10 +31,15 @@ MALFORMED = {
     "bad_literal": ("tokenizer:\n  kind: wordpiece\n", "tokenizer.kind: must be one of 'unigram', 'bpe' or 'teacher'"),
     "dropout_range": ("tokenizer: {}\nteacher:\n  model: {dropout: 1.5}\n", "teacher.model.dropout: must be < 1"),
     "no_budget": ("tokenizer: {}\nteacher:\n  train: {max_epochs: null}\n", "set a budget: max_steps or max_epochs"),
-    "minutes_only": ("tokenizer: {}\nteacher:\n  train: {max_epochs: null, max_minutes: 5}\n", "max_minutes is a cap, not a budget"),
+    "minutes_only": (
+        "tokenizer: {}\nteacher:\n  train: {max_epochs: null, max_minutes: 5}\n",
+        "max_minutes is a cap, not a budget",
+    ),
     "missing_need": ("teacher: {}\n", "teacher: needs a 'tokenizer' section"),
-    "wide_table": ("tokenizer: {}\nteacher:\n  model: {d_model: 64, embed_dim: 64}\n",
-                   "embed_dim (64) must be below d_model (64)"),
+    "wide_table": (
+        "tokenizer: {}\nteacher:\n  model: {d_model: 64, embed_dim: 64}\n",
+        "embed_dim (64) must be below d_model (64)",
+    ),
     "extends_missing": ("extends: nowhere.yaml\n", "file not found"),
 }
 
@@ -85,8 +90,7 @@ def test_extends_cycle_is_an_error(tmp_path):
 
 def test_overrides_are_typed_and_validated(tmp_path):
     path = write(tmp_path, "tokenizer: {}\nteacher: {}\n")
-    recipe, raw = read_recipe(path, ["teacher.train.max_epochs=2", "teacher.model.pre_ln=true",
-                                     "tokenizer.kind=bpe"])
+    recipe, raw = read_recipe(path, ["teacher.train.max_epochs=2", "teacher.model.pre_ln=true", "tokenizer.kind=bpe"])
     assert recipe.teacher.train.max_epochs == 2 and recipe.teacher.model.pre_ln is True
     assert raw["teacher"]["train"]["max_epochs"] == 2
     with pytest.raises(RecipeError, match=r"teacher\.train\.lr: must be > 0, got -1"):

@@ -48,7 +48,9 @@ def test_rerun_reuses_everything_fast_and_changes_rebuild_only_dependants(tmp_pa
 def test_modified_artifact_is_flagged_and_rebuilt(tmp_path):
     store = tmp_path / "store"
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
-    listing = [json.loads(line) for line in cli("artifacts", "list", "--json", store=store).stdout.decode().splitlines()]
+    listing = [
+        json.loads(line) for line in cli("artifacts", "list", "--json", store=store).stdout.decode().splitlines()
+    ]
     tok = next(a for a in listing if a["stage"] == "tokenizer")
     assert tok["complete"] and set(tok) >= {"id", "stage", "path", "created", "complete"}
     target = next(p for p in (store / "objects" / tok["id"]).iterdir() if p.name == "tokenizer.json")
@@ -89,14 +91,19 @@ def test_force_rebuilds_under_new_ids_and_leaves_the_old_artifacts_as_they_were(
     for aid, manifest in manifests.items():
         assert (store / "objects" / aid / "manifest.json").read_bytes() == manifest
     assert cli("artifacts", "verify", store=store).returncode == 0
-    listing = {a["id"]: a for a in map(json.loads, cli("artifacts", "list", "--json", store=store).stdout.decode().splitlines())}
+    listing = {
+        a["id"]: a
+        for a in map(json.loads, cli("artifacts", "list", "--json", store=store).stdout.decode().splitlines())
+    }
     assert listing[second["data"]]["rebuild_of"] == first["data"] and listing[first["data"]]["rebuild_of"] is None
 
     # A plain re-run and `status` take the rebuilds.
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
     log = last_run(store)
-    assert [(n["action"], n["id"]) for n in log["nodes"]] == [("reused", second["data"]),
-                                                              ("reused", second["tokenizer"])]
+    assert [(n["action"], n["id"]) for n in log["nodes"]] == [
+        ("reused", second["data"]),
+        ("reused", second["tokenizer"]),
+    ]
 
     # Rebuilding the data alone leaves the tokenizer built from the earlier data stale, not reused.
     assert cli("run", str(SMOKE), "--until", "data", "--force", "data", store=store).returncode == 0
@@ -117,15 +124,17 @@ def test_force_rebuilds_under_new_ids_and_leaves_the_old_artifacts_as_they_were(
     assert {p.name for p in (store / "objects").iterdir()} == set(latest.values())
     status = cli("status", str(SMOKE), "--json", store=store)
     rows = {r["node"]: r for r in map(json.loads, status.stdout.decode().splitlines())}
-    assert {name: (rows[name]["state"], rows[name]["id"]) for name in latest} == \
-        {name: ("cached", aid) for name, aid in latest.items()}
+    assert {name: (rows[name]["state"], rows[name]["id"]) for name in latest} == {
+        name: ("cached", aid) for name, aid in latest.items()
+    }
 
 
 def test_gc_keeps_what_latest_runs_use(tmp_path):
     store = tmp_path / "store"
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
-    assert cli("run", str(SMOKE), "--until", "tokenizer", "--set", "tokenizer.vocab_size=450",
-               store=store).returncode == 0
+    assert (
+        cli("run", str(SMOKE), "--until", "tokenizer", "--set", "tokenizer.vocab_size=450", store=store).returncode == 0
+    )
     before = {p.name for p in (store / "objects").iterdir()}
     assert len(before) == 3
     assert cli("artifacts", "gc", store=store).returncode == 0
@@ -172,8 +181,11 @@ def test_the_lock_file_beside_the_recipe_names_what_each_node_was_built_from(tmp
     shutil.copyfile(SMOKE, recipe)
     assert cli("run", str(recipe), "--until", "tokenizer", store=store).returncode == 0
     first = (tmp_path / "smoke.lock").read_text()
-    entries = {line.split(":", 1)[0]: json.loads(line.split(":", 1)[1]) for line in first.splitlines()
-               if not line.startswith("#")}
+    entries = {
+        line.split(":", 1)[0]: json.loads(line.split(":", 1)[1])
+        for line in first.splitlines()
+        if not line.startswith("#")
+    }
     assert list(entries) == ["data", "tokenizer"]
     ids = {n: r["id"] for n, r in _status_of(recipe, store).items()}
     assert entries["tokenizer"]["id"] == ids["tokenizer"] and entries["tokenizer"]["inputs"] == {"data": ids["data"]}
@@ -181,8 +193,10 @@ def test_the_lock_file_beside_the_recipe_names_what_each_node_was_built_from(tmp
     assert entries["tokenizer"]["content"] == content_digest(manifest)
 
     # Another vocabulary: the diff of the two lock files is the tokenizer's line alone.
-    assert cli("run", str(recipe), "--until", "tokenizer", "--set", "tokenizer.vocab_size=450",
-               store=store).returncode == 0
+    assert (
+        cli("run", str(recipe), "--until", "tokenizer", "--set", "tokenizer.vocab_size=450", store=store).returncode
+        == 0
+    )
     second = (tmp_path / "smoke.lock").read_text().splitlines()
     changed = [line.split(":", 1)[0] for line in second if line not in first.splitlines()]
     assert changed == ["tokenizer"]

@@ -65,12 +65,23 @@ def packages(tmp_path_factory, data_dir):
     tokenizer.save(folder / "tokenizer.json")
     pairs = list(zip(tokenizer.encode(en), tokenizer.encode(fr)))
     vocab = tokenizer.vocab_size
-    tables = {"narrow": build_shortlist(pairs, vocab, frequent=20, per_word=5, always=[0, 1, 2, 3])[0],
-              "everything": build_shortlist(pairs, vocab, frequent=1, per_word=1, always=range(vocab))[0]}
+    tables = {
+        "narrow": build_shortlist(pairs, vocab, frequent=20, per_word=5, always=[0, 1, 2, 3])[0],
+        "everything": build_shortlist(pairs, vocab, frequent=1, per_word=1, always=range(vocab))[0],
+    }
     torch.manual_seed(5)
-    cfg = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, head_dim=8, enc_heads=[4, 2],
-                            dec_self_heads=[2, 2], dec_cross_heads=[4, 4], enc_ffn=[64, 48], dec_ffn=[48, 64],
-                            max_positions=64, dropout=0.0)
+    cfg = TransformerConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=32,
+        head_dim=8,
+        enc_heads=[4, 2],
+        dec_self_heads=[2, 2],
+        dec_cross_heads=[4, 4],
+        enc_ffn=[64, 48],
+        dec_ffn=[48, 64],
+        max_positions=64,
+        dropout=0.0,
+    )
     model = Transformer(cfg).eval()
     with torch.no_grad():  # sharper outputs than the init gives: fewer near-ties
         for p in model.parameters():
@@ -80,11 +91,22 @@ def packages(tmp_path_factory, data_dir):
         table.save(folder / f"{name}.npz")
         for precision in ("fp32", "int8_dynamic"):
             built[precision, name] = folder / f"{precision}-{name}"
-            build_package(model, precision, built[precision, name], tokenizer=folder / "tokenizer.json",
-                          work=folder / "work" / f"{precision}-{name}", shortlist=folder / f"{name}.npz")
+            build_package(
+                model,
+                precision,
+                built[precision, name],
+                tokenizer=folder / "tokenizer.json",
+                work=folder / "work" / f"{precision}-{name}",
+                shortlist=folder / f"{name}.npz",
+            )
     built["int8_dynamic", None] = folder / "int8-none"
-    build_package(model, "int8_dynamic", built["int8_dynamic", None], tokenizer=folder / "tokenizer.json",
-                  work=folder / "work" / "int8-none")
+    build_package(
+        model,
+        "int8_dynamic",
+        built["int8_dynamic", None],
+        tokenizer=folder / "tokenizer.json",
+        work=folder / "work" / "int8-none",
+    )
     return built, tables, tokenizer, en[:24]
 
 
@@ -167,7 +189,7 @@ def test_greedy_translations_keep_to_each_sentences_own_words_in_any_batch(packa
     for size in (2, 5, 8):
         batched = {}
         for start in range(0, len(order), size):
-            idx = order[start: start + size]
+            idx = order[start : start + size]
             batched.update(zip(idx.tolist(), narrow.searcher([sources[i] for i in idx], greedy)))
         assert [batched[i] for i in range(len(sources))] == alone
     outside = 0
@@ -240,8 +262,10 @@ def test_a_damaged_shortlist_is_refused(packages, tmp_path):
     meta = json.loads((copy / "package.json").read_text())
     with pytest.raises(PackageError):  # its digest no longer matches
         Translator(copy, threads=1)
-    meta["files"]["shortlist.npz"] = {"sha256": sha256_file(copy / "shortlist.npz"),
-                                      "bytes": (copy / "shortlist.npz").stat().st_size}
+    meta["files"]["shortlist.npz"] = {
+        "sha256": sha256_file(copy / "shortlist.npz"),
+        "bytes": (copy / "shortlist.npz").stat().st_size,
+    }
     (copy / "package.json").write_text(json.dumps(meta))
     with pytest.raises(PackageError, match="word ids outside the vocabulary"):  # listed, but not this model's
         Translator(copy, threads=1)

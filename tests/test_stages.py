@@ -43,7 +43,7 @@ STAGE = Stage("line_count", 1, "count the training pairs", settings=LineCountCon
               plan=plan, build="toy_stages.line_count.build", sections=(Section("line_count", LineCountConfig),))
 '''
 
-BUILD = '''
+BUILD = """
 from pipeline.corpora.splits import split_lines
 
 
@@ -52,7 +52,7 @@ def run(ctx):
     long = sum(len(s.split()) > ctx.settings.longest_over for s in sources)
     (ctx.out / "count.txt").write_text(f"{len(sources)} {long}\\n")
     return {"pairs": len(sources), "long": long}
-'''
+"""
 
 
 @pytest.fixture
@@ -72,8 +72,10 @@ def test_a_stage_is_a_folder_and_a_registry_line(toy_stage, tmp_path):
     stages = (*STAGES, toy_stage)  # the registry line
     schema = recipe_schema(section for stage in stages for section in stage.sections)
     recipe = tmp_path / "count.yaml"
-    recipe.write_text("data: {max_train: 50, max_valid: 5, test_sets: [test_2016_flickr], max_test: 5}\n"
-                      "line_count: {longest_over: 12}\n")
+    recipe.write_text(
+        "data: {max_train: 50, max_valid: 5, test_sets: [test_2016_flickr], max_test: 5}\n"
+        "line_count: {longest_over: 12}\n"
+    )
     plan = make_plan(recipe, [], stages, schema)
     assert [n.name for n in plan.nodes] == ["data", "line_count"]
     node = plan.nodes[1]
@@ -99,6 +101,9 @@ def test_inputs_are_typed_and_checked():
 
     assert Some.problems(["data", "teacher", "evaluate.a", "evaluate.b"]) == []
     assert Some.problems(["teacher", "evaluate", "model", "evaluate.x.y"]) == [
-        "unknown input 'evaluate'", "unknown input 'model'", "input 'data' missing"]
+        "unknown input 'evaluate'",
+        "unknown input 'model'",
+        "input 'data' missing",
+    ]
     got = Some.of({"data": 1, "evaluate.a": 2, "evaluate.b": 3})
     assert (got.data, got.teacher, got.evaluate) == (1, None, {"a": 2, "b": 3})

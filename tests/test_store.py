@@ -78,6 +78,7 @@ def test_a_rebuild_keeps_its_id_until_committed_and_never_reuses_one(tmp_path):
     # The rebuild removed (gc): the fingerprint falls back to its own artifact, and the next
     # rebuild still gets an id that was never used.
     import shutil
+
     shutil.rmtree(store.path_of(first))
     assert store.current_build(original.id) == original.id
     assert store.next_build(original.id) == second
@@ -131,8 +132,12 @@ with Store(sys.argv[1]).lock():
 
 
 def _holder(tmp_path, seconds):
-    proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path), str(seconds)], cwd=REPO,
-                            stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(tmp_path), str(seconds)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.stdout.readline().strip() == b"locked"
     return proc
 

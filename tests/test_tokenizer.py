@@ -23,8 +23,9 @@ SubwordTokenizer.train(lines, 1000, sys.argv[3]).save(sys.argv[2])
 
 def _train_in_a_fresh_process(out, kind="unigram") -> bytes:
     # A process of its own each time: the trainer's hash maps are seeded per process.
-    subprocess.run([sys.executable, "-c", TRAIN, str(_data_dir() / "multi30k"), str(out), kind], cwd=REPO,
-                   check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-c", TRAIN, str(_data_dir() / "multi30k"), str(out), kind], cwd=REPO, check=True, timeout=120
+    )
     return out.read_bytes()
 
 

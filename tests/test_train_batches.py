@@ -16,14 +16,14 @@ from model.subword import SubwordTokenizer
 from model.torch_decoder import TorchDecoder
 from model.torch_greedy import greedy_on_device
 from model.transformer import Transformer, TransformerConfig, load_model
-from pipeline.engine.context import progress_bar
-from pipeline.corpora.splits import read_split
 from pipeline.corpora.distilled import TopKStore, TopKWriter
 from pipeline.corpora.encoded import encode_corpus, encode_to_disk, make_batches
+from pipeline.corpora.splits import read_split
+from pipeline.engine.context import progress_bar
 from pipeline.engine.recipe import TrainConfig
-from pipeline.training.speed_probe import SpeedChoice
 from pipeline.training.batches import BatchFeed, prepare_batch
 from pipeline.training.loop import Trainer, ValidationSet, collate, collate_soft, greedy_hypotheses
+from pipeline.training.speed_probe import SpeedChoice
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 SWITCHES = SpeedChoice(bf16=False, attention="math", fused_optimizer=True, threads=1, isa="test")
@@ -33,8 +33,10 @@ SWITCHES = SpeedChoice(bf16=False, attention="math", fused_optimizer=True, threa
 def taught(data_dir, tmp_path_factory):
     """300 Multi30k pairs on disk, 200 of them with a stored top 3 (random) per target position."""
     folder = tmp_path_factory.mktemp("taught")
-    with gzip.open(data_dir / "multi30k" / "train.en.gz", "rt") as en, \
-            gzip.open(data_dir / "multi30k" / "train.fr.gz", "rt") as fr:
+    with (
+        gzip.open(data_dir / "multi30k" / "train.en.gz", "rt") as en,
+        gzip.open(data_dir / "multi30k" / "train.fr.gz", "rt") as fr,
+    ):
         pairs = [(s.strip(), t.strip()) for _, s, t in zip(range(300), en, fr)]
     tok = SubwordTokenizer.train([s for s, _ in pairs] + [t for _, t in pairs], 300)
     lengths = [len(t) + 1 for t in tok.encode_target([t for _, t in pairs[:200]])]
@@ -44,8 +46,13 @@ def taught(data_dir, tmp_path_factory):
         probs = rng.random((n, 3))
         writer.put(r, rng.integers(4, tok.vocab_size, (n, 3)), probs / probs.sum(-1, keepdims=True))
     writer.close()
-    corpus, _ = encode_to_disk(tok, ((s, t, r if r < 200 else -1) for r, (s, t) in enumerate(pairs)),
-                               folder / "enc", 64, top_k=TopKStore(folder))
+    corpus, _ = encode_to_disk(
+        tok,
+        ((s, t, r if r < 200 else -1) for r, (s, t) in enumerate(pairs)),
+        folder / "enc",
+        64,
+        top_k=TopKStore(folder),
+    )
     return tok, corpus
 
 
@@ -59,7 +66,7 @@ def _row_by_row(corpus, index, pad, bos, eos):
     ids, probs = np.zeros((len(index), t_len, 3), np.int64), np.zeros((len(index), t_len, 3), np.float32)
     for row, (s, t, i) in enumerate(zip(src, tgt, index)):
         src_t[row, : len(s)] = s
-        tin[row, 0], tin[row, 1: len(t) + 1] = bos, t
+        tin[row, 0], tin[row, 1 : len(t) + 1] = bos, t
         tout[row, : len(t)], tout[row, len(t)] = t, eos
         if corpus.soft[i] is not None:
             ids[row, : len(t) + 1], probs[row, : len(t) + 1] = corpus.soft[i]
@@ -79,8 +86,11 @@ def test_a_prepared_batch_holds_what_the_rows_one_by_one_give(taught):
         assert np.array_equal(batch.keep.numpy(), np.flatnonzero(tout != tok.pad_id))
         assert np.array_equal(batch.target.numpy(), tout[tout != tok.pad_id]) and batch.tokens == len(batch.target)
         assert np.array_equal(batch.soft_ids.numpy(), ids) and np.array_equal(batch.soft_probs.numpy(), probs)
-        assert [t.numpy().tolist() for t in collate(corpus, index, tok.pad_id, tok.bos_id, tok.eos_id, "cpu")] == \
-               [src.tolist(), tin.tolist(), tout.tolist()]
+        assert [t.numpy().tolist() for t in collate(corpus, index, tok.pad_id, tok.bos_id, tok.eos_id, "cpu")] == [
+            src.tolist(),
+            tin.tolist(),
+            tout.tolist(),
+        ]
         soft_ids, soft_probs = collate_soft(corpus, index, tout.shape[1], "cpu")
         assert torch.equal(soft_ids[torch.from_numpy(tout != tok.pad_id)], batch.soft_ids)
     references_only = np.flatnonzero(corpus.soft.rows < 0)[:20]  # no pair with a distribution: k is 1
@@ -90,8 +100,18 @@ def test_a_prepared_batch_holds_what_the_rows_one_by_one_give(taught):
 
 def test_the_model_scores_kept_positions_as_it_scores_a_mask():
     """keep (positions made on the host) gives the boolean mask's logits and gradients, bit for bit."""
-    cfg = TransformerConfig(vocab_size=50, d_model=16, head_dim=4, enc_heads=[2], dec_self_heads=[2],
-                            dec_cross_heads=[2], enc_ffn=[32], dec_ffn=[32], max_positions=32, dropout=0.0)
+    cfg = TransformerConfig(
+        vocab_size=50,
+        d_model=16,
+        head_dim=4,
+        enc_heads=[2],
+        dec_self_heads=[2],
+        dec_cross_heads=[2],
+        enc_ffn=[32],
+        dec_ffn=[32],
+        max_positions=32,
+        dropout=0.0,
+    )
     torch.manual_seed(0)
     model = Transformer(cfg)
     src, tin = torch.randint(3, 50, (4, 7)), torch.randint(3, 50, (4, 9))
@@ -118,8 +138,13 @@ def test_the_loader_thread_gives_the_same_batches_in_the_same_order(taught):
         ahead = list(feed)
     assert len(ahead) == len(made_here) == len(batches)
     for a, b in zip(made_here, ahead):
-        assert all(torch.equal(x, y) for x, y in zip((a.src, a.tgt_in, a.keep, a.target, a.soft_ids, a.soft_probs),
-                                                     (b.src, b.tgt_in, b.keep, b.target, b.soft_ids, b.soft_probs)))
+        assert all(
+            torch.equal(x, y)
+            for x, y in zip(
+                (a.src, a.tgt_in, a.keep, a.target, a.soft_ids, a.soft_probs),
+                (b.src, b.tgt_in, b.keep, b.target, b.soft_ids, b.soft_probs),
+            )
+        )
     # Left early (a budget reached mid-epoch): the thread stops, and nothing is left running.
     with BatchFeed(prepare, batches, ahead=2) as feed:
         next(feed)
@@ -149,14 +174,36 @@ def test_an_error_in_the_loader_thread_is_raised_once_as_itself():
 
 def _trainer(taught, work, steps, **kwargs):
     tok, corpus = taught
-    cfg = TransformerConfig(vocab_size=tok.vocab_size, d_model=16, head_dim=4, enc_heads=[2], dec_self_heads=[2],
-                            dec_cross_heads=[2], enc_ffn=[32], dec_ffn=[32], max_positions=64, dropout=0.1)
+    cfg = TransformerConfig(
+        vocab_size=tok.vocab_size,
+        d_model=16,
+        head_dim=4,
+        enc_heads=[2],
+        dec_self_heads=[2],
+        dec_cross_heads=[2],
+        enc_ffn=[32],
+        dec_ffn=[32],
+        max_positions=64,
+        dropout=0.1,
+    )
     torch.manual_seed(0)
-    tc = TrainConfig(lr=3e-3, warmup_steps=5, batch_tokens=400, max_epochs=None, max_steps=steps,
-                     valid_bleu_sentences=5, seed=7)
+    tc = TrainConfig(
+        lr=3e-3, warmup_steps=5, batch_tokens=400, max_epochs=None, max_steps=steps, valid_bleu_sentences=5, seed=7
+    )
     valid = encode_corpus(tok, ["A man.", "Two dogs run."], ["Un homme.", "Deux chiens courent."], 64)
-    return Trainer(Transformer(cfg), tc, corpus, ValidationSet(valid, valid.src.rows(2), ["Un homme.", "Deux chiens"]),
-                   tok, work, lambda m: None, progress_bar, kd_alpha=0.5, speed=SWITCHES, **kwargs)
+    return Trainer(
+        Transformer(cfg),
+        tc,
+        corpus,
+        ValidationSet(valid, valid.src.rows(2), ["Un homme.", "Deux chiens"]),
+        tok,
+        work,
+        lambda m: None,
+        progress_bar,
+        kd_alpha=0.5,
+        speed=SWITCHES,
+        **kwargs,
+    )
 
 
 def test_training_with_the_loader_thread_ends_in_the_same_weights(taught, tmp_path):
@@ -181,6 +228,7 @@ def test_a_training_step_does_not_wait_for_the_device(taught, tmp_path, monkeypa
     only when LOSS_EVERY_S has passed."""
     waits = {"read": 0, "mask": 0}
     for name in ("item", "tolist", "cpu", "__float__", "__int__", "__bool__"):
+
         def counted(self, *args, _original=getattr(torch.Tensor, name), **kwargs):
             waits["read"] += 1
             return _original(self, *args, **kwargs)
@@ -233,8 +281,9 @@ def test_greedy_search_on_the_device_finds_the_host_searchs_words(smoke):
     src, tgt = read_split(arts["data"].path, "valid")
     sources = encode_corpus(tok, src, tgt, model.cfg.max_positions, drop_long=False).src.rows(150)
     cfg = model.cfg
-    gen = GenerationConfig(beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
-                           max_positions=cfg.max_positions)
+    gen = GenerationConfig(
+        beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id, max_positions=cfg.max_positions
+    )
     on_host = greedy_search(TorchDecoder(model), sources, gen)
     lengths = {len(h) for h in on_host}
     assert len(lengths) > 5  # sentences end at many different steps
@@ -263,8 +312,9 @@ def test_a_gpu_training_makes_its_batches_ahead_and_learns_as_without(taught, tm
         trainer = _trainer(taught, tmp_path / str(prefetch), 12, device="cuda", prefetch=prefetch)
         assert trainer.prefetch is (prefetch is None)  # on CUDA: ahead, by default
         runs[prefetch] = (trainer.fit(), {k: v.cpu() for k, v in trainer.model.state_dict().items()})
-    assert runs[None][0]["history"][-1]["valid_loss"] == pytest.approx(runs[False][0]["history"][-1]["valid_loss"],
-                                                                       rel=1e-3)
+    assert runs[None][0]["history"][-1]["valid_loss"] == pytest.approx(
+        runs[False][0]["history"][-1]["valid_loss"], rel=1e-3
+    )
     for k, v in runs[None][1].items():  # CUDA's own kernels may add in another order: close, not equal
         torch.testing.assert_close(v, runs[False][1][k], rtol=1e-3, atol=1e-4)
 

@@ -11,13 +11,19 @@ from safetensors.torch import load_file
 
 from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
-from pipeline.engine.context import progress_bar
-from pipeline.training.settings import TrainConfig
-from pipeline.corpora.splits import read_split
-from pipeline.training.speed_probe import SpeedChoice
 from pipeline.corpora.encoded import Corpus, encode_corpus
-from pipeline.training.loop import (Trainer, ValidationSet, cooldown_factor, inverse_sqrt_lr, label_smoothed_loss,
-                                 make_batches)
+from pipeline.corpora.splits import read_split
+from pipeline.engine.context import progress_bar
+from pipeline.training.loop import (
+    Trainer,
+    ValidationSet,
+    cooldown_factor,
+    inverse_sqrt_lr,
+    label_smoothed_loss,
+    make_batches,
+)
+from pipeline.training.settings import TrainConfig
+from pipeline.training.speed_probe import SpeedChoice
 
 from .conftest import SMOKE, cli
 
@@ -67,9 +73,12 @@ def test_loss_with_cached_teacher_probabilities_is_the_mixed_cross_entropy(alpha
     (grad,) = torch.autograd.grad(ours, logits)
     log_q = logits.log_softmax(-1)
     has = (probs.sum(-1) > 0).float()
-    theirs = (((1 - alpha * has) * torch.nn.functional.cross_entropy(logits, target, label_smoothing=0.1,
-                                                                      reduction="none")).mean()
-              - alpha * (log_q.gather(1, ids) * probs).sum(-1).mean()) * 1.5
+    theirs = (
+        (
+            (1 - alpha * has) * torch.nn.functional.cross_entropy(logits, target, label_smoothing=0.1, reduction="none")
+        ).mean()
+        - alpha * (log_q.gather(1, ids) * probs).sum(-1).mean()
+    ) * 1.5
     (expected,) = torch.autograd.grad(theirs, logits)
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
     torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-7)
@@ -100,8 +109,17 @@ def _setup(smoke):
     train = encode_corpus(tok, src[:200], tgt[:200], 64)
     valid_corpus = encode_corpus(tok, vsrc, vtgt, 64, drop_long=False)
     valid = ValidationSet(valid_corpus, valid_corpus.src.rows(5), vtgt[:5])
-    cfg = TransformerConfig(vocab_size=tok.vocab_size, d_model=16, head_dim=4, enc_heads=[2], dec_self_heads=[2],
-                            dec_cross_heads=[2], enc_ffn=[32], dec_ffn=[32], max_positions=64)
+    cfg = TransformerConfig(
+        vocab_size=tok.vocab_size,
+        d_model=16,
+        head_dim=4,
+        enc_heads=[2],
+        dec_self_heads=[2],
+        dec_cross_heads=[2],
+        enc_ffn=[32],
+        dec_ffn=[32],
+        max_positions=64,
+    )
     return tok, train, valid, cfg
 
 
@@ -113,8 +131,9 @@ def test_resumed_training_is_identical_to_uninterrupted(smoke, tmp_path):
     def trainer(work, steps, speed=switches):
         torch.manual_seed(0)
         model = Transformer(cfg)
-        tc = TrainConfig(lr=3e-3, warmup_steps=5, batch_tokens=400, max_epochs=3, max_steps=steps,
-                         valid_bleu_sentences=5, seed=7)
+        tc = TrainConfig(
+            lr=3e-3, warmup_steps=5, batch_tokens=400, max_epochs=3, max_steps=steps, valid_bleu_sentences=5, seed=7
+        )
         return Trainer(model, tc, train, valid, tok, work, lambda m: None, progress_bar, speed=speed)
 
     straight = trainer(tmp_path / "a", 20).fit()

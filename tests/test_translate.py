@@ -17,10 +17,25 @@ def _teacher(smoke):
 
 def test_translate_keeps_one_line_per_input_line_whatever_it_gets(smoke):
     store, teacher = _teacher(smoke)
-    lines = [b"A man is riding a bicycle.", b"", b"Two dogs\x01 play\x7f in the \x1b[31msnow.",
-             b"caf\xe9 \xff\xfe broken utf-8", b"x" * 100_000, b"word " * 5000, b"   "]
-    proc = cli("translate", "--model", teacher.id, "--beam", "2", store=store.root,
-               input=b"\n".join(lines) + b"\n", timeout=240)
+    lines = [
+        b"A man is riding a bicycle.",
+        b"",
+        b"Two dogs\x01 play\x7f in the \x1b[31msnow.",
+        b"caf\xe9 \xff\xfe broken utf-8",
+        b"x" * 100_000,
+        b"word " * 5000,
+        b"   ",
+    ]
+    proc = cli(
+        "translate",
+        "--model",
+        teacher.id,
+        "--beam",
+        "2",
+        store=store.root,
+        input=b"\n".join(lines) + b"\n",
+        timeout=240,
+    )
     err = proc.stderr.decode()
     assert proc.returncode == 0, err
     out = proc.stdout.decode().split("\n")
@@ -30,8 +45,12 @@ def test_translate_keeps_one_line_per_input_line_whatever_it_gets(smoke):
     assert "truncated" in err and "not valid UTF-8" in err
     assert "Traceback" not in err
     # The last word on stderr: how fast, and how (all cores unless --threads says otherwise).
-    assert re.search(rf"^7 lines in [\d.]+ s: [\d.]+ sentences/s \([\d.]+ while translating; runtime torch, "
-                     rf"threads {usable_cores()}, beam 2, batch 32\)$", err, re.M), err
+    assert re.search(
+        rf"^7 lines in [\d.]+ s: [\d.]+ sentences/s \([\d.]+ while translating; runtime torch, "
+        rf"threads {usable_cores()}, beam 2, batch 32\)$",
+        err,
+        re.M,
+    ), err
 
 
 def test_translate_accepts_a_folder_and_empty_input(smoke):
@@ -66,15 +85,22 @@ def test_evaluate_stage_checks_a_package_gives_each_sentence_its_batched_transla
         _, arts = smoke.build(f"evaluate.{variant}")
         m = arts[f"evaluate.{variant}"].metrics
         assert m["batch_invariant"] is True, m["alone_identical"]
-        assert set(m["alone_identical"]) == {f"{t}.beam{b}" for t in ("test_2016_flickr", "test_2017_flickr")
-                                             for b in (2, 1)}
-        assert all(v["identical"] == v["sentences"] == 40 and v["differ"] == []
-                   for v in m["alone_identical"].values())
+        assert set(m["alone_identical"]) == {
+            f"{t}.beam{b}" for t in ("test_2016_flickr", "test_2017_flickr") for b in (2, 1)
+        }
+        assert all(v["identical"] == v["sentences"] == 40 and v["differ"] == [] for v in m["alone_identical"].values())
     assert "alone_identical" not in smoke.build("evaluate.teacher")[1]["evaluate.teacher"].metrics
-    lines = alone_lines([{"name": "int8_dynamic", "alone_identical": m["alone_identical"]},
-                         {"name": "pruned_onnx", "alone_identical": {"test.beam4": {"identical": 39, "sentences": 40}}},
-                         {"name": "teacher"}])
+    lines = alone_lines(
+        [
+            {"name": "int8_dynamic", "alone_identical": m["alone_identical"]},
+            {"name": "pruned_onnx", "alone_identical": {"test.beam4": {"identical": 39, "sentences": 40}}},
+            {"name": "teacher"},
+        ]
+    )
     assert lines[1].startswith("**One sentence, one translation**") and len(lines) == 5
-    assert lines[3].startswith("- int8_dynamic: ") and "test_2016_flickr, beam 2 40/40" in lines[3] and \
-        lines[3].endswith("one BLEU for every batch size")
+    assert (
+        lines[3].startswith("- int8_dynamic: ")
+        and "test_2016_flickr, beam 2 40/40" in lines[3]
+        and lines[3].endswith("one BLEU for every batch size")
+    )
     assert lines[4] == "- pruned_onnx: test, beam 4 39/40: the BLEU is that of the batches"

@@ -27,9 +27,26 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from ..layout import (CACHE_INDEX, DECODER, DECODER_BATCH, DECODER_GREEDY, ENCODER, GENERATE, GENERATE_BATCH,
-                      LOG_PROBS, ROLES, SHORTLIST_FILE, SHORTLIST_GRAPH, SRC_IDS, SRC_MASK, TOKENS, cross_k, cross_v,
-                      past_k, past_v)
+from ..layout import (
+    CACHE_INDEX,
+    DECODER,
+    DECODER_BATCH,
+    DECODER_GREEDY,
+    ENCODER,
+    GENERATE,
+    GENERATE_BATCH,
+    LOG_PROBS,
+    ROLES,
+    SHORTLIST_FILE,
+    SHORTLIST_GRAPH,
+    SRC_IDS,
+    SRC_MASK,
+    TOKENS,
+    cross_k,
+    cross_v,
+    past_k,
+    past_v,
+)
 from ..shortlist import Shortlist
 from .batch_words import shortlist_selector
 from .beam_search import decoder_subgraph, encoder_subgraph, search_model
@@ -58,8 +75,12 @@ class Source:
         """What every pass starts from: the step graphs' I/O (model/layout.py)."""
         per_layer = [f(i) for i in range(self.layers) for f in (cross_k, cross_v)]
         expect(self.encoder.graph, ENCODER, [SRC_IDS], per_layer)
-        expect(self.decoder.graph, DECODER, [TOKENS, SRC_MASK, CACHE_INDEX, *per_layer, *(
-            f(i) for i in range(self.layers) for f in (past_k, past_v))], [LOG_PROBS])
+        expect(
+            self.decoder.graph,
+            DECODER,
+            [TOKENS, SRC_MASK, CACHE_INDEX, *per_layer, *(f(i) for i in range(self.layers) for f in (past_k, past_v))],
+            [LOG_PROBS],
+        )
 
     def shortlist_table(self, vocab) -> Shortlist | None:
         if not self.shortlist or not isinstance(vocab, int):

@@ -34,12 +34,24 @@ def shortlist_projection(g: onnx.GraphProto) -> bool:
     def branch(name: str, op: onnx.NodeProto) -> onnx.GraphProto:
         op = copy.deepcopy(op)
         op.name, op.output[0] = f"{name}/projection", f"{name}/logits"
-        return helper.make_graph([op], name, [], [helper.make_tensor_value_info(op.output[0], float_type,
-                                                                                ["batch", None])])
+        return helper.make_graph(
+            [op], name, [], [helper.make_tensor_value_info(op.output[0], float_type, ["batch", None])]
+        )
 
-    replace_node(g, node, [helper.make_node("If", [SHORTLISTED], [out], name="shortlist/if",
-                                            then_branch=branch("shortlisted", fed),
-                                            else_branch=branch("vocabulary", node))])
+    replace_node(
+        g,
+        node,
+        [
+            helper.make_node(
+                "If",
+                [SHORTLISTED],
+                [out],
+                name="shortlist/if",
+                then_branch=branch("shortlisted", fed),
+                else_branch=branch("vocabulary", node),
+            )
+        ],
+    )
     return True
 
 
@@ -61,16 +73,23 @@ def shortlist_selector(decoder: onnx.ModelProto, blob: bytes) -> onnx.ModelProto
     for j, name in per_word_slots(node).items():
         source = node.input[j]
         if j == 1:
-            nodes += [make("Transpose", [source], [f"{name}/by_word"], perm=[1, 0], name=f"{name}/by_word"),
-                      make("Gather", [f"{name}/by_word", WORDS], [f"{name}/rows"], axis=0, name=f"{name}/rows"),
-                      make("Transpose", [f"{name}/rows"], [name], perm=[1, 0], name=name)]
+            nodes += [
+                make("Transpose", [source], [f"{name}/by_word"], perm=[1, 0], name=f"{name}/by_word"),
+                make("Gather", [f"{name}/by_word", WORDS], [f"{name}/rows"], axis=0, name=f"{name}/rows"),
+                make("Transpose", [f"{name}/rows"], [name], perm=[1, 0], name=name),
+            ]
         else:
             nodes.append(make("Gather", [source, WORDS], [name], axis=0, name=name))
     # The decoder's nodes, of which pruning keeps those that compute the weights from initializers.
-    graph = helper.make_graph([*g.node, *nodes], "shortlist",
-                              [helper.make_tensor_value_info(WORDS, TensorProto.INT64, ["words"])],
-                              per_word_inputs(g, node), initializer=list(g.initializer))
+    graph = helper.make_graph(
+        [*g.node, *nodes],
+        "shortlist",
+        [helper.make_tensor_value_info(WORDS, TensorProto.INT64, ["words"])],
+        per_word_inputs(g, node),
+        initializer=list(g.initializer),
+    )
     prune_dead_nodes(graph)
     compact_names(graph)
-    return helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version,
-                             producer_name="mt-pipeline")
+    return helper.make_model(
+        graph, opset_imports=list(model.opset_import), ir_version=model.ir_version, producer_name="mt-pipeline"
+    )

@@ -25,8 +25,9 @@ def gathers_columns(node: onnx.NodeProto) -> bool:
     return node.op_type == "Gather" and any(a.name == "axis" and a.i != 0 for a in node.attribute)
 
 
-def splice_and_save(proto: onnx.ModelProto, path, index: int, new_nodes: list[onnx.NodeProto],
-                    remove: list[onnx.NodeProto] = ()) -> bool:
+def splice_and_save(
+    proto: onnx.ModelProto, path, index: int, new_nodes: list[onnx.NodeProto], remove: list[onnx.NodeProto] = ()
+) -> bool:
     """Remove `remove`, insert `new_nodes` at `index` (counted after the removal), drop the
     initializers no node reads any more and save to `path`. Returns True: the graph changed."""
     graph = proto.graph
@@ -78,14 +79,24 @@ def unfuse_skip_layer_norm(graph: onnx.GraphProto, residual_op: str = "Add", fol
         epsilon = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)
         total = outputs[3] if outputs[3] else f"{node.output[0]}/sum"
         if residual_op == "Sum":  # Sum takes the bias as a third term: one node, one pass
-            nodes = [onnx.helper.make_node("Sum", [x, skip] + ([bias] if bias else []), [total], name=f"{node.name}/add")]
+            nodes = [
+                onnx.helper.make_node("Sum", [x, skip] + ([bias] if bias else []), [total], name=f"{node.name}/add")
+            ]
         else:
             summed = f"{total}/no_bias" if bias else total
             nodes = [onnx.helper.make_node(residual_op, [x, skip], [summed], name=f"{node.name}/add")]
             if bias:
                 nodes.append(onnx.helper.make_node("Add", [summed, bias], [total], name=f"{node.name}/bias"))
-        nodes.append(onnx.helper.make_node("LayerNormalization", [total, gamma] + ([beta] if beta else []),
-                                           [node.output[0]], axis=-1, epsilon=epsilon, name=f"{node.name}/norm"))
+        nodes.append(
+            onnx.helper.make_node(
+                "LayerNormalization",
+                [total, gamma] + ([beta] if beta else []),
+                [node.output[0]],
+                axis=-1,
+                epsilon=epsilon,
+                name=f"{node.name}/norm",
+            )
+        )
         replace_node(graph, node, nodes)
         done += 1
     return done
@@ -96,7 +107,7 @@ def _inputs_everywhere(graph: onnx.GraphProto):
     for node in graph.node:
         yield from node.input
         for attribute in node.attribute:
-            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)):
+            for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs):
                 yield from _inputs_everywhere(sub)
 
 
@@ -161,7 +172,9 @@ def prune_dead_nodes(graph: onnx.GraphProto) -> None:
 def outer_names(graph: onnx.GraphProto) -> set[str]:
     """The names `graph`'s nodes (and their branches) read that it neither takes nor makes: values
     of the graph around it."""
-    made = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+    made = (
+        {v.name for v in graph.input} | {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+    )
     read = set().union(*(set(n.input) | subgraph_inputs(n) for n in graph.node)) if graph.node else set()
     return read - made - {""}
 
@@ -254,6 +267,8 @@ class GraphContractError(ValueError):
 def expect(graph: onnx.GraphProto, what: str, inputs=(), outputs=()) -> None:
     """Check that `graph` has the inputs and outputs a pass works on; GraphContractError naming the
     pass (`what`) and what is missing."""
-    missing = sorted(set(inputs) - {v.name for v in graph.input}) + sorted(set(outputs) - {v.name for v in graph.output})
+    missing = sorted(set(inputs) - {v.name for v in graph.input}) + sorted(
+        set(outputs) - {v.name for v in graph.output}
+    )
     if missing:
         raise GraphContractError(f"{what}: the graph has no {', '.join(missing)}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
-
 EXTERNAL_MIN_BYTES = 128  # below this a tensor's bytes cost less than a reference to them
 
 
@@ -32,5 +31,8 @@ def refer_to_bytes_in(tensor: onnx.TensorProto, source: str, blob: bytes) -> boo
 def share_weights(graph: onnx.GraphProto, source: str, blob: bytes) -> int:
     """Point the graph's larger initializers at the same bytes inside the file `source` (whose
     content is `blob`); returns how many. Tensors already stored elsewhere keep their reference."""
-    return sum(refer_to_bytes_in(tensor, source, blob) for tensor in graph.initializer
-               if len(tensor.raw_data) >= EXTERNAL_MIN_BYTES)
+    return sum(
+        refer_to_bytes_in(tensor, source, blob)
+        for tensor in graph.initializer
+        if len(tensor.raw_data) >= EXTERNAL_MIN_BYTES
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import onnx
 
-from ..layout import CACHE_INDEX, LOGITS, LOG_PROBS
+from ..layout import CACHE_INDEX, LOG_PROBS, LOGITS
 from .cache import drop_cache_reorder
 from .edit import compact_names, expect, prune_dead_nodes, rename
 from .many_rows import many_rows_copy

@@ -36,15 +36,29 @@ def group_cross_attention(g: onnx.GraphProto) -> int:
     one thread, a cross-attention took 347 instead of 780 us (`/tmp/s34/xgroup.py`), and the
     encoder's output is no longer repeated per beam. Returns how many attentions it grouped."""
     inputs = {i.name for i in g.input}
-    crosses = [n for n in g.node if n.op_type == "MultiHeadAttention" and len(n.input) > 1
-               and n.input[1] in inputs and n.input[1].startswith("cross_k_")]
+    crosses = [
+        n
+        for n in g.node
+        if n.op_type == "MultiHeadAttention"
+        and len(n.input) > 1
+        and n.input[1] in inputs
+        and n.input[1].startswith("cross_k_")
+    ]
     if not crosses:
         return 0
-    g.initializer.extend([numpy_helper.from_array(np.array([-1], np.int64), "group/minus_one"),
-                          numpy_helper.from_array(np.array([0], np.int64), "group/same"),
-                          numpy_helper.from_array(np.array([-1, 1, 0], np.int64), "group/rows")])
-    g.node.insert(0, helper.make_node("Concat", ["group/minus_one", GROUP, "group/same"], ["group/queries"],
-                                      axis=0, name="group/queries"))
+    g.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([-1], np.int64), "group/minus_one"),
+            numpy_helper.from_array(np.array([0], np.int64), "group/same"),
+            numpy_helper.from_array(np.array([-1, 1, 0], np.int64), "group/rows"),
+        ]
+    )
+    g.node.insert(
+        0,
+        helper.make_node(
+            "Concat", ["group/minus_one", GROUP, "group/same"], ["group/queries"], axis=0, name="group/queries"
+        ),
+    )
     g.input.append(helper.make_tensor_value_info(GROUP, TensorProto.INT64, [1]))
     for value in g.input:  # one row per sentence, not per row
         if value.name == SRC_MASK or value.name.startswith(("cross_k_", "cross_v_")):
@@ -53,17 +67,24 @@ def group_cross_attention(g: onnx.GraphProto) -> int:
         at = list(g.node).index(node)
         query, out = node.input[0], node.output[0]
         # [rows, 1, width] -> [sentences, group, width] (0: keep the width) and back
-        g.node.insert(at, helper.make_node("Reshape", [query, "group/queries"], [f"{query}/grouped"],
-                                           name=f"{node.name or out}/group"))
+        g.node.insert(
+            at,
+            helper.make_node(
+                "Reshape", [query, "group/queries"], [f"{query}/grouped"], name=f"{node.name or out}/group"
+            ),
+        )
         node.input[0] = f"{query}/grouped"
         node.output[0] = f"{out}/grouped"
-        g.node.insert(at + 2, helper.make_node("Reshape", [f"{out}/grouped", "group/rows"], [out],
-                                               name=f"{node.name or out}/ungroup"))
+        g.node.insert(
+            at + 2,
+            helper.make_node("Reshape", [f"{out}/grouped", "group/rows"], [out], name=f"{node.name or out}/ungroup"),
+        )
     return len(crosses)
 
 
-def top_k_decoder(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = False,
-                   vocabulary: np.ndarray | None = None) -> onnx.ModelProto:
+def top_k_decoder(
+    decoder: onnx.ModelProto, blob: bytes, shortlist: bool = False, vocabulary: np.ndarray | None = None
+) -> onnx.ModelProto:
     """decoder.onnx for a search loop over many rows: the int8 matrices as in generate_batch.onnx,
     and instead of log_probs [rows, vocab] its `top_k` (an input, int64 [1]) best entries per row,
     best first: top_log_probs float [rows, top_k], top_ids int64 [rows, top_k]. The loop's own
@@ -91,8 +112,9 @@ def top_k_decoder(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = False
         g.node.append(normalize_or_not(softmax, value_type, vocab, restricted))
         g.input.append(helper.make_tensor_value_info(NORMALIZE, TensorProto.BOOL, [1]))
     else:  # a graph whose log-probabilities are not one LogSoftmax's: always normalized
-        g.node.append(helper.make_node("TopK", [LOG_PROBS, TOP_K], [TOP_LOG_PROBS, TOP_IDS], axis=-1,
-                                       largest=1, sorted=1))
+        g.node.append(
+            helper.make_node("TopK", [LOG_PROBS, TOP_K], [TOP_LOG_PROBS, TOP_IDS], axis=-1, largest=1, sorted=1)
+        )
     index = list(g.output).index(log_probs)
     g.output.remove(log_probs)
     g.output.insert(index, helper.make_tensor_value_info(TOP_IDS, TensorProto.INT64, ["batch", None]))

@@ -9,7 +9,6 @@ from onnx import TensorProto, helper
 from ..layout import LOG_PROBS, SHORTLIST_SCALE, SHORTLIST_WEIGHT
 from .edit import computed_from_constants
 
-
 # The output projection's inputs that have one entry per word, by op and input slot, under the
 # names the step graphs take them by when a batch's words are shortlisted (model/shortlist.py).
 PER_WORD_SLOTS = {"MatMulIntegerToFloat": {1: SHORTLIST_WEIGHT, 3: SHORTLIST_SCALE}}
@@ -42,24 +41,30 @@ def vocabulary_projection(g: onnx.GraphProto) -> onnx.NodeProto | None:
 def per_word_inputs(g: onnx.GraphProto, node: onnx.NodeProto) -> list[onnx.ValueInfoProto]:
     """The projection's per-word inputs present on `node`, as the shortlisted step graphs take
     them (and shortlist.onnx gives them): the int8 weight [d, words] and its scales [words]."""
-    return [helper.make_tensor_value_info(name, TensorProto.INT8 if j == 1 else value_type(g),
-                                          [None, "words"] if j == 1 else ["words"])
-            for j, name in per_word_slots(node).items()]
+    return [
+        helper.make_tensor_value_info(
+            name, TensorProto.INT8 if j == 1 else value_type(g), [None, "words"] if j == 1 else ["words"]
+        )
+        for j, name in per_word_slots(node).items()
+    ]
 
 
 def int8_of_constants(g: onnx.GraphProto, projection: onnx.NodeProto) -> bool:
     """Whether `projection` is an int8 product (quantize_rows') whose per-word inputs are constants of g."""
     return projection.op_type in PER_WORD_SLOTS and computed_from_constants(
-        g, [projection.input[j] for j in per_word_slots(projection)])
+        g, [projection.input[j] for j in per_word_slots(projection)]
+    )
 
 
-def onto_words(g: onnx.GraphProto, projection: onnx.NodeProto, before: onnx.NodeProto,
-                words: str = VOCABULARY_WORDS) -> None:
+def onto_words(
+    g: onnx.GraphProto, projection: onnx.NodeProto, before: onnx.NodeProto, words: str = VOCABULARY_WORDS
+) -> None:
     """Point `projection`'s per-word inputs at Gathers of them by the ids `words`, inserted into g
     before `before` (constants: folded at load)."""
     at = list(g.node).index(before)
     for j in per_word_slots(projection):
         name = f"{words}/input{j}"
-        g.node.insert(at, helper.make_node("Gather", [projection.input[j], words], [name],
-                                           axis=1 if j == 1 else 0))  # the weight is [d, words]
+        g.node.insert(
+            at, helper.make_node("Gather", [projection.input[j], words], [name], axis=1 if j == 1 else 0)
+        )  # the weight is [d, words]
         projection.input[j] = name

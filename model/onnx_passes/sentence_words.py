@@ -14,7 +14,6 @@ from ..shortlist import Shortlist, sentence_width
 from .edit import constant_nodes, expect, prune_dead_nodes, replace_node, shape
 from .projection import int8_of_constants, per_word_slots
 
-
 LISTED_SEQUENCES = "shortlist/sequences"  # the op's output over the list: places in it, not ids
 
 
@@ -47,9 +46,9 @@ def sentence_word_list(dec: onnx.GraphProto, shortlist: Shortlist, generation: d
     # Each source word's candidates as a row of `per_word`, padded with PAD (listed anyway).
     counts = np.diff(shortlist.offsets)
     per_word = max(int(counts.max(initial=0)), 1)
-    table = np.full((vocab, per_word), specials[0], np.int16 if vocab < 2 ** 15 else np.int32)
+    table = np.full((vocab, per_word), specials[0], np.int16 if vocab < 2**15 else np.int32)
     for s in np.nonzero(counts)[0]:
-        table[s, : counts[s]] = shortlist.words[shortlist.offsets[s]: shortlist.offsets[s + 1]]
+        table[s, : counts[s]] = shortlist.words[shortlist.offsets[s] : shortlist.offsets[s + 1]]
     # A word's class: base + 1 if a candidate of the sources. The frequent words 2 or 3 (first),
     # candidates 1, the others 0 (filling); the special ids far below: they are put first apart.
     base = np.zeros(vocab, np.float32)
@@ -57,13 +56,25 @@ def sentence_word_list(dec: onnx.GraphProto, shortlist: Shortlist, generation: d
     base[specials] = -10.0
     p, make = "shortlist", helper.make_node
     classes = ((1.5, 9.0), (0.5, 1.5), (-0.5, 0.5))  # rank bounds: frequent, candidate, other
-    const = {"table": table, "base": base, "nowhere": np.zeros(vocab, np.float32),
-             **{f"{side}{cls}": np.array(bound, np.float32) for cls, bounds in enumerate(classes)
-                for side, bound in zip(("low", "high"), bounds)},
-             "specials": np.array(specials, np.int64), "others": np.array([width - 3], np.int64),
-             "flat": np.array([-1], np.int64), "one": np.array(1.0, np.float32), "start": np.array([0], np.int64),
-             "places": np.arange(width, dtype=np.int64), "listed_base": np.array(3, np.int64),
-             "zero": np.array(0.0, np.float32), "never": np.array(-np.inf, np.float32)}
+    const = {
+        "table": table,
+        "base": base,
+        "nowhere": np.zeros(vocab, np.float32),
+        **{
+            f"{side}{cls}": np.array(bound, np.float32)
+            for cls, bounds in enumerate(classes)
+            for side, bound in zip(("low", "high"), bounds)
+        },
+        "specials": np.array(specials, np.int64),
+        "others": np.array([width - 3], np.int64),
+        "flat": np.array([-1], np.int64),
+        "one": np.array(1.0, np.float32),
+        "start": np.array([0], np.int64),
+        "places": np.arange(width, dtype=np.int64),
+        "listed_base": np.array(3, np.int64),
+        "zero": np.array(0.0, np.float32),
+        "never": np.array(-np.inf, np.float32),
+    }
     # The projection's weight and scales as the main graph makes them: the decoder's nodes of
     # constants that compute them (folded at load), renamed, over copies of their initializers
     # (the same bytes, by reference).
@@ -77,21 +88,33 @@ def sentence_word_list(dec: onnx.GraphProto, shortlist: Shortlist, generation: d
         make("Shape", [f"{p}/ids"], [f"{p}/ids_shape"], name=f"{p}/ids_shape"),
         make("Expand", [f"{p}/one", f"{p}/ids_shape"], [f"{p}/ones"], name=f"{p}/ones"),
         # Every index writes the same 1: repeated words leave no order to depend on.
-        make("ScatterElements", [f"{p}/nowhere", f"{p}/ids", f"{p}/ones"], [f"{p}/is_candidate"], axis=0,
-             name=f"{p}/is_candidate"),
+        make(
+            "ScatterElements",
+            [f"{p}/nowhere", f"{p}/ids", f"{p}/ones"],
+            [f"{p}/is_candidate"],
+            axis=0,
+            name=f"{p}/is_candidate",
+        ),
         make("Add", [f"{p}/is_candidate", f"{p}/base"], [f"{p}/rank"], name=f"{p}/rank"),
     ]
     # The ids class by class (frequent, candidate, other), each in id order: a stable partition
     # with NonZero, at a third of the cost of TopK over the vocabulary; where a long sentence's
     # candidates do not all fit, the lower ids (the more frequent subwords) stay.
     for cls in range(len(classes)):
-        before += [make("Greater", [f"{p}/rank", f"{p}/low{cls}"], [f"{p}/above{cls}"]),
-                   make("Less", [f"{p}/rank", f"{p}/high{cls}"], [f"{p}/below{cls}"]),
-                   make("And", [f"{p}/above{cls}", f"{p}/below{cls}"], [f"{p}/in{cls}"]),
-                   make("NonZero", [f"{p}/in{cls}"], [f"{p}/class{cls}"])]
+        before += [
+            make("Greater", [f"{p}/rank", f"{p}/low{cls}"], [f"{p}/above{cls}"]),
+            make("Less", [f"{p}/rank", f"{p}/high{cls}"], [f"{p}/below{cls}"]),
+            make("And", [f"{p}/above{cls}", f"{p}/below{cls}"], [f"{p}/in{cls}"]),
+            make("NonZero", [f"{p}/in{cls}"], [f"{p}/class{cls}"]),
+        ]
     before += [
-        make("Concat", [f"{p}/class{cls}" for cls in range(len(classes))], [f"{p}/ranked_ids"], axis=1,
-             name=f"{p}/ranked_ids"),
+        make(
+            "Concat",
+            [f"{p}/class{cls}" for cls in range(len(classes))],
+            [f"{p}/ranked_ids"],
+            axis=1,
+            name=f"{p}/ranked_ids",
+        ),
         make("Reshape", [f"{p}/ranked_ids", f"{p}/flat"], [f"{p}/ranked"], name=f"{p}/ranked"),
         make("Slice", [f"{p}/ranked", f"{p}/start", f"{p}/others"], [f"{p}/chosen"], name=f"{p}/chosen"),
         make("Concat", [f"{p}/specials", f"{p}/chosen"], [f"{p}/words"], axis=0, name=f"{p}/words"),
@@ -107,15 +130,17 @@ def sentence_word_list(dec: onnx.GraphProto, shortlist: Shortlist, generation: d
         # The list's columns of the int8 projection and their scales, once per call.
         *columns.node,
         make("Gather", [weight, f"{p}/words"], [f"{p}/weight"], axis=1, name=f"{p}/weight"),
-        make("Gather", [scales, f"{p}/words"], [f"{p}/scales"], axis=0, name=f"{p}/scales")]
+        make("Gather", [scales, f"{p}/words"], [f"{p}/scales"], axis=0, name=f"{p}/scales"),
+    ]
     after = [make("Gather", [f"{p}/words32", LISTED_SEQUENCES], [f"{p}/translation"], axis=0, name=f"{p}/translation")]
     # The decoder: the op's tokens are positions in the list.
     for node in dec.node:
         for i, name in enumerate(node.input):
             if name == INPUT_IDS:
                 node.input[i] = f"{p}/token_words"
-    dec.node.insert(0, make("Gather", [f"{p}/words32", INPUT_IDS], [f"{p}/token_words"], axis=0,
-                            name=f"{p}/token_words"))
+    dec.node.insert(
+        0, make("Gather", [f"{p}/words32", INPUT_IDS], [f"{p}/token_words"], axis=0, name=f"{p}/token_words")
+    )
     listed = copy.deepcopy(proj)
     listed.input[weight_slot], listed.input[scale_slot] = f"{p}/weight", f"{p}/scales"
     listed.output[0], listed.name = f"{p}/listed_logits", f"{p}/listed_logits"

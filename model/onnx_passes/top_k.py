@@ -35,23 +35,37 @@ def chunked_top_k(values: str, vocab, p: str) -> list[onnx.NodeProto]:
     chunks = vocab // width
 
     def const(name: str, array) -> onnx.NodeProto:
-        return helper.make_node("Constant", [], [f"{p}/{name}"], value=numpy_helper.from_array(np.asarray(array, np.int64), name))
+        return helper.make_node(
+            "Constant", [], [f"{p}/{name}"], value=numpy_helper.from_array(np.asarray(array, np.int64), name)
+        )
 
     make = helper.make_node
     return [
-        const("chunked_shape", [0, chunks, width]), const("last_axis", [-1]), const("chunks", [chunks]),
-        const("width", width), const("offsets", np.arange(width)), const("flat_shape", [0, -1]),
+        const("chunked_shape", [0, chunks, width]),
+        const("last_axis", [-1]),
+        const("chunks", [chunks]),
+        const("width", width),
+        const("offsets", np.arange(width)),
+        const("flat_shape", [0, -1]),
         make("Reshape", [values, f"{p}/chunked_shape"], [f"{p}/chunked"]),
         make("ReduceMax", [f"{p}/chunked"], [f"{p}/maxima"], axes=[-1], keepdims=0),  # opset 17: axes an attribute
         make("Min", [TOP_K, f"{p}/chunks"], [f"{p}/k_chunks"]),  # a k beyond the chunk count: every chunk
-        make("TopK", [f"{p}/maxima", f"{p}/k_chunks"], [f"{p}/chunk_maxima", f"{p}/best_chunks"], axis=-1, largest=1, sorted=0),
+        make(
+            "TopK",
+            [f"{p}/maxima", f"{p}/k_chunks"],
+            [f"{p}/chunk_maxima", f"{p}/best_chunks"],
+            axis=-1,
+            largest=1,
+            sorted=0,
+        ),
         make("Unsqueeze", [f"{p}/best_chunks", f"{p}/last_axis"], [f"{p}/best_chunks3"]),
         make("Mul", [f"{p}/best_chunks3", f"{p}/width"], [f"{p}/starts"]),
         make("Add", [f"{p}/starts", f"{p}/offsets"], [f"{p}/columns3"]),
         make("Reshape", [f"{p}/columns3", f"{p}/flat_shape"], [f"{p}/columns"]),
         make("GatherElements", [values, f"{p}/columns"], [f"{p}/candidates"], axis=1),
         make("TopK", [f"{p}/candidates", TOP_K], [f"{p}/values", f"{p}/picked"], axis=-1, largest=1, sorted=1),
-        make("GatherElements", [f"{p}/columns", f"{p}/picked"], [f"{p}/ids"], axis=1)]
+        make("GatherElements", [f"{p}/columns", f"{p}/picked"], [f"{p}/ids"], axis=1),
+    ]
 
 
 def normalize_or_not(softmax: onnx.NodeProto, value_type: int, vocab=None, restricted=None) -> onnx.NodeProto:
@@ -61,10 +75,17 @@ def normalize_or_not(softmax: onnx.NodeProto, value_type: int, vocab=None, restr
     (from restricted_projection): the LogSoftmax and top k run over the output vocabulary's
     projection instead, and the logits' producer moves into the else branch (a node outside the
     If runs whichever branch is taken)."""
+
     def graph(name: str, nodes: list[onnx.NodeProto]) -> onnx.GraphProto:
-        return helper.make_graph(nodes, name, [], [
-            helper.make_tensor_value_info(f"{name}/values", value_type, ["batch", None]),
-            helper.make_tensor_value_info(f"{name}/ids", TensorProto.INT64, ["batch", None])])
+        return helper.make_graph(
+            nodes,
+            name,
+            [],
+            [
+                helper.make_tensor_value_info(f"{name}/values", value_type, ["batch", None]),
+                helper.make_tensor_value_info(f"{name}/ids", TensorProto.INT64, ["batch", None]),
+            ],
+        )
 
     softmax = copy.deepcopy(softmax)
     softmax.output[0] = "log_probabilities/all"
@@ -76,16 +97,32 @@ def normalize_or_not(softmax: onnx.NodeProto, value_type: int, vocab=None, restr
         producer, projection, words = restricted
         softmax.input[0] = projection[0].output[0]
         listed = "log_probabilities/listed"  # top k over the vocabulary: places in it, mapped to word ids
-        normalized = [*projection, softmax, *chunked_top_k(softmax.output[0], len(words), listed),
-                      helper.make_node("Gather", [VOCABULARY_WORDS, f"{listed}/ids"], ["log_probabilities/ids"], axis=0),
-                      helper.make_node("Identity", [f"{listed}/values"], ["log_probabilities/values"])]
+        normalized = [
+            *projection,
+            softmax,
+            *chunked_top_k(softmax.output[0], len(words), listed),
+            helper.make_node("Gather", [VOCABULARY_WORDS, f"{listed}/ids"], ["log_probabilities/ids"], axis=0),
+            helper.make_node("Identity", [f"{listed}/values"], ["log_probabilities/values"]),
+        ]
         unnormalized = [producer]
-    no_ids = [helper.make_node("Shape", [logits], ["logits/shape"], end=1),
-              helper.make_node("Constant", [], ["logits/zero"], value=helper.make_tensor("zero", TensorProto.INT64, [1], [0])),
-              helper.make_node("Concat", ["logits/shape", "logits/zero"], ["logits/ids_shape"], axis=0),
-              helper.make_node("ConstantOfShape", ["logits/ids_shape"], ["logits/ids"],
-                               value=helper.make_tensor("id", TensorProto.INT64, [1], [0])),
-              helper.make_node("Identity", [logits], ["logits/values"])]
-    return helper.make_node("If", [NORMALIZE], [TOP_LOG_PROBS, TOP_IDS],
-                            then_branch=graph("log_probabilities", normalized),
-                            else_branch=graph("logits", [*unnormalized, *no_ids]))
+    no_ids = [
+        helper.make_node("Shape", [logits], ["logits/shape"], end=1),
+        helper.make_node(
+            "Constant", [], ["logits/zero"], value=helper.make_tensor("zero", TensorProto.INT64, [1], [0])
+        ),
+        helper.make_node("Concat", ["logits/shape", "logits/zero"], ["logits/ids_shape"], axis=0),
+        helper.make_node(
+            "ConstantOfShape",
+            ["logits/ids_shape"],
+            ["logits/ids"],
+            value=helper.make_tensor("id", TensorProto.INT64, [1], [0]),
+        ),
+        helper.make_node("Identity", [logits], ["logits/values"]),
+    ]
+    return helper.make_node(
+        "If",
+        [NORMALIZE],
+        [TOP_LOG_PROBS, TOP_IDS],
+        then_branch=graph("log_probabilities", normalized),
+        else_branch=graph("logits", [*unnormalized, *no_ids]),
+    )

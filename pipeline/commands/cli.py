@@ -15,20 +15,27 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..engine.context import console
 from ..corpora.splits import DEFAULT_MAX_LINE_BYTES
+from ..engine.context import console
 from ..engine.errors import OutputError, PipelineError, ReaderGone, RecipeError, UserInputError
 from ..engine.store import Store
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Distil, prune, quantize and export Transformer translation models from one recipe.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Distil, prune, quantize and export Transformer translation models from one recipe.",
+)
 artifacts_app = typer.Typer(no_args_is_help=True, help="Inspect, verify and clean the artifact store.")
 app.add_typer(artifacts_app, name="artifacts")
 
-StoreOpt = Annotated[Optional[Path], typer.Option(
-    "--store", help="Artifact store folder (default: $PIPELINE_ARTIFACTS or ./artifacts).")]
-SetOpt = Annotated[Optional[list[str]], typer.Option(
-    "--set", help="Override a recipe value, e.g. --set teacher.train.max_epochs=2 (repeatable).")]
+StoreOpt = Annotated[
+    Optional[Path], typer.Option("--store", help="Artifact store folder (default: $PIPELINE_ARTIFACTS or ./artifacts).")
+]
+SetOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--set", help="Override a recipe value, e.g. --set teacher.train.max_epochs=2 (repeatable)."),
+]
 RecipeArg = Annotated[Path, typer.Argument(help="Recipe YAML file.")]
 
 
@@ -38,19 +45,37 @@ def _store(path: Optional[Path]) -> Store:
 
 # ---------------------------------------------------------------------------------- run
 @app.command()
-def run(recipe: RecipeArg, set_: SetOpt = None, until: Annotated[Optional[str], typer.Option(
-        help="Stop after this stage (a stage kind such as 'evaluate', or a node such as 'evaluate.teacher').")] = None,
-        force: Annotated[Optional[list[str]], typer.Option(
-            help="Rebuild this stage (and what depends on it) even if cached (repeatable).")] = None,
-        wait: Annotated[bool, typer.Option(help="Wait for the store lock instead of failing.")] = False,
-        nproc: Annotated[int, typer.Option(
-            min=1, help="Processes for training and corpus translation (torchrun; gloo on CPU, nccl on GPU).")] = 1,
-        store: StoreOpt = None,
-        dry_run: Annotated[bool, typer.Option(
-            "--dry-run", help="Build nothing: say what would be built and how long it would take here "
-                              "(trainings measured by a short probe).")] = False) -> None:
+def run(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    until: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Stop after this stage (a stage kind such as 'evaluate', or a node such as 'evaluate.teacher')."
+        ),
+    ] = None,
+    force: Annotated[
+        Optional[list[str]],
+        typer.Option(help="Rebuild this stage (and what depends on it) even if cached (repeatable)."),
+    ] = None,
+    wait: Annotated[bool, typer.Option(help="Wait for the store lock instead of failing.")] = False,
+    nproc: Annotated[
+        int,
+        typer.Option(min=1, help="Processes for training and corpus translation (torchrun; gloo on CPU, nccl on GPU)."),
+    ] = 1,
+    store: StoreOpt = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Build nothing: say what would be built and how long it would take here "
+            "(trainings measured by a short probe).",
+        ),
+    ] = False,
+) -> None:
     """Build every artifact of the recipe that is not already in the store."""
-    from ..engine.runner import run as run_plan, summary_table
+    from ..engine.runner import run as run_plan
+    from ..engine.runner import summary_table
     from . import plan_recipe
 
     started = time.monotonic()
@@ -59,20 +84,24 @@ def run(recipe: RecipeArg, set_: SetOpt = None, until: Annotated[Optional[str], 
     if dry_run:
         _dry_run(plan, st, until)
         return
-    console.print(f"recipe [bold]{plan.name}[/bold] ({recipe}), store {st.root}"
-                  + (f", overrides: {' '.join(set_)}" if set_ else ""))
+    console.print(
+        f"recipe [bold]{plan.name}[/bold] ({recipe}), store {st.root}"
+        + (f", overrides: {' '.join(set_)}" if set_ else "")
+    )
     result = run_plan(plan, st, until=until, force=force or [], wait=wait, nproc=nproc)
     console.print(summary_table(result, time.monotonic() - started))
 
 
 def _dry_run(plan, st: Store, until: str | None) -> None:
-    from .estimate import estimate
     from ..engine.graph import select
     from ..engine.machine import machine_info
+    from .estimate import estimate
 
     machine = machine_info()
-    console.print(f"recipe [bold]{plan.name}[/bold]: estimating on this machine ({machine['cpu']}, {machine['isa']}, "
-                  f"{machine['cores']} cores); nothing is built")
+    console.print(
+        f"recipe [bold]{plan.name}[/bold]: estimating on this machine ({machine['cpu']}, {machine['isa']}, "
+        f"{machine['cores']} cores); nothing is built"
+    )
     selected = select(plan.nodes, until)
     rows = estimate(plan, st, selected, log=lambda line: console.print(line, style="dim"))
     by_name = {n.name: n for n in selected}
@@ -90,8 +119,9 @@ def _dry_run(plan, st: Store, until: str | None) -> None:
         if row.node not in counted:
             total += max(r.seconds or 0.0 for r in rows if r.node in group)
             counted.update(group)
-    table.title = (f"about {_minutes(total)} on this machine" + (f", plus {len(unknown)} stage(s) not estimated"
-                                                                 if unknown else ""))
+    table.title = f"about {_minutes(total)} on this machine" + (
+        f", plus {len(unknown)} stage(s) not estimated" if unknown else ""
+    )
     console.print(table)
 
 
@@ -100,8 +130,12 @@ def _minutes(seconds: float) -> str:
 
 
 @app.command()
-def status(recipe: RecipeArg, set_: SetOpt = None, store: StoreOpt = None,
-           json_out: Annotated[bool, typer.Option("--json", help="One JSON object per stage.")] = False) -> None:
+def status(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    store: StoreOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per stage.")] = False,
+) -> None:
     """Per stage: cached, stale (with the reason) or missing."""
     from ..engine.runner import node_status
     from . import plan_recipe
@@ -112,8 +146,9 @@ def status(recipe: RecipeArg, set_: SetOpt = None, store: StoreOpt = None,
         for row in rows:
             print(json.dumps(row))
         return
-    table = Table(title=f"{plan.name}: {sum(r['state'] == 'cached' for r in rows)}/{len(rows)} cached",
-                  title_justify="left")
+    table = Table(
+        title=f"{plan.name}: {sum(r['state'] == 'cached' for r in rows)}/{len(rows)} cached", title_justify="left"
+    )
     for col in ("stage", "state", "artifact", "reason"):
         table.add_column(col)
     colour = {"cached": "green", "stale": "yellow", "missing": "red"}
@@ -133,9 +168,10 @@ def validate(recipe: RecipeArg, set_: SetOpt = None) -> None:
 
 # ---------------------------------------------------------------------------- artifacts
 @artifacts_app.command("list")
-def artifacts_list(store: StoreOpt = None,
-                   json_out: Annotated[bool, typer.Option("--json", help="One JSON object per artifact.")] = False
-                   ) -> None:
+def artifacts_list(
+    store: StoreOpt = None,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per artifact.")] = False,
+) -> None:
     """Every artifact in the store."""
     st = _store(store)
     rows = st.listing()
@@ -147,23 +183,34 @@ def artifacts_list(store: StoreOpt = None,
     for col in ("id", "created", "size", "build time"):
         table.add_column(col)
     for row in rows:
-        table.add_row(row["id"], row["created"] or "[red]incomplete[/red]", _bytes(row["bytes"]),
-                      f"{row['duration_s']:.1f} s" if row["duration_s"] is not None else "")
+        table.add_row(
+            row["id"],
+            row["created"] or "[red]incomplete[/red]",
+            _bytes(row["bytes"]),
+            f"{row['duration_s']:.1f} s" if row["duration_s"] is not None else "",
+        )
     console.print(table)
 
 
 @artifacts_app.command("show")
-def artifacts_show(artifact: Annotated[str, typer.Argument(help="Artifact id (or unique prefix).")],
-                   store: StoreOpt = None) -> None:
+def artifacts_show(
+    artifact: Annotated[str, typer.Argument(help="Artifact id (or unique prefix).")], store: StoreOpt = None
+) -> None:
     """Print an artifact's manifest."""
     print(json.dumps(_store(store).resolve(artifact).manifest, indent=2, sort_keys=True))
 
 
 @artifacts_app.command("verify")
-def artifacts_verify(artifact: Annotated[Optional[str], typer.Argument(
-        help="Artifact id, or the path of an artifact folder (checked against its own manifest and, "
-             "when the store holds its id, against the store's digests); all artifacts if omitted.")] = None,
-        store: StoreOpt = None) -> None:
+def artifacts_verify(
+    artifact: Annotated[
+        Optional[str],
+        typer.Argument(
+            help="Artifact id, or the path of an artifact folder (checked against its own manifest and, "
+            "when the store holds its id, against the store's digests); all artifacts if omitted."
+        ),
+    ] = None,
+    store: StoreOpt = None,
+) -> None:
     """Check every file against its manifest's size and sha256. Exit 1 on any mismatch."""
     st = _store(store)
     bad = total = 0
@@ -183,10 +230,14 @@ def artifacts_verify(artifact: Annotated[Optional[str], typer.Argument(
                 console.print(f"    {line}", markup=False)
         else:
             console.print(f"[green]✓[/green] {escape(label)}")
-            if not isinstance(target, str) and not st.in_store(target) and not (
-                    _is_id(target.id) and st.exists(target.id)):
-                console.print(f"    checked against its own manifest only: {st.root} holds no copy of "
-                              f"{target.id}", markup=False)
+            if (
+                not isinstance(target, str)
+                and not st.in_store(target)
+                and not (_is_id(target.id) and st.exists(target.id))
+            ):
+                console.print(
+                    f"    checked against its own manifest only: {st.root} holds no copy of {target.id}", markup=False
+                )
     console.print(f"{total - bad} ok, {bad} failed")
     if bad:
         raise typer.Exit(1)
@@ -199,53 +250,85 @@ def _is_id(text: str) -> bool:
 
 
 @artifacts_app.command("gc")
-def artifacts_gc(store: StoreOpt = None, dry_run: Annotated[bool, typer.Option(
-        help="Only list what would be removed.")] = False,
-        drop_checkpoints: Annotated[bool, typer.Option(
-            "--drop-checkpoints", help="Also remove the resume checkpoints (work/ folders) of stages that "
-                                       "were interrupted; kept otherwise, so the same run resumes.")] = False
-        ) -> None:
+def artifacts_gc(
+    store: StoreOpt = None,
+    dry_run: Annotated[bool, typer.Option(help="Only list what would be removed.")] = False,
+    drop_checkpoints: Annotated[
+        bool,
+        typer.Option(
+            "--drop-checkpoints",
+            help="Also remove the resume checkpoints (work/ folders) of stages that "
+            "were interrupted; kept otherwise, so the same run resumes.",
+        ),
+    ] = False,
+) -> None:
     """Remove artifacts that no recipe's latest run uses (and leftovers of crashed runs)."""
     verb = "would remove" if dry_run else "removed"
     result = _store(store).collect_garbage(
-        dry_run, drop_checkpoints,
-        on_remove=lambda path, size: console.print(f"{verb} {path} ({_bytes(size)})", markup=False))
-    console.print(f"{result.removed} artifact(s), {_bytes(result.freed_bytes)} "
-                  f"{'reclaimable' if dry_run else 'freed'}; kept {result.kept}")
+        dry_run,
+        drop_checkpoints,
+        on_remove=lambda path, size: console.print(f"{verb} {path} ({_bytes(size)})", markup=False),
+    )
+    console.print(
+        f"{result.removed} artifact(s), {_bytes(result.freed_bytes)} "
+        f"{'reclaimable' if dry_run else 'freed'}; kept {result.kept}"
+    )
     if result.kept_checkpoints:
-        console.print(f"kept {len(result.kept_checkpoints)} resume checkpoint folder(s) of interrupted stages "
-                      f"({_bytes(result.kept_checkpoint_bytes)}): run the recipe again to resume, "
-                      "or pass --drop-checkpoints to remove them")
+        console.print(
+            f"kept {len(result.kept_checkpoints)} resume checkpoint folder(s) of interrupted stages "
+            f"({_bytes(result.kept_checkpoint_bytes)}): run the recipe again to resume, "
+            "or pass --drop-checkpoints to remove them"
+        )
     for path in result.busy:
         console.print(f"kept {path}: in use by a live process", markup=False)
 
 
 # ------------------------------------------------------------------------- use a model
 @app.command()
-def translate(model: Annotated[str, typer.Option(help="Model artifact id, artifact folder or exported package.")],
-              beam: Annotated[int, typer.Option(min=1, help="Beam size (1 = greedy).")] = 4,
-              batch_size: Annotated[int, typer.Option(min=1, help="Sentences per batch.")] = 32,
-              package: Annotated[Optional[str], typer.Option(
-                  help="Package inside an export/quantize artifact (fp32, fp16, int8_dynamic, int8_static).")] = None,
-              device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-              threads: Annotated[Optional[int], typer.Option(min=1, help="Intra-op threads.")] = None,
-              max_line_bytes: Annotated[int, typer.Option(
-                  min=1, help="Longest input line read, in bytes; a longer one is cut to this many "
-                              "(with a warning) and still gives one output line.")] = DEFAULT_MAX_LINE_BYTES,
-              store: StoreOpt = None) -> None:
+def translate(
+    model: Annotated[str, typer.Option(help="Model artifact id, artifact folder or exported package.")],
+    beam: Annotated[int, typer.Option(min=1, help="Beam size (1 = greedy).")] = 4,
+    batch_size: Annotated[int, typer.Option(min=1, help="Sentences per batch.")] = 32,
+    package: Annotated[
+        Optional[str],
+        typer.Option(help="Package inside an export/quantize artifact (fp32, fp16, int8_dynamic, int8_static)."),
+    ] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    threads: Annotated[Optional[int], typer.Option(min=1, help="Intra-op threads.")] = None,
+    max_line_bytes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Longest input line read, in bytes; a longer one is cut to this many "
+            "(with a warning) and still gives one output line.",
+        ),
+    ] = DEFAULT_MAX_LINE_BYTES,
+    store: StoreOpt = None,
+) -> None:
     """Translate lines from stdin to stdout: one output line per input line."""
     from .translate import translate_stream
 
-    translate_stream(_store(store), model, beam=beam, batch_size=batch_size, package=package, device=device,
-                     threads=threads, max_line_bytes=max_line_bytes)
+    translate_stream(
+        _store(store),
+        model,
+        beam=beam,
+        batch_size=batch_size,
+        package=package,
+        device=device,
+        threads=threads,
+        max_line_bytes=max_line_bytes,
+    )
 
 
 @app.command("export-package")
-def export_package(artifact: Annotated[str, typer.Argument(help="An export or quantize artifact.")],
-                   dest: Annotated[Path, typer.Argument(help="Folder to create.")],
-                   package: Annotated[Optional[str], typer.Option(
-                       help="Which package (fp32, fp16, int8_dynamic, int8_static); all if omitted.")] = None,
-                   store: StoreOpt = None) -> None:
+def export_package(
+    artifact: Annotated[str, typer.Argument(help="An export or quantize artifact.")],
+    dest: Annotated[Path, typer.Argument(help="Folder to create.")],
+    package: Annotated[
+        Optional[str], typer.Option(help="Which package (fp32, fp16, int8_dynamic, int8_static); all if omitted.")
+    ] = None,
+    store: StoreOpt = None,
+) -> None:
     """Copy a shipped ONNX package out of the store."""
     from ..export.packages import copy_packages
 
@@ -257,13 +340,15 @@ def export_package(artifact: Annotated[str, typer.Argument(help="An export or qu
 
 
 @app.command()
-def report(recipe: Annotated[Optional[Path], typer.Argument(help="Recipe whose latest run to show.")] = None,
-           json_out: Annotated[bool, typer.Option("--json", help="Print report.json.")] = False,
-           compare: Annotated[Optional[tuple[str, str]], typer.Option(
-               help="Compare two runs: --compare RUN_A RUN_B.")] = None,
-           markdown: Annotated[bool, typer.Option(
-               "--markdown", help="Print the latest report as a section of docs/results.md.")] = False,
-           store: StoreOpt = None) -> None:
+def report(
+    recipe: Annotated[Optional[Path], typer.Argument(help="Recipe whose latest run to show.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print report.json.")] = False,
+    compare: Annotated[Optional[tuple[str, str]], typer.Option(help="Compare two runs: --compare RUN_A RUN_B.")] = None,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print the latest report as a section of docs/results.md.")
+    ] = False,
+    store: StoreOpt = None,
+) -> None:
     """Show the BLEU / latency table of a recipe's latest run, or compare two runs."""
     from .report_view import compare_runs, results_markdown, show_latest
 
@@ -315,8 +400,11 @@ def main() -> None:
 
     def interrupted() -> None:
         # Ctrl-C: half-written artifacts are removed, checkpoints are kept.
-        console.print("[yellow]interrupted: nothing half-written was kept (training checkpoints were); "
-                      "run the same command again to resume[/yellow]", soft_wrap=True)
+        console.print(
+            "[yellow]interrupted: nothing half-written was kept (training checkpoints were); "
+            "run the same command again to resume[/yellow]",
+            soft_wrap=True,
+        )
         # os._exit, not sys.exit: when the interrupt lands while an extension runs Python code
         # through PyRun_*, CPython 3.11 flags it as unhandled (_Py_UnhandledKeyboardInterrupt)
         # even though it was caught here, and at shutdown kills itself with SIGINT, so the exit

@@ -90,20 +90,27 @@ def _prune(node: Node, plan, pairs: int | None) -> Estimate:
     validations a step."""
     cfg = plan.recipe.prune
     source = "student" if plan.recipe.distill is not None else "teacher"
-    train = {"lr": cfg.finetune.lr, "warmup_steps": cfg.finetune.warmup_steps, "batch_tokens": cfg.finetune.batch_tokens,
-             "max_steps": cfg.finetune.steps * cfg.steps, "max_epochs": None, "max_minutes": cfg.finetune.max_minutes,
-             "valid_bleu_sentences": cfg.valid_bleu_sentences or 1014}
+    train = {
+        "lr": cfg.finetune.lr,
+        "warmup_steps": cfg.finetune.warmup_steps,
+        "batch_tokens": cfg.finetune.batch_tokens,
+        "max_steps": cfg.finetune.steps * cfg.steps,
+        "max_epochs": None,
+        "max_minutes": cfg.finetune.max_minutes,
+        "valid_bleu_sentences": cfg.valid_bleu_sentences or 1014,
+    }
     row = _training(node, plan, pairs, spec=_model_spec(plan, source), train=train, validations=2 * cfg.steps)
     return Estimate(row.node, row.seconds, row.how.replace("validations", "validations (unpruned shape)"))
 
 
-def _training(node: Node, plan, pairs: int | None, spec=None, train: dict | None = None,
-              validations: int | None = None) -> Estimate:
+def _training(
+    node: Node, plan, pairs: int | None, spec=None, train: dict | None = None, validations: int | None = None
+) -> Estimate:
     import torch
 
     from ..training import speed_probe
-    from ..training.settings import TrainConfig
     from ..training.loop import label_smoothed_loss
+    from ..training.settings import TrainConfig
 
     cfg = TrainConfig.model_validate(train or node.config["train"])
     vocab = plan.recipe.tokenizer.vocab_size
@@ -118,13 +125,20 @@ def _training(node: Node, plan, pairs: int | None, spec=None, train: dict | None
         loss = lambda logits: label_smoothed_loss(logits, tout.reshape(-1), cfg.label_smoothing)  # noqa: E731
         quarter = tuple(t[: max(1, rows // 4)] for t in (src, tin, tout))
         probe_threads = [share, share // 2] if cfg.num_threads is None and share > 1 else None
-        choice = speed_probe.choose(model, quarter, lambda logits: label_smoothed_loss(
-            logits, quarter[2].reshape(-1), cfg.label_smoothing), torch.device("cpu"), cfg.bf16,
-            torch.get_num_threads(), probe_threads)
+        choice = speed_probe.choose(
+            model,
+            quarter,
+            lambda logits: label_smoothed_loss(logits, quarter[2].reshape(-1), cfg.label_smoothing),
+            torch.device("cpu"),
+            cfg.bf16,
+            torch.get_num_threads(),
+            probe_threads,
+        )
         torch.set_num_threads(choice.threads)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=choice.fused_optimizer or None)
-        step_s = speed_probe.interleaved({"step": lambda: _step(model, optimizer, (src, tin, tout), loss, choice)},
-                                         rounds=2)["step"]
+        step_s = speed_probe.interleaved(
+            {"step": lambda: _step(model, optimizer, (src, tin, tout), loss, choice)}, rounds=2
+        )["step"]
         batches_per_epoch = math.ceil(pairs * TOKENS_PER_SIDE / cfg.batch_tokens) if pairs else None
         budgets = [cfg.max_steps] if cfg.max_steps else []
         if cfg.max_epochs and batches_per_epoch:
@@ -136,12 +150,19 @@ def _training(node: Node, plan, pairs: int | None, spec=None, train: dict | None
         validation = epochs * _decode_s(model, cfg.valid_bleu_sentences, rows=32)
         seconds = steps * step_s + validation
         if cfg.max_minutes is not None and seconds > cfg.max_minutes * 60:
-            return Estimate(node.name, cfg.max_minutes * 60,
-                            f"{steps} steps at {step_s:.2f} s would take {seconds / 60:.0f} min: the "
-                            f"{cfg.max_minutes:g}-minute cap would cut it near step {int(cfg.max_minutes * 60 / step_s)}")
-        return Estimate(node.name, seconds, f"{steps} steps at {step_s:.2f} s ({choice.precision}, "
-                                            f"{choice.threads} thread{'s' if choice.threads != 1 else ''}) "
-                                            f"+ {epochs} validation{'s' if epochs != 1 else ''}")
+            return Estimate(
+                node.name,
+                cfg.max_minutes * 60,
+                f"{steps} steps at {step_s:.2f} s would take {seconds / 60:.0f} min: the "
+                f"{cfg.max_minutes:g}-minute cap would cut it near step {int(cfg.max_minutes * 60 / step_s)}",
+            )
+        return Estimate(
+            node.name,
+            seconds,
+            f"{steps} steps at {step_s:.2f} s ({choice.precision}, "
+            f"{choice.threads} thread{'s' if choice.threads != 1 else ''}) "
+            f"+ {epochs} validation{'s' if epochs != 1 else ''}",
+        )
     finally:
         torch.set_num_threads(before)
 
@@ -155,8 +176,10 @@ def _step(model, optimizer, batch, loss_fn, choice) -> float:
     from ..training import speed_probe
 
     start = time.perf_counter()
-    with speed_probe.attention_context(choice.attention), \
-            torch.autocast("cpu", dtype=torch.bfloat16, enabled=choice.bf16):
+    with (
+        speed_probe.attention_context(choice.attention),
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=choice.bf16),
+    ):
         loss = loss_fn(model(*batch))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -208,8 +231,10 @@ def _past_durations(store: Store, machine: dict, recipe: str) -> dict[str, tuple
         except (OSError, ValueError):
             continue
         ran_on = run.get("machine") or {}
-        if run.get("recipe") != recipe or \
-                (ran_on.get("cpu"), ran_on.get("isa")) != (machine.get("cpu"), machine.get("isa")):
+        if run.get("recipe") != recipe or (ran_on.get("cpu"), ran_on.get("isa")) != (
+            machine.get("cpu"),
+            machine.get("isa"),
+        ):
             continue
         for record in run.get("nodes", []):
             if record.get("action") == "built" and record.get("duration_s"):

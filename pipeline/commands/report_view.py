@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..engine.errors import UserInputError
-from ..report.rows import ReportRow, figures, versus_lines
 from ..engine.store import Store
+from ..report.rows import ReportRow, figures, versus_lines
 
 
 def _out() -> Console:
@@ -34,7 +34,9 @@ def run_of(store: Store, artifact_id: str) -> str | None:
             log = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             continue
-        if any(rec.get("id") == artifact_id and rec.get("action") in ("built", "reused") for rec in log.get("nodes", [])):
+        if any(
+            rec.get("id") == artifact_id and rec.get("action") in ("built", "reused") for rec in log.get("nodes", [])
+        ):
             return log.get("run", path.stem)
     return None
 
@@ -54,11 +56,15 @@ def latest_report(store: Store, recipe_path: str | Path) -> dict:
     recipe, _ = read_recipe(recipe_path)
     pointer = store.latest(recipe.name, recipe_path)
     if pointer is None:
-        raise UserInputError(f"no run of recipe '{recipe.name}' in {store.root}: run `pipeline run {recipe_path}` first")
+        raise UserInputError(
+            f"no run of recipe '{recipe.name}' in {store.root}: run `pipeline run {recipe_path}` first"
+        )
     node = pointer.get("nodes", {}).get("report")
     if node is None or not store.exists(node["id"]):
-        raise UserInputError(f"no report from recipe '{recipe.name}' in {store.root}: run `pipeline run {recipe_path}` "
-                             "to the end (the recipe needs evaluate, benchmark and report sections)")
+        raise UserInputError(
+            f"no report from recipe '{recipe.name}' in {store.root}: run `pipeline run {recipe_path}` "
+            "to the end (the recipe needs evaluate, benchmark and report sections)"
+        )
     return load_report(store, node["id"])
 
 
@@ -69,15 +75,18 @@ def show_latest(store: Store, recipe_path: str | Path, json_out: bool = False) -
         return report
     out = _out()
     m = report.get("machine") or {}
-    out.print(f"[bold]{report['recipe']}[/bold], run {report['run'] or '(unknown)'}: "
-              f"{m.get('cpu')}, {m.get('cores')} cores, GPU {m.get('gpu') or 'none'}")
+    out.print(
+        f"[bold]{report['recipe']}[/bold], run {report['run'] or '(unknown)'}: "
+        f"{m.get('cpu')}, {m.get('cores')} cores, GPU {m.get('gpu') or 'none'}"
+    )
     out.print(report_table(report))
     if report.get("steps"):
         out.print(steps_table(report["steps"]))
     for r in report["rows"]:
         if r["skipped"]:
-            out.print(f"[dim]{r['variant']} {r['runtime']} {r['device']} {r['compute_type']}: "
-                      f"skipped: {r['skipped']}[/dim]")
+            out.print(
+                f"[dim]{r['variant']} {r['runtime']} {r['device']} {r['compute_type']}: skipped: {r['skipped']}[/dim]"
+            )
     for line in versus_lines(report["rows"]):
         out.print(line, markup=False)
     for mode, line in (report.get("recommendations") or {}).items():
@@ -93,10 +102,30 @@ def _num(value, fmt: str) -> str:
 def report_table(report: dict) -> Table:
     rows: list[ReportRow] = report["rows"]
     b = report.get("benchmark") or {}
-    table = Table(title=f"BLEU against latency ({b.get('sentences')} sentences of {b.get('test_set')}, "
-                        f"throughput at batch {b.get('batch_size')})", title_justify="left")
-    for col in ("variant", "runtime", "device", "type", "thr", "BLEU", "chrF", "greedy p50 ms", "p90", "p99",
-                "beam4 p50 ms", "sent/s", "size MB", "params", "heads", "speedup", "Pareto"):
+    table = Table(
+        title=f"BLEU against latency ({b.get('sentences')} sentences of {b.get('test_set')}, "
+        f"throughput at batch {b.get('batch_size')})",
+        title_justify="left",
+    )
+    for col in (
+        "variant",
+        "runtime",
+        "device",
+        "type",
+        "thr",
+        "BLEU",
+        "chrF",
+        "greedy p50 ms",
+        "p90",
+        "p99",
+        "beam4 p50 ms",
+        "sent/s",
+        "size MB",
+        "params",
+        "heads",
+        "speedup",
+        "Pareto",
+    ):
         table.add_column(col, justify="left" if col in ("variant", "runtime", "device", "type") else "right")
     for r in rows:
         if r["skipped"]:
@@ -104,18 +133,31 @@ def report_table(report: dict) -> Table:
         head = [r["variant"], r["runtime"], r["device"], r["compute_type"]]
         g = r["latency_ms"]["greedy_b1"]
         vs = r.get("vs_teacher") or {}
-        table.add_row(*head, str(r["threads"]), _num(r["bleu"], "{:.2f}"), _num(r["chrf"], "{:.1f}"),
-                      f"{g['p50']:.1f}", f"{g['p90']:.1f}", f"{g['p99']:.1f}",
-                      f"{r['latency_ms']['beam4_b1']['p50']:.1f}", f"{r['throughput']['sent_per_s']:.1f}",
-                      _mb(r["bytes"]), _num(r["params"], "{:,}"),
-                      _num(r["heads"], "{}"), _num(vs.get("greedy_b1_speedup"), "{:.2f}x"),
-                      "*" if r.get("pareto") else "")
+        table.add_row(
+            *head,
+            str(r["threads"]),
+            _num(r["bleu"], "{:.2f}"),
+            _num(r["chrf"], "{:.1f}"),
+            f"{g['p50']:.1f}",
+            f"{g['p90']:.1f}",
+            f"{g['p99']:.1f}",
+            f"{r['latency_ms']['beam4_b1']['p50']:.1f}",
+            f"{r['throughput']['sent_per_s']:.1f}",
+            _mb(r["bytes"]),
+            _num(r["params"], "{:,}"),
+            _num(r["heads"], "{}"),
+            _num(vs.get("greedy_b1_speedup"), "{:.2f}x"),
+            "*" if r.get("pareto") else "",
+        )
     return table
 
 
 def steps_table(steps: list[dict]) -> Table:
-    table = Table(title="What each step cost and bought (BLEU: to - from, [95% interval] of paired bootstrap "
-                        "resampling over the test sentences)", title_justify="left")
+    table = Table(
+        title="What each step cost and bought (BLEU: to - from, [95% interval] of paired bootstrap "
+        "resampling over the test sentences)",
+        title_justify="left",
+    )
     for col in ("step", "from -> to", "BLEU (beam)", "BLEU (greedy)", "greedy speedup", "bytes"):
         table.add_column(col, justify="left" if col in ("step", "from -> to") else "right")
 
@@ -123,8 +165,14 @@ def steps_table(steps: list[dict]) -> Table:
         return "–" if d is None else f"{d['delta']:+.2f} [{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}]"
 
     for s in steps:
-        table.add_row(s["step"], f"{s['from']} -> {s['to']}", delta(s["bleu"]), delta(s["bleu_greedy"]),
-                      _num(s["greedy_b1_speedup"], "{:.2f}x"), _num(s["bytes_ratio"], "{:.3f}"))
+        table.add_row(
+            s["step"],
+            f"{s['from']} -> {s['to']}",
+            delta(s["bleu"]),
+            delta(s["bleu_greedy"]),
+            _num(s["greedy_b1_speedup"], "{:.2f}x"),
+            _num(s["bytes_ratio"], "{:.3f}"),
+        )
     return table
 
 
@@ -135,20 +183,33 @@ def compare_runs(store: Store, run_a: str, run_b: str) -> dict:
     from ..engine.runner import _diff_keys
 
     logs = [store.read_run(run_a), store.read_run(run_b)]
-    nodes = [{rec["node"]: rec["id"] for rec in log.get("nodes", []) if rec.get("action") in ("built", "reused")}
-             for log in logs]
-    changed_nodes = [{"node": name, "a": nodes[0].get(name), "b": nodes[1].get(name)}
-                     for name in dict.fromkeys([*nodes[0], *nodes[1]]) if nodes[0].get(name) != nodes[1].get(name)]
+    nodes = [
+        {rec["node"]: rec["id"] for rec in log.get("nodes", []) if rec.get("action") in ("built", "reused")}
+        for log in logs
+    ]
+    changed_nodes = [
+        {"node": name, "a": nodes[0].get(name), "b": nodes[1].get(name)}
+        for name in dict.fromkeys([*nodes[0], *nodes[1]])
+        if nodes[0].get(name) != nodes[1].get(name)
+    ]
     settings = _diff_keys(logs[0].get("recipe_resolved"), logs[1].get("recipe_resolved"))
     machine = _diff_keys(logs[0].get("machine"), logs[1].get("machine"))
-    reports = [load_report(store, n["report"]) if n.get("report") and store.exists(n["report"]) else None
-               for n in nodes]
+    reports = [
+        load_report(store, n["report"]) if n.get("report") and store.exists(n["report"]) else None for n in nodes
+    ]
     rows = compare_rows(*reports) if all(reports) else []
     if all(reports):
         add_bleu_intervals(store, rows, *reports)
-    result = {"a": run_a, "b": run_b, "recipes": [log.get("recipe") for log in logs], "settings_changed": settings,
-              "machine_changed": machine, "nodes_changed": changed_nodes, "rows": rows,
-              "reports": [r and r["report_artifact"] for r in reports]}
+    result = {
+        "a": run_a,
+        "b": run_b,
+        "recipes": [log.get("recipe") for log in logs],
+        "settings_changed": settings,
+        "machine_changed": machine,
+        "nodes_changed": changed_nodes,
+        "rows": rows,
+        "reports": [r and r["report_artifact"] for r in reports],
+    }
     print_comparison(result)
     return result
 
@@ -161,7 +222,9 @@ def compare_rows(a: dict, b: dict) -> list[dict]:
         fa, fb = (figures(row) if row else None for row in (by_a.get(name), by_b.get(name)))
         entry = {"name": name, "a": fa, "b": fb}
         if fa and fb and "skipped" not in fa and "skipped" not in fb:
-            entry["bleu_delta"] = None if fa["bleu"] is None or fb["bleu"] is None else round(fb["bleu"] - fa["bleu"], 2)
+            entry["bleu_delta"] = (
+                None if fa["bleu"] is None or fb["bleu"] is None else round(fb["bleu"] - fa["bleu"], 2)
+            )
             entry["greedy_p50_ratio"] = round(fb["greedy_p50_ms"] / fa["greedy_p50_ms"], 3)
             entry["sent_per_s_ratio"] = round(fb["sent_per_s"] / fa["sent_per_s"], 3)
         out.append(entry)
@@ -178,15 +241,24 @@ def add_bleu_intervals(store: Store, rows: list[dict], a: dict, b: dict) -> None
     readers = []
     for report in (a, b):
         artifact = store.get(report["report_artifact"])
-        inputs = {role: store.get(ref) for role, ref in (artifact.manifest.get("inputs") or {}).items()
-                  if store.exists(ref)}
+        inputs = {
+            role: store.get(ref) for role, ref in (artifact.manifest.get("inputs") or {}).items() if store.exists(ref)
+        }
         if "data" not in inputs:  # a report made before it took the references: its evaluations know them
-            data = next((art.manifest["inputs"]["data"] for role, art in inputs.items() if role.startswith("evaluate.")
-                         and "data" in (art.manifest.get("inputs") or {})), None)
+            data = next(
+                (
+                    art.manifest["inputs"]["data"]
+                    for role, art in inputs.items()
+                    if role.startswith("evaluate.") and "data" in (art.manifest.get("inputs") or {})
+                ),
+                None,
+            )
             if data is not None and store.exists(data):
                 inputs["data"] = store.get(data)
         bench = inputs["benchmark"].metrics if "benchmark" in inputs else {}
-        evaluations = {role.removeprefix("evaluate."): art for role, art in inputs.items() if role.startswith("evaluate.")}
+        evaluations = {
+            role.removeprefix("evaluate."): art for role, art in inputs.items() if role.startswith("evaluate.")
+        }
         readers.append(hypotheses_reader(inputs.get("data"), inputs.get("benchmark"), evaluations, bench))
     beams = [{r["name"]: r.get("bleu_beam") for r in report["rows"]} for report in (a, b)]
     for entry in rows:
@@ -211,17 +283,24 @@ def print_comparison(result: dict) -> None:
     if result["machine_changed"]:
         out.print("machine changed: " + ", ".join(result["machine_changed"]))
     if result["nodes_changed"]:
-        out.print("stages with different artifacts: " + ", ".join(
-            f"{n['node']} ({'new' if n['a'] is None else 'gone' if n['b'] is None else 'rebuilt'})"
-            for n in result["nodes_changed"]))
+        out.print(
+            "stages with different artifacts: "
+            + ", ".join(
+                f"{n['node']} ({'new' if n['a'] is None else 'gone' if n['b'] is None else 'rebuilt'})"
+                for n in result["nodes_changed"]
+            )
+        )
     else:
         out.print("stages with different artifacts: none (same artifacts)")
     if not result["rows"]:
         missing = [run for run, rep in zip((result["a"], result["b"]), result["reports"]) if rep is None]
         out.print(f"no report to compare in {', '.join(missing)}" if missing else "no rows")
         return
-    table = Table(title="per row: A -> B (BLEU change: [95% interval] of paired bootstrap resampling over the "
-                        "test sentences, where both runs' translations are in the store)", title_justify="left")
+    table = Table(
+        title="per row: A -> B (BLEU change: [95% interval] of paired bootstrap resampling over the "
+        "test sentences, where both runs' translations are in the store)",
+        title_justify="left",
+    )
     for col in ("row", "BLEU", "BLEU change", "greedy p50 ms", "sent/s", "size MB", "threads"):
         table.add_column(col, justify="left" if col == "row" else "right")
 
@@ -240,9 +319,15 @@ def print_comparison(result: dict) -> None:
             continue
         ci = entry.get("bleu_delta_ci95")
         change = _num(entry.get("bleu_delta"), "{:+.2f}") + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
-        table.add_row(entry["name"], pair(entry, "bleu", "{:.2f}"), change, pair(entry, "greedy_p50_ms", "{:.1f}"),
-                      pair(entry, "sent_per_s", "{:.1f}"), f"{_mb(fa['bytes'])} -> {_mb(fb['bytes'])}",
-                      f"{fa['threads']} -> {fb['threads']}")
+        table.add_row(
+            entry["name"],
+            pair(entry, "bleu", "{:.2f}"),
+            change,
+            pair(entry, "greedy_p50_ms", "{:.1f}"),
+            pair(entry, "sent_per_s", "{:.1f}"),
+            f"{_mb(fa['bytes'])} -> {_mb(fb['bytes'])}",
+            f"{fa['threads']} -> {fb['threads']}",
+        )
     out.print(table)
 
 
@@ -265,14 +350,22 @@ def results_markdown(store: Store, recipe_path: str | Path) -> str:
     run_path = store.runs / f"{report['run']}.json" if report.get("run") else None
     run = json.loads(run_path.read_text(encoding="utf-8")) if run_path and run_path.is_file() else {}
     built = [r for r in run.get("nodes", []) if r.get("action") == "built"]
-    lines = [f"## {report['recipe']} on {m.get('cpu')} ({m.get('isa') or 'instruction level not recorded'}), "
-             f"{m.get('cores')} cores", "",
-             f"Run `{report.get('run') or 'unknown'}`, report `{report['report_artifact']}`"
-             + (f": {run['total_s'] / 60:.1f} minutes in all" if run.get("total_s") else "")
-             + (f", {len(built)} stages built" if built else "") + ".", ""]
+    lines = [
+        f"## {report['recipe']} on {m.get('cpu')} ({m.get('isa') or 'instruction level not recorded'}), "
+        f"{m.get('cores')} cores",
+        "",
+        f"Run `{report.get('run') or 'unknown'}`, report `{report['report_artifact']}`"
+        + (f": {run['total_s'] / 60:.1f} minutes in all" if run.get("total_s") else "")
+        + (f", {len(built)} stages built" if built else "")
+        + ".",
+        "",
+    ]
     if built:
-        lines.append("Stage minutes: " + ", ".join(f"{r['node']} {r['duration_s'] / 60:.1f}" for r in built
-                                                   if r.get("duration_s", 0) >= 30) + " (stages under half a minute left out).")
+        lines.append(
+            "Stage minutes: "
+            + ", ".join(f"{r['node']} {r['duration_s'] / 60:.1f}" for r in built if r.get("duration_s", 0) >= 30)
+            + " (stages under half a minute left out)."
+        )
         lines.append("")
     body = Path(report["files"]["report.md"]).read_text(encoding="utf-8").splitlines()[1:]  # its own title
     while body and not body[0].strip():

@@ -29,8 +29,8 @@ from rich.progress import Progress, TextColumn
 
 from model.lines import one_line
 
-from ..engine.context import console
 from ..corpora.splits import DEFAULT_MAX_LINE_BYTES, normalize
+from ..engine.context import console
 from ..engine.errors import IntegrityError, OutputError, ReaderGone, UserInputError
 from ..engine.machine import usable_cores
 from ..engine.store import MANIFEST, Store
@@ -47,8 +47,10 @@ def resolve_model(store: Store, ref: str, package: str | None) -> tuple[Path, st
     if (path / MANIFEST).is_file():  # an artifact: never load one whose files do not match
         problems = store.verify_artifact(store.resolve(str(path)))
         if problems:
-            raise IntegrityError(f"refusing to load {path}: {problems[0]}"
-                                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+            raise IntegrityError(
+                f"refusing to load {path}: {problems[0]}"
+                + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+            )
     if package:
         if not (is_onnx_package(path / package) or is_torch_model(path / package)):
             raise UserInputError(f"{path}: has no package {package!r} (has: {', '.join(_packages(path)) or 'none'})")
@@ -95,9 +97,18 @@ def _utf8_prefix(data: bytes) -> bytes:
     return data
 
 
-def translate_stream(store: Store, model: str, beam: int = 4, batch_size: int = 32, package: str | None = None,
-                     device: str = "cpu", threads: int | None = None, stdin: BinaryIO | None = None,
-                     stdout: TextIO | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+def translate_stream(
+    store: Store,
+    model: str,
+    beam: int = 4,
+    batch_size: int = 32,
+    package: str | None = None,
+    device: str = "cpu",
+    threads: int | None = None,
+    stdin: BinaryIO | None = None,
+    stdout: TextIO | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+) -> None:
     if max_line_bytes < 1:
         raise UserInputError(f"--max-line-bytes must be at least 1, got {max_line_bytes}")
     if stdin is None and sys.stdin is None:  # started with `<&-`
@@ -112,9 +123,14 @@ def translate_stream(store: Store, model: str, beam: int = 4, batch_size: int = 
     stdout = stdout or sys.stdout
     block: list[str] = []
     done = {"lines": 0, "seconds": 0.0}
-    progress = Progress(TextColumn("translating"), TextColumn("{task.completed} lines"),
-                        TextColumn("{task.fields[rate]}"), console=console, transient=True,
-                        disable=not console.is_terminal)
+    progress = Progress(
+        TextColumn("translating"),
+        TextColumn("{task.completed} lines"),
+        TextColumn("{task.fields[rate]}"),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
     task = progress.add_task("translate", total=None, rate="")
 
     def flush():
@@ -123,7 +139,7 @@ def translate_stream(store: Store, model: str, beam: int = 4, batch_size: int = 
             warnings.simplefilter("always")
             # Batches as the benchmark forms them: length-sorted, batch_size sentences each, no
             # token cap (each sentence is already cut to the model's positions).
-            out = translator.translate(block, beam=beam, max_batch=batch_size, batch_tokens=10 ** 9)
+            out = translator.translate(block, beam=beam, max_batch=batch_size, batch_tokens=10**9)
         done["seconds"] += time.perf_counter() - start
         done["lines"] += len(block)
         for w in caught:
@@ -136,8 +152,10 @@ def translate_stream(store: Store, model: str, beam: int = 4, batch_size: int = 
         except BrokenPipeError:
             raise ReaderGone() from None  # the command ends quietly (pipeline/commands/cli.py)
         except OSError as exc:
-            raise OutputError(f"cannot write the translations to standard output: "
-                              f"{exc.strerror or exc} (after {done['lines'] - len(block)} lines)") from None
+            raise OutputError(
+                f"cannot write the translations to standard output: "
+                f"{exc.strerror or exc} (after {done['lines'] - len(block)} lines)"
+            ) from None
         block.clear()
         progress.update(task, completed=done["lines"], rate=f"{done['lines'] / done['seconds']:.1f} sentences/s")
 
@@ -147,30 +165,46 @@ def translate_stream(store: Store, model: str, beam: int = 4, batch_size: int = 
         _translate_lines(stdin, max_line_bytes, block, flush, batch_size, counts)
     bad_lines, cut_lines = counts["bad"], counts["cut"]
     if cut_lines > 1:
-        console.print(f"[yellow]warning:[/yellow] {cut_lines} input lines were longer than {max_line_bytes} bytes "
-                      "and were cut")
+        console.print(
+            f"[yellow]warning:[/yellow] {cut_lines} input lines were longer than {max_line_bytes} bytes and were cut"
+        )
     if bad_lines:
-        console.print(f"[yellow]warning:[/yellow] {bad_lines} input line(s) were not valid UTF-8; "
-                      "invalid bytes were replaced")
+        console.print(
+            f"[yellow]warning:[/yellow] {bad_lines} input line(s) were not valid UTF-8; invalid bytes were replaced"
+        )
     elapsed = time.perf_counter() - wall
     describe = getattr(translator, "describe", lambda: {})()
-    how = ", ".join(f"{k} {v}" for k, v in (("runtime", getattr(translator, "runtime", None)),
-                                            ("search", describe.get("batch_search")), ("threads", threads),
-                                            ("beam", beam), ("batch", batch_size)) if v is not None)
-    console.print(f"{done['lines']} lines in {elapsed:.2f} s: {done['lines'] / elapsed if elapsed else 0:.1f} "
-                  f"sentences/s ({done['lines'] / done['seconds'] if done['seconds'] else 0:.1f} while translating; "
-                  f"{how})", markup=False)
+    how = ", ".join(
+        f"{k} {v}"
+        for k, v in (
+            ("runtime", getattr(translator, "runtime", None)),
+            ("search", describe.get("batch_search")),
+            ("threads", threads),
+            ("beam", beam),
+            ("batch", batch_size),
+        )
+        if v is not None
+    )
+    console.print(
+        f"{done['lines']} lines in {elapsed:.2f} s: {done['lines'] / elapsed if elapsed else 0:.1f} "
+        f"sentences/s ({done['lines'] / done['seconds'] if done['seconds'] else 0:.1f} while translating; "
+        f"{how})",
+        markup=False,
+    )
 
 
-def _translate_lines(stdin: BinaryIO, max_line_bytes: int, block: list[str], flush, batch_size: int,
-                     counts: dict) -> None:
+def _translate_lines(
+    stdin: BinaryIO, max_line_bytes: int, block: list[str], flush, batch_size: int, counts: dict
+) -> None:
     """Read stdin's lines into `block`, flushing every batch_size x 8 of them and at the end."""
     for number, (raw, cut) in enumerate(bounded_lines(stdin, max_line_bytes), 1):
         if cut:
             counts["cut"] += 1
             if counts["cut"] == 1:
-                console.print(f"[yellow]warning:[/yellow] input line {number} is longer than {max_line_bytes} bytes: "
-                              f"translating its first {max_line_bytes} bytes (--max-line-bytes)")
+                console.print(
+                    f"[yellow]warning:[/yellow] input line {number} is longer than {max_line_bytes} bytes: "
+                    f"translating its first {max_line_bytes} bytes (--max-line-bytes)"
+                )
         text = raw.decode("utf-8", errors="replace")
         if "\ufffd" in text and b"\xef\xbf\xbd" not in raw:
             counts["bad"] += 1

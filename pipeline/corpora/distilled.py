@@ -16,8 +16,8 @@ from typing import Callable, Iterable, Iterator
 
 from model.files import reason
 
-from .splits import LineIndex, check_aligned, split_lines
 from ..engine.errors import IntegrityError, StageFailed
+from .splits import LineIndex, check_aligned, split_lines
 
 # The kd_corpus artifact's stored distributions: TOP_K_FILE + ".lengths.npy" / ".ids.npy" / ".probs.npy".
 TOP_K_FILE = "kd.topk"
@@ -34,9 +34,12 @@ def write_top_k(path: Path, pairs: list) -> None:
     k = present[0][0].shape[1] if present else 0
     ids = np.concatenate([p[0] for p in present]) if present else np.zeros((0, k), np.int32)
     tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, lengths=np.array([0 if p is None else len(p[0]) for p in pairs], dtype=np.int64),
-             ids=ids.astype(np.int16 if ids.size == 0 or ids.max() <= np.iinfo(np.int16).max else np.int32),
-             probs=np.concatenate([p[1] for p in present]) if present else np.zeros((0, k), np.float16))
+    np.savez(
+        tmp,
+        lengths=np.array([0 if p is None else len(p[0]) for p in pairs], dtype=np.int64),
+        ids=ids.astype(np.int16 if ids.size == 0 or ids.max() <= np.iinfo(np.int16).max else np.int32),
+        probs=np.concatenate([p[1] for p in present]) if present else np.zeros((0, k), np.float16),
+    )
     os.replace(tmp, path)
 
 
@@ -52,8 +55,12 @@ def chunk_problem(chunks_dir: Path, chunk: int, index: list[int], top_k: bool) -
     except (OSError, ValueError) as exc:
         return f"{record.name} is unreadable ({reason(exc)})"
     hyps = part.get("hyps") if isinstance(part, dict) else None
-    if part.get("index") != index or not isinstance(hyps, list) or len(hyps) != len(index) \
-            or not all(isinstance(h, str) for h in hyps):
+    if (
+        part.get("index") != index
+        or not isinstance(hyps, list)
+        or len(hyps) != len(index)
+        or not all(isinstance(h, str) for h in hyps)
+    ):
         return f"{record.name} does not hold one translation for each of its {len(index)} sentences"
     if top_k:
         listed = part.get("top_k_file")
@@ -83,18 +90,28 @@ class TopKStore:
         import numpy as np
 
         try:
-            self.lengths, self.ids, self.probs = (np.load(folder / f"{TOP_K_FILE}.{part}.npy", mmap_mode="r",
-                                                          allow_pickle=False) for part in ("lengths", "ids", "probs"))
+            self.lengths, self.ids, self.probs = (
+                np.load(folder / f"{TOP_K_FILE}.{part}.npy", mmap_mode="r", allow_pickle=False)
+                for part in ("lengths", "ids", "probs")
+            )
         except (OSError, ValueError) as exc:
             raise IntegrityError(f"{folder}: {TOP_K_FILE}: unreadable ({reason(exc)})") from None
         # The three arrays must hang together before a row is cut from them (sizes only: their
         # content is the artifact's, checked against its manifest before use).
         lengths, ids = self.lengths, self.ids
-        if (lengths.ndim != 1 or lengths.dtype.kind not in "iu" or ids.ndim != 2 or ids.dtype.kind not in "iu"
-                or self.probs.shape != ids.shape or (len(lengths) and int(lengths.min()) < 0)
-                or int(lengths.sum()) != ids.shape[0]):
-            raise IntegrityError(f"{folder}: {TOP_K_FILE}: lengths {lengths.shape}, ids {ids.shape} and probs "
-                                 f"{self.probs.shape} do not fit together")
+        if (
+            lengths.ndim != 1
+            or lengths.dtype.kind not in "iu"
+            or ids.ndim != 2
+            or ids.dtype.kind not in "iu"
+            or self.probs.shape != ids.shape
+            or (len(lengths) and int(lengths.min()) < 0)
+            or int(lengths.sum()) != ids.shape[0]
+        ):
+            raise IntegrityError(
+                f"{folder}: {TOP_K_FILE}: lengths {lengths.shape}, ids {ids.shape} and probs "
+                f"{self.probs.shape} do not fit together"
+            )
         self.offsets = np.zeros(len(self.lengths) + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=self.offsets[1:])
         self.k = int(self.ids.shape[1])
@@ -125,8 +142,9 @@ class TopKWriter:
         self.files = {}
         for part, dtype in (("ids", np.dtype(ids_dtype)), ("probs", np.dtype(np.float16))):
             f = open(folder / f"{TOP_K_FILE}.{part}.npy", "wb")
-            np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(dtype),
-                                                     "fortran_order": False, "shape": (positions, k)})
+            np.lib.format.write_array_header_1_0(
+                f, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (positions, k)}
+            )
             header = f.tell()
             f.truncate(header + positions * k * dtype.itemsize)
             self.files[part] = (f, header, dtype)
@@ -134,8 +152,11 @@ class TopKWriter:
     def put(self, row: int, ids, probs) -> None:
         for part, values in (("ids", ids), ("probs", probs)):
             f, header, dtype = self.files[part]
-            os.pwrite(f.fileno(), values.astype(dtype, copy=False).tobytes(),
-                      header + int(self.offsets[row]) * self.k * dtype.itemsize)
+            os.pwrite(
+                f.fileno(),
+                values.astype(dtype, copy=False).tobytes(),
+                header + int(self.offsets[row]) * self.k * dtype.itemsize,
+            )
 
     def close(self) -> None:
         for f, _, _ in self.files.values():
@@ -152,8 +173,9 @@ class TrainingText:
     info: dict
 
 
-def training_pairs(data: Path, kd: Path | None, reference_mix: float, seed: int, stored_distributions: bool,
-                   log) -> TrainingText:
+def training_pairs(
+    data: Path, kd: Path | None, reference_mix: float, seed: int, stored_distributions: bool, log
+) -> TrainingText:
     """The (source, target) text the model learns from: the data's references, or the teacher's
     translations (sequence-level KD, the kd_corpus artifact `kd`) mixed with `reference_mix` of as
     many references (drawn with `seed`); with `stored_distributions` (word-level distillation from
@@ -161,18 +183,28 @@ def training_pairs(data: Path, kd: Path | None, reference_mix: float, seed: int,
     references). Nothing is read whole."""
     if kd is None:
         count = check_aligned(data / "train.src", data / "train.tgt")
-        return TrainingText(lambda: _with_row(_pairs_of(data, "train"), -1), None,
-                            {"train_pairs": count, "source": "references"})
-    kd_count, ref_count = check_aligned(kd / "kd.src", kd / "kd.tgt"), check_aligned(data / "train.src", data / "train.tgt")
+        return TrainingText(
+            lambda: _with_row(_pairs_of(data, "train"), -1), None, {"train_pairs": count, "source": "references"}
+        )
+    kd_count, ref_count = (
+        check_aligned(kd / "kd.src", kd / "kd.tgt"),
+        check_aligned(data / "train.src", data / "train.tgt"),
+    )
     extra = int(round(float(reference_mix or 0.0) * kd_count))
     picked = random.Random(seed).sample(range(ref_count), min(extra, ref_count)) if extra else []
-    info = {"train_pairs": kd_count + len(picked), "source": "kd_corpus", "kd_pairs": kd_count,
-            "reference_pairs_mixed": len(picked)}
+    info = {
+        "train_pairs": kd_count + len(picked),
+        "source": "kd_corpus",
+        "kd_pairs": kd_count,
+        "reference_pairs_mixed": len(picked),
+    }
     log(f"training on {kd_count} teacher translations" + (f" + {len(picked)} references" if picked else ""))
     top_k = TopKStore(kd) if stored_distributions else None
     if top_k is not None and len(top_k) != kd_count:
-        raise StageFailed(f"{kd / TOP_K_FILE}.lengths.npy has {len(top_k)} rows but {kd / 'kd.src'} has {kd_count} "
-                          "lines: the teacher's distributions must be line-aligned with its translations")
+        raise StageFailed(
+            f"{kd / TOP_K_FILE}.lengths.npy has {len(top_k)} rows but {kd / 'kd.src'} has {kd_count} "
+            "lines: the teacher's distributions must be line-aligned with its translations"
+        )
 
     def pairs() -> Iterator[tuple[str, str, int]]:
         rows = itertools.count() if top_k is not None else itertools.repeat(-1)
@@ -186,8 +218,7 @@ def training_pairs(data: Path, kd: Path | None, reference_mix: float, seed: int,
     return TrainingText(pairs, top_k, info)
 
 
-def encoded_training_set(text: TrainingText, tokenizer, max_positions: int, work: Path, log, progress,
-                         rank: int = 0):
+def encoded_training_set(text: TrainingText, tokenizer, max_positions: int, work: Path, log, progress, rank: int = 0):
     """The training pairs encoded into work/encoded (once: a resumed run opens them after checking
     them, and encodes them again where they fail), memory-mapped; rank 0 encodes while the others
     wait. Returns the corpus and `text.info` with the encoding's record."""
@@ -197,8 +228,9 @@ def encoded_training_set(text: TrainingText, tokenizer, max_positions: int, work
     folder = work / "encoded"
     if rank == 0:
         with progress("encoding the training pairs", total=text.info["train_pairs"], unit="pairs") as bar:
-            corpus, record = encode_to_disk(tokenizer, text.pairs(), folder, max_positions, text.top_k, bar.advance,
-                                            log=log)
+            corpus, record = encode_to_disk(
+                tokenizer, text.pairs(), folder, max_positions, text.top_k, bar.advance, log=log
+            )
     if world_size() > 1:
         import torch.distributed as dist
 
@@ -206,8 +238,10 @@ def encoded_training_set(text: TrainingText, tokenizer, max_positions: int, work
     if rank != 0:
         corpus, record = encode_to_disk(tokenizer, None, folder, max_positions, text.top_k)
     dropped = record["dropped_too_long"]
-    log(f"encoded {record['pairs']} training pairs in {record['seconds']:.1f} s"
-        + (f" ({dropped} longer than the model's {max_positions} positions dropped)" if dropped else ""))
+    log(
+        f"encoded {record['pairs']} training pairs in {record['seconds']:.1f} s"
+        + (f" ({dropped} longer than the model's {max_positions} positions dropped)" if dropped else "")
+    )
     return corpus, {**text.info, "encode_seconds": record["seconds"], "pairs_too_long": dropped}
 
 

@@ -51,7 +51,7 @@ class Ragged:
         return len(self.offsets) - 1
 
     def __getitem__(self, i: int) -> np.ndarray:
-        return self.ids[self.offsets[i]: self.offsets[i + 1]]
+        return self.ids[self.offsets[i] : self.offsets[i + 1]]
 
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
@@ -101,8 +101,9 @@ class Corpus:
         return len(self.src)
 
 
-def make_batches(corpus: Corpus, batch_tokens: int, seed: int, epoch: int, rank: int = 0,
-                 world: int = 1) -> list[np.ndarray]:
+def make_batches(
+    corpus: Corpus, batch_tokens: int, seed: int, epoch: int, rank: int = 0, world: int = 1
+) -> list[np.ndarray]:
     """Length-bucketed batches of at most `batch_tokens` (padded) tokens, in a shuffled order that
     depends only on (seed, epoch): a resumed run sees exactly the batches it would have seen."""
     rng = np.random.default_rng([seed, epoch])
@@ -112,7 +113,7 @@ def make_batches(corpus: Corpus, batch_tokens: int, seed: int, epoch: int, rank:
     # budget. Python ints, not numpy scalars (a few million pairs take a second, not ten), made
     # a block at a time (all at once they would be 36 bytes a pair).
     sizes = np.maximum(src_len, tgt_len)[order]
-    blocks = (sizes[i: i + 65536].tolist() for i in range(0, len(sizes), 65536))
+    blocks = (sizes[i : i + 65536].tolist() for i in range(0, len(sizes), 65536))
     starts, start, longest = [0], 0, 0
     for end, size in enumerate(itertools.chain.from_iterable(blocks)):
         candidate = max(longest, size)
@@ -136,18 +137,27 @@ def _fitted(s: list[int], t: list[int], limit: int, drop_long: bool, eos: int):
     return s + [eos], t
 
 
-def encode_corpus(tokenizer, src_lines: list[str], tgt_lines: list[str], max_positions: int,
-                  drop_long: bool = True) -> Corpus:
+def encode_corpus(
+    tokenizer, src_lines: list[str], tgt_lines: list[str], max_positions: int, drop_long: bool = True
+) -> Corpus:
     """Subword ids of a small set of pairs, in memory (too long ones dropped or cut)."""
-    fitted = [_fitted(s, t, max_positions - 1, drop_long, tokenizer.eos_id)
-              for s, t in zip(tokenizer.encode(src_lines), tokenizer.encode_target(tgt_lines))]
+    fitted = [
+        _fitted(s, t, max_positions - 1, drop_long, tokenizer.eos_id)
+        for s, t in zip(tokenizer.encode(src_lines), tokenizer.encode_target(tgt_lines))
+    ]
     kept = [pair for pair in fitted if pair is not None]
     return Corpus([s for s, _ in kept], [t for _, t in kept])
 
 
-def encode_to_disk(tokenizer, pairs: Iterable[tuple[str, str, int]] | None, folder: Path, max_positions: int,
-                   top_k=None, on_pairs: Callable[[int], None] | None = None,
-                   log: Callable[[str], None] | None = None) -> tuple[Corpus, dict]:
+def encode_to_disk(
+    tokenizer,
+    pairs: Iterable[tuple[str, str, int]] | None,
+    folder: Path,
+    max_positions: int,
+    top_k=None,
+    on_pairs: Callable[[int], None] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> tuple[Corpus, dict]:
     """Encode (source, target, top-k row or -1) pairs into `folder`, too long ones dropped, and
     open the result memory-mapped; with `top_k` (a TopKStore) a pair keeps its row where the row
     covers its encoded target plus EOS. A folder encoded before is opened as it is (a resumed
@@ -167,8 +177,11 @@ def encode_to_disk(tokenizer, pairs: Iterable[tuple[str, str, int]] | None, fold
     sides = {}
     for side in ("src", "tgt"):
         offsets = np.load(folder / f"{side}.offsets.npy", allow_pickle=False)
-        ids = (np.memmap(folder / f"{side}.ids", dtype=meta["dtype"], mode="r") if offsets[-1] > 0
-               else np.zeros(0, dtype=meta["dtype"]))  # numpy cannot map an empty file
+        ids = (
+            np.memmap(folder / f"{side}.ids", dtype=meta["dtype"], mode="r")
+            if offsets[-1] > 0
+            else np.zeros(0, dtype=meta["dtype"])
+        )  # numpy cannot map an empty file
         sides[side] = Ragged(ids, offsets)
     soft = None
     if top_k is not None:
@@ -208,8 +221,13 @@ def check_encoded(folder: Path, vocab_size: int, max_positions: int, top_k=None)
     for side in ("src", "tgt"):
         offsets = np.load(folder / f"{side}.offsets.npy", allow_pickle=False)
         ids_bytes = meta["files"][f"{side}.ids"]["bytes"]
-        if (offsets.dtype != np.int64 or offsets.shape != (pairs + 1,) or offsets[0] != 0
-                or np.any(np.diff(offsets) < 0) or int(offsets[-1]) * np.dtype(dtype).itemsize != ids_bytes):
+        if (
+            offsets.dtype != np.int64
+            or offsets.shape != (pairs + 1,)
+            or offsets[0] != 0
+            or np.any(np.diff(offsets) < 0)
+            or int(offsets[-1]) * np.dtype(dtype).itemsize != ids_bytes
+        ):
             return f"{side}.offsets.npy does not fit {pairs} pairs and {ids_bytes} bytes of ids"
     if top_k is not None:
         rows = np.load(folder / _TOP_K_ROWS, allow_pickle=False)
@@ -249,8 +267,10 @@ def _encode(tokenizer, pairs, folder: Path, max_positions: int, top_k, on_pairs)
             rows.append(np.asarray(kept_rows, dtype=np.int64))
             if on_pairs:
                 on_pairs(len(block))
-    files = {f"{side}.ids": {"sha256": digests[side].hexdigest(), "bytes": (tmp / f"{side}.ids").stat().st_size}
-             for side in ("src", "tgt")}
+    files = {
+        f"{side}.ids": {"sha256": digests[side].hexdigest(), "bytes": (tmp / f"{side}.ids").stat().st_size}
+        for side in ("src", "tgt")
+    }
     side_lengths = {side: np.concatenate(parts) if parts else np.zeros(0, np.int64) for side, parts in lengths.items()}
     for side, side_length in side_lengths.items():
         offsets = np.zeros(len(side_length) + 1, dtype=np.int64)
@@ -267,9 +287,16 @@ def _encode(tokenizer, pairs, folder: Path, max_positions: int, top_k, on_pairs)
             os.fsync(f.fileno())
         if path.name not in files:
             files[path.name] = file_record(path)
-    meta = {"pairs_read": read, "pairs": kept_count, "dropped_too_long": read - kept_count,
-            "dtype": np.dtype(dtype).name, "max_positions": max_positions, "vocab_size": tokenizer.vocab_size,
-            "seconds": round(time.perf_counter() - start, 2), "files": files}
+    meta = {
+        "pairs_read": read,
+        "pairs": kept_count,
+        "dropped_too_long": read - kept_count,
+        "dtype": np.dtype(dtype).name,
+        "max_positions": max_positions,
+        "vocab_size": tokenizer.vocab_size,
+        "seconds": round(time.perf_counter() - start, 2),
+        "files": files,
+    }
     write_json_atomic(tmp / _META, meta)  # last: a folder without it is not a whole encoding
     if folder.exists():
         shutil.rmtree(folder)

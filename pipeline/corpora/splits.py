@@ -30,13 +30,20 @@ def normalize(line: str, nfc: bool = True) -> str:
     return _SPACES.sub(" ", line).strip()
 
 
-def write_pairs(src_path: Path, tgt_path: Path, pairs: Iterable[tuple[str, str]],
-                on_pair: Callable[[int], None] | None = None, every: int = 10_000) -> int:
+def write_pairs(
+    src_path: Path,
+    tgt_path: Path,
+    pairs: Iterable[tuple[str, str]],
+    on_pair: Callable[[int], None] | None = None,
+    every: int = 10_000,
+) -> int:
     """Write a split's two files as the pairs come; returns how many. `on_pair(n)` reports
     progress every `every` pairs and at the end."""
     written = 0
-    with open(src_path, "w", encoding="utf-8", newline="\n") as src, \
-            open(tgt_path, "w", encoding="utf-8", newline="\n") as tgt:
+    with (
+        open(src_path, "w", encoding="utf-8", newline="\n") as src,
+        open(tgt_path, "w", encoding="utf-8", newline="\n") as tgt,
+    ):
         for s, t in pairs:
             src.write(s + "\n")
             tgt.write(t + "\n")
@@ -133,5 +140,6 @@ def check_aligned(first: Path, second: Path) -> int:
 def misaligned(first: Path, first_lines: int, second: Path, second_lines: int) -> StageFailed:
     """The one-line failure of two files that should be line-aligned and are not (exit 1: files a
     stage wrote; a user's data files are DataError, exit 2, in pipeline/corpora/user_files.py)."""
-    return StageFailed(f"{first} has {first_lines} lines but {second} has {second_lines}: "
-                       "the two files must be line-aligned")
+    return StageFailed(
+        f"{first} has {first_lines} lines but {second} has {second_lines}: the two files must be line-aligned"
+    )

@@ -47,8 +47,10 @@ def _open_binary(path: Path) -> BinaryIO:
             import zstandard
         except ImportError:
             raw.close()
-            raise DataError(f"{path}: reading .zst needs the zstandard package (pip install zstandard), "
-                            "or decompress the file first") from None
+            raise DataError(
+                f"{path}: reading .zst needs the zstandard package (pip install zstandard), "
+                "or decompress the file first"
+            ) from None
         return io.BufferedReader(_ZstdReader(raw, zstandard.ZstdDecompressor()))
     return raw
 
@@ -83,7 +85,7 @@ class _ZstdReader(io.RawIOBase):
                     return 0
             if self._d.eof:  # concatenated frames, as `zstd` writes for appended files
                 self._d = self._zstd.decompressobj()
-            piece = memoryview(self._input)[self._at: self._at + ZSTD_STEP]
+            piece = memoryview(self._input)[self._at : self._at + ZSTD_STEP]
             try:
                 self._output = memoryview(self._d.decompress(piece))
             except self._error as exc:  # bytes that are not zstd (after the last frame, or inside one)
@@ -112,15 +114,19 @@ def text_lines(path: Path) -> Iterator[str]:
                     break
                 number += 1
                 if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                    raise DataError(f"{path}: line {number}: longer than {MAX_LINE_BYTES >> 20} MiB; "
-                                    "is the file one sentence a line?")
+                    raise DataError(
+                        f"{path}: line {number}: longer than {MAX_LINE_BYTES >> 20} MiB; "
+                        "is the file one sentence a line?"
+                    )
                 if b"\x00" in raw:
                     raise DataError(f"{path}: line {number}: NUL bytes: binary data, expected UTF-8 text")
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    raise DataError(f"{path}: line {number}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at "
-                                    f"column {exc.start + 1})") from None
+                    raise DataError(
+                        f"{path}: line {number}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at "
+                        f"column {exc.start + 1})"
+                    ) from None
                 if number == 1 and line.startswith("\ufeff"):
                     line = line[1:]
                 yield line.rstrip("\n").rstrip("\r")
@@ -136,8 +142,9 @@ def tsv_pairs(path: Path) -> Iterator[tuple[str, str]]:
     for number, line in enumerate(text_lines(path), 1):
         fields = line.split("\t")
         if len(fields) != 2:
-            raise DataError(f"{path}: line {number}: expected 2 tab-separated fields (source, target), "
-                            f"found {len(fields)}")
+            raise DataError(
+                f"{path}: line {number}: expected 2 tab-separated fields (source, target), found {len(fields)}"
+            )
         yield fields[0], fields[1]
 
 
@@ -150,11 +157,15 @@ def aligned_pairs(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
         t = next(tgt, None)
         if t is None:
             rest = 1 + sum(1 for _ in src)
-            raise DataError(f"{src_path} has {count + rest} lines but {tgt_path} has {count}: "
-                            "a parallel corpus needs the same number of lines in both")
+            raise DataError(
+                f"{src_path} has {count + rest} lines but {tgt_path} has {count}: "
+                "a parallel corpus needs the same number of lines in both"
+            )
         count += 1
         yield s, t
     rest = sum(1 for _ in tgt)
     if rest:
-        raise DataError(f"{src_path} has {count} lines but {tgt_path} has {count + rest}: "
-                        "a parallel corpus needs the same number of lines in both")
+        raise DataError(
+            f"{src_path} has {count} lines but {tgt_path} has {count + rest}: "
+            "a parallel corpus needs the same number of lines in both"
+        )

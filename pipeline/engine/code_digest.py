@@ -22,7 +22,9 @@ PACKAGES = ("model", "pipeline")
 # How a stage is called, not what it computes: its context (paths, log, progress), the error
 # types, the store's artifact handles and the recipe schema (whose values enter the fingerprint
 # as the config itself). Left out so that an edit there does not rebuild an hour of models.
-PLUMBING = frozenset({"pipeline/engine/context.py", "pipeline/engine/errors.py", "pipeline/engine/store.py", "pipeline/engine/recipe.py"})
+PLUMBING = frozenset(
+    {"pipeline/engine/context.py", "pipeline/engine/errors.py", "pipeline/engine/store.py", "pipeline/engine/recipe.py"}
+)
 
 
 def stage_code(module: str, root: Path | None = None) -> dict[str, str]:
@@ -32,8 +34,9 @@ def stage_code(module: str, root: Path | None = None) -> dict[str, str]:
 
 def combined(files: dict[str, str]) -> str:
     """One digest for a stage's files (what its fingerprint takes)."""
-    return hashlib.sha256("\n".join(f"{path} {digest}" for path, digest in sorted(files.items()))
-                          .encode()).hexdigest()[:16]
+    return hashlib.sha256("\n".join(f"{path} {digest}" for path, digest in sorted(files.items())).encode()).hexdigest()[
+        :16
+    ]
 
 
 def changed_files(before: dict[str, str] | None, now: dict[str, str]) -> list[str]:
@@ -97,8 +100,11 @@ def _imports(source: str, module: str, is_package: bool) -> list[str]:
 
 def source_digest(source: str) -> str:
     """sha256 of the source's tokens, comments, blank lines and docstrings left out."""
-    tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
-              if t.type not in (tokenize.COMMENT, tokenize.NL)]
+    tokens = [
+        t
+        for t in tokenize.generate_tokens(io.StringIO(source).readline)
+        if t.type not in (tokenize.COMMENT, tokenize.NL)
+    ]
     kept = []
     skip_newline = False
     for i, tok in enumerate(tokens):
@@ -107,8 +113,11 @@ def source_digest(source: str) -> str:
             continue
         previous = tokens[i - 1].type if i else tokenize.NEWLINE
         following = tokens[i + 1].type if i + 1 < len(tokens) else tokenize.ENDMARKER
-        if (tok.type == tokenize.STRING and following in (tokenize.NEWLINE, tokenize.ENDMARKER)
-                and previous in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)):
+        if (
+            tok.type == tokenize.STRING
+            and following in (tokenize.NEWLINE, tokenize.ENDMARKER)
+            and previous in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+        ):
             skip_newline = True  # a docstring, or a string standing alone as a statement: no code
             continue
         kept.append(f"{tok.type}:{tok.string}")

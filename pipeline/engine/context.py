@@ -12,9 +12,7 @@ from typing import Any, Callable, Iterator
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
-
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 console = Console(stderr=True, highlight=False)
 
@@ -33,8 +31,15 @@ def _progress_every_s() -> float:
 class ProgressHandle:
     """One bar. On a terminal it is a rich bar; in a log (CI, nohup) it prints a line now and then."""
 
-    def __init__(self, progress: Progress | None, task, description: str, total: float | None,
-                 unit: str, log_every_s: float = 30.0):
+    def __init__(
+        self,
+        progress: Progress | None,
+        task,
+        description: str,
+        total: float | None,
+        unit: str,
+        log_every_s: float = 30.0,
+    ):
         self._progress, self._task = progress, task
         self.description, self.total, self.unit = description, total, unit
         self.done = 0.0
@@ -47,13 +52,14 @@ class ProgressHandle:
         if postfix is not None:
             self.postfix = postfix
         if self._progress is not None:
-            self._progress.update(self._task, advance=amount,
-                                  description=f"{self.description} {self.postfix}".rstrip())
+            self._progress.update(self._task, advance=amount, description=f"{self.description} {self.postfix}".rstrip())
         elif time.monotonic() - self._last_log >= self._log_every:
             self._last_log = time.monotonic()
             of = f"/{self.total:g}" if self.total else ""
-            console.print(f"  {self.description}: {self.done:g}{of} {self.unit} "
-                          f"({time.monotonic() - self._start:.0f} s) {self.postfix}".rstrip())
+            console.print(
+                f"  {self.description}: {self.done:g}{of} {self.unit} "
+                f"({time.monotonic() - self._start:.0f} s) {self.postfix}".rstrip()
+            )
 
     @property
     def elapsed(self) -> float:
@@ -65,8 +71,15 @@ def progress_bar(description: str, total: float | None = None, unit: str = "") -
     if not console.is_terminal:
         yield ProgressHandle(None, None, description, total, unit, log_every_s=_progress_every_s())
         return
-    columns = [TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn(unit), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
+    columns = [
+        TextColumn("  {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn(unit),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    ]
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task(description, total=total)
         yield ProgressHandle(progress, task, description, total, unit)

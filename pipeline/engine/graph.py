@@ -16,7 +16,9 @@ from .stage import Node, Planner, Stage
 from .store import fingerprint
 
 
-def build_graph(recipe: Any, recipe_path: str | Path, stages: Sequence[Stage], machine: dict | None = None) -> list[Node]:
+def build_graph(
+    recipe: Any, recipe_path: str | Path, stages: Sequence[Stage], machine: dict | None = None
+) -> list[Node]:
     """All nodes the recipe asks for, in topological order, with fingerprints set.
 
     `machine` (cpu, gpu) enters the fingerprints of machine-dependent stages (benchmark, GPU-only
@@ -66,12 +68,18 @@ def _check_and_fingerprint(nodes: list[Node], where: str) -> None:
 
 def _set_fingerprint(node: Node, by_name: dict[str, Node]) -> None:
     node.code = {**stage_code(node.spec.declaration), **stage_code(node.spec.build)}
-    node.fingerprint = fingerprint(node.name, node.spec.version, combined(node.code), node.config,
-                                   {role: by_name[up].input_key for role, up in node.inputs.items()})
+    node.fingerprint = fingerprint(
+        node.name,
+        node.spec.version,
+        combined(node.code),
+        node.config,
+        {role: by_name[up].input_key for role, up in node.inputs.items()},
+    )
 
 
-def resolve_builds(nodes: list[Node], current_build: Callable[[str], str],
-                   rebuild: Callable[[Node], str | None] = lambda node: None) -> None:
+def resolve_builds(
+    nodes: list[Node], current_build: Callable[[str], str], rebuild: Callable[[Node], str | None] = lambda node: None
+) -> None:
     """Point each node at the build of its fingerprint that the store holds now.
 
     A forced rebuild never overwrites an artifact: it is written under an id of its own and the
@@ -106,5 +114,3 @@ def select(nodes: list[Node], until: str | None) -> list[Node]:
             wanted.add(name)
             stack.extend(by_name[name].inputs.values())
     return [n for n in nodes if n.name in wanted]
-
-

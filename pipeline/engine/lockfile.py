@@ -28,19 +28,29 @@ RECORD_SUFFIXES = (".md", ".png")
 def content_digest(manifest: dict) -> str:
     """One digest of what an artifact holds (its files' manifest digests), records of the build
     left out (RECORD_FILES; the manifest itself says when and where)."""
-    files = {path: entry for path, entry in (manifest.get("files") or {}).items()
-             if Path(path).name not in RECORD_FILES and not path.endswith(RECORD_SUFFIXES)}
-    return hashlib.sha256("".join(f"{path} {entry['sha256']}\n" for path, entry in sorted(files.items()))
-                          .encode()).hexdigest()[:16]
+    files = {
+        path: entry
+        for path, entry in (manifest.get("files") or {}).items()
+        if Path(path).name not in RECORD_FILES and not path.endswith(RECORD_SUFFIXES)
+    }
+    return hashlib.sha256(
+        "".join(f"{path} {entry['sha256']}\n" for path, entry in sorted(files.items())).encode()
+    ).hexdigest()[:16]
 
 
 def render(recipe_path: str | Path, order: list[str], nodes: dict[str, dict]) -> str:
-    lines = [f"# {lock_path(recipe_path).name}: written by `pipeline run {Path(recipe_path).name}`, what each",
-             "# artifact was built from; commit it to see in a diff what a change rebuilt."]
+    lines = [
+        f"# {lock_path(recipe_path).name}: written by `pipeline run {Path(recipe_path).name}`, what each",
+        "# artifact was built from; commit it to see in a diff what a change rebuilt.",
+    ]
     for name in [n for n in order if n in nodes]:
         entry = nodes[name]
-        row = {"id": entry["id"], "code": combined(entry.get("code") or {}), "content": entry.get("content"),
-               "inputs": entry.get("input_ids") or {}}
+        row = {
+            "id": entry["id"],
+            "code": combined(entry.get("code") or {}),
+            "content": entry.get("content"),
+            "inputs": entry.get("input_ids") or {},
+        }
         lines.append(f"{name}: {json.dumps(row, sort_keys=False, separators=(', ', ': '))}")
     return "\n".join(lines) + "\n"
 

@@ -12,19 +12,39 @@ import subprocess
 
 @functools.lru_cache(maxsize=1)
 def machine_info() -> dict:
-    return {"cpu": _cpu_model(), "isa": cpu_isa(), "cores": os.cpu_count() or 1, "gpu": _gpu_name(),
-            "system": f"{platform.system()} {platform.machine()}"}
+    return {
+        "cpu": _cpu_model(),
+        "isa": cpu_isa(),
+        "cores": os.cpu_count() or 1,
+        "gpu": _gpu_name(),
+        "system": f"{platform.system()} {platform.machine()}",
+    }
 
 
 # The instruction levels that decide which kernels run (slowest first). On AVX2 alone, bf16
 # arithmetic is emulated (tens of times slower than float32); AVX512-BF16 and AMX have it natively.
 ISA_LEVELS = ("SSE", "AVX", "AVX2", "AVX-512", "AVX512-BF16", "AMX")
-_FLAG_LEVELS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2"),
-                ("avx", "AVX"))
+_FLAG_LEVELS = (
+    ("amx_bf16", "AMX"),
+    ("avx512_bf16", "AVX512-BF16"),
+    ("avx512f", "AVX-512"),
+    ("avx2", "AVX2"),
+    ("avx", "AVX"),
+)
 # The caps a user can set for torch's kernels (oneDNN's and ATen's dispatch), as the level they allow.
-_ONEDNN_CAPS = {"SSE41": "SSE", "AVX": "AVX", "AVX2": "AVX2", "AVX2_VNNI": "AVX2", "AVX2_VNNI_2": "AVX2",
-                "AVX512_CORE": "AVX-512", "AVX512_CORE_VNNI": "AVX-512", "AVX512_CORE_BF16": "AVX512-BF16",
-                "AVX512_CORE_FP16": "AVX512-BF16", "AVX512_CORE_AMX": "AMX", "AVX512_CORE_AMX_FP16": "AMX"}
+_ONEDNN_CAPS = {
+    "SSE41": "SSE",
+    "AVX": "AVX",
+    "AVX2": "AVX2",
+    "AVX2_VNNI": "AVX2",
+    "AVX2_VNNI_2": "AVX2",
+    "AVX512_CORE": "AVX-512",
+    "AVX512_CORE_VNNI": "AVX-512",
+    "AVX512_CORE_BF16": "AVX512-BF16",
+    "AVX512_CORE_FP16": "AVX512-BF16",
+    "AVX512_CORE_AMX": "AMX",
+    "AVX512_CORE_AMX_FP16": "AMX",
+}
 _ATEN_CAPS = {"default": "SSE", "avx2": "AVX2", "avx512": "AVX-512"}
 
 
@@ -35,8 +55,14 @@ def cpu_isa() -> str:
     native = next((level for flag, level in _FLAG_LEVELS if flag in flags), "SSE" if flags else "unknown")
     if native == "unknown":
         return native
-    caps = [cap for cap in (_ONEDNN_CAPS.get(os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()),
-                            _ATEN_CAPS.get(os.environ.get("ATEN_CPU_CAPABILITY", "").lower())) if cap]
+    caps = [
+        cap
+        for cap in (
+            _ONEDNN_CAPS.get(os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()),
+            _ATEN_CAPS.get(os.environ.get("ATEN_CPU_CAPABILITY", "").lower()),
+        )
+        if cap
+    ]
     effective = min([native, *caps], key=ISA_LEVELS.index)
     return native if effective == native else f"{native}, capped to {effective}"
 
@@ -83,8 +109,9 @@ def _gpu_name() -> str | None:
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(
+            [exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     names = [line.strip() for line in out.stdout.splitlines() if line.strip()]

@@ -52,8 +52,7 @@ def recipe_schema(sections: Iterable) -> type[Strict]:
     for section in sections:
         if section.key in fields:
             raise ValueError(f"recipe section {section.key!r} declared twice")
-        fields[section.key] = (section.model if section.default is not None else section.model | None,
-                               section.default)
+        fields[section.key] = (section.model if section.default is not None else section.model | None, section.default)
     return create_model("Recipe", __base__=Strict, **fields)
 
 
@@ -139,14 +138,23 @@ def _check_aliases(root: yaml.Node, where: str) -> None:
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
         node, finished = stack.pop()
-        children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else \
-            node.value if isinstance(node, yaml.SequenceNode) else []
+        children = (
+            [c for pair in node.value for c in pair]
+            if isinstance(node, yaml.MappingNode)
+            else node.value
+            if isinstance(node, yaml.SequenceNode)
+            else []
+        )
         if finished:
             sizes[id(node)] = 1 + sum(sizes[id(c)] for c in children)
             open_nodes.discard(id(node))
             if sizes[id(node)] - len(sizes) > MAX_ALIAS_VALUES:
-                raise RecipeError([f"{where}: YAML aliases repeat more than {MAX_ALIAS_VALUES} values; "
-                                   "a recipe may reuse a section by alias, not build a tree of them"])
+                raise RecipeError(
+                    [
+                        f"{where}: YAML aliases repeat more than {MAX_ALIAS_VALUES} values; "
+                        "a recipe may reuse a section by alias, not build a tree of them"
+                    ]
+                )
             continue
         if id(node) in sizes:
             continue
@@ -239,8 +247,15 @@ def _apply_override(raw: dict, item: str, path: Path) -> None:
 
 # ------------------------------------------------------------------------ error messages
 def _kind(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
-            int: "an integer", float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        dict: "a mapping",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _lookup(raw: Any, loc: tuple) -> Any:
@@ -343,7 +358,7 @@ def _explain(exc: ValidationError, raw: dict, schema: type[BaseModel]) -> list[s
         else:
             message = err["msg"]
             if message.startswith("Value error, "):
-                message = message[len("Value error, "):]
+                message = message[len("Value error, ") :]
         got = _lookup(raw, loc)
         # A model-level check (e.g. "set at least one budget") concerns the whole mapping.
         if etype != "missing" and not (etype == "value_error" and isinstance(got, dict)):

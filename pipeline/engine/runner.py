@@ -21,7 +21,6 @@ from rich.table import Table
 
 from .code_digest import changed_files
 from .context import StageContext, console
-from .workers import interrupt_children
 from .errors import PipelineError, UserInputError
 from .graph import Node, build_graph, resolve_builds, select
 from .lockfile import content_digest, write_lock
@@ -29,6 +28,7 @@ from .machine import machine_info, usable_cores
 from .recipe import load_recipe
 from .stage import Stage
 from .store import Store, now_iso, safe_name, tool_versions, training_cut
+from .workers import interrupt_children
 
 
 @dataclass
@@ -76,8 +76,7 @@ def node_status(store: Store, plan: Plan) -> list[dict]:
         if before is None:
             rows.append({"node": node.name, "state": "missing", "id": node.id, "reason": "never built"})
             continue
-        rows.append({"node": node.name, "state": "stale", "id": node.id,
-                     "reason": _why_changed(node, before, by_name)})
+        rows.append({"node": node.name, "state": "stale", "id": node.id, "reason": _why_changed(node, before, by_name)})
     return rows
 
 
@@ -122,38 +121,56 @@ class RunResult:
     error: str | None = None
 
 
-def run(plan: Plan, store: Store, until: str | None = None, force: list[str] = (), wait: bool = False,
-        nproc: int = 1) -> RunResult:
+def run(
+    plan: Plan, store: Store, until: str | None = None, force: list[str] = (), wait: bool = False, nproc: int = 1
+) -> RunResult:
     selected = select(plan.nodes, until)
     forced = _forced(plan.nodes, selected, force)
     run_id = f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{safe_name(plan.name)}-{secrets.token_hex(2)}"
-    log = {"run": run_id, "recipe": plan.name, "recipe_path": str(plan.path), "overrides": plan.overrides,
-           "recipe_resolved": plan.raw, "until": until, "force": list(force), "nproc": nproc,
-           "started": now_iso(), "machine": plan.machine, "pid": os.getpid(), "nodes": [],
-           "status": "running"}
+    log = {
+        "run": run_id,
+        "recipe": plan.name,
+        "recipe_path": str(plan.path),
+        "overrides": plan.overrides,
+        "recipe_resolved": plan.raw,
+        "until": until,
+        "force": list(force),
+        "nproc": nproc,
+        "started": now_iso(),
+        "machine": plan.machine,
+        "pid": os.getpid(),
+        "nodes": [],
+        "status": "running",
+    }
     result = RunResult(run_id)
     started = time.monotonic()
 
     def on_wait(holder):
-        console.print(f"[yellow]waiting for the store lock held by pid {holder.get('pid', '?')} "
-                      f"({holder.get('command', '?')})[/yellow]")
+        console.print(
+            f"[yellow]waiting for the store lock held by pid {holder.get('pid', '?')} "
+            f"({holder.get('command', '?')})[/yellow]"
+        )
 
     def on_stale(holder):
-        console.print(f"[yellow]took over a stale store lock left by pid {holder.get('pid')} "
-                      f"(that process is gone)[/yellow]")
+        console.print(
+            f"[yellow]took over a stale store lock left by pid {holder.get('pid')} (that process is gone)[/yellow]"
+        )
 
     with store.lock(wait=wait, on_wait=on_wait, on_stale=on_stale):
         leftovers = store.clean_tmp()
         if leftovers:
             console.print(f"removed {len(leftovers)} half-written artifact(s) left by an interrupted run")
         # Under the lock: which build each node names depends on what the store holds now.
-        resolve_builds(plan.nodes, store.current_build,
-                       lambda node: store.next_build(node.default_id)
-                       if node.name in forced and store.exists(node.id) else None)
+        resolve_builds(
+            plan.nodes,
+            store.current_build,
+            lambda node: store.next_build(node.default_id) if node.name in forced and store.exists(node.id) else None,
+        )
         store.write_run(log)
         by_name: dict[str, Node] = {n.name: n for n in plan.nodes}
         built: dict[str, Any] = {}
         try:
+
             def logged(node: Node, record: dict) -> None:
                 log["nodes"].append(record)
                 result.records.append(record)
@@ -162,8 +179,7 @@ def run(plan: Plan, store: Store, until: str | None = None, force: list[str] = (
 
             for group in _batches(selected):
                 if not group[0].side_by_side:
-                    logged(group[0], _run_node(group[0], by_name, built, store, group[0].name in forced,
-                                               nproc, run_id))
+                    logged(group[0], _run_node(group[0], by_name, built, store, group[0].name in forced, nproc, run_id))
                     continue
                 try:
                     done = _run_side_by_side(group, built, store, forced, nproc, run_id)
@@ -216,28 +232,36 @@ def _batches(selected: list[Node]) -> list[list[Node]]:
     return out
 
 
-def _run_side_by_side(group: list[Node], built: dict, store: Store, forced: set[str], nproc: int,
-                      run_id: str) -> list[tuple[Node, dict]]:
+def _run_side_by_side(
+    group: list[Node], built: dict, store: Store, forced: set[str], nproc: int, run_id: str
+) -> list[tuple[Node, dict]]:
     """Build the group's nodes at the same time, each in its own process on its share of the
     cores. One that is cached is reused; one left to build alone still gets only its share, so
     that what it learns in its minutes does not depend on whether its partner was cached. With
     --nproc N each is a torchrun job that wants the whole machine: one after the other."""
     share = max(1, usable_cores() // len(group[0].side_by_side))
     records = {node.name: _record_head(node) for node in group}
-    to_build = [node for node in group
-                if node.name in forced or not _reuse(node, built, store, records[node.name])]
+    to_build = [node for node in group if node.name in forced or not _reuse(node, built, store, records[node.name])]
     if nproc > 1 or len(to_build) <= 1:  # (none: both were cached)
         for node in to_build:
             _build(node, records[node.name], built, store, nproc, run_id, cores=None if nproc > 1 else share)
         return [(node, records[node.name]) for node in group]
 
-    console.print(f"[cyan]▶[/cyan] {' and '.join(n.name for n in to_build)} side by side, "
-                  f"{share} core{'s' if share > 1 else ''} each")
+    console.print(
+        f"[cyan]▶[/cyan] {' and '.join(n.name for n in to_build)} side by side, "
+        f"{share} core{'s' if share > 1 else ''} each"
+    )
     failures: list[PipelineError] = []
-    with _side_by_side_display([n.name for n in to_build]) as show, \
-            ThreadPoolExecutor(max_workers=len(to_build)) as pool:
-        futures = {pool.submit(_build, node, records[node.name], built, store, nproc, run_id,
-                               cores=share, on_status=show(node.name)): node for node in to_build}
+    with (
+        _side_by_side_display([n.name for n in to_build]) as show,
+        ThreadPoolExecutor(max_workers=len(to_build)) as pool,
+    ):
+        futures = {
+            pool.submit(
+                _build, node, records[node.name], built, store, nproc, run_id, cores=share, on_status=show(node.name)
+            ): node
+            for node in to_build
+        }
         try:
             wait(futures)
         except KeyboardInterrupt:
@@ -272,13 +296,18 @@ def _side_by_side_display(names: list[str]):
     """show(name) -> a callback for that build's progress lines: on a terminal one live line per
     build; in a log, every line as it comes."""
     if not console.is_terminal:
-        yield lambda name: (lambda text: console.print(f"  [dim]{name}:[/dim] {escape(text)}"))
+        yield lambda name: lambda text: console.print(f"  [dim]{name}:[/dim] {escape(text)}")
         return
     width = max(len(n) for n in names)
-    with Progress(TextColumn("  {task.fields[label]}"), TextColumn("{task.description}"),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
+    with Progress(
+        TextColumn("  {task.fields[label]}"),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
         tasks = {name: progress.add_task("starting", label=name.ljust(width), total=None) for name in names}
-        yield lambda name: (lambda text: progress.update(tasks[name], description=escape(text)))
+        yield lambda name: lambda text: progress.update(tasks[name], description=escape(text))
 
 
 def _record_head(node: Node) -> dict:
@@ -309,16 +338,25 @@ def _reuse(node: Node, built: dict, store: Store, record: dict) -> bool:
     return False
 
 
-def _run_node(node: Node, by_name: dict[str, Node], built: dict, store: Store, force: bool,
-              nproc: int, run_id: str) -> dict:
+def _run_node(
+    node: Node, by_name: dict[str, Node], built: dict, store: Store, force: bool, nproc: int, run_id: str
+) -> dict:
     record = _record_head(node)
     if force or not _reuse(node, built, store, record):
         _build(node, record, built, store, nproc, run_id)
     return record
 
 
-def _build(node: Node, record: dict, built: dict, store: Store, nproc: int, run_id: str,
-           cores: int | None = None, on_status: Callable[[str], None] | None = None) -> None:
+def _build(
+    node: Node,
+    record: dict,
+    built: dict,
+    store: Store,
+    nproc: int,
+    run_id: str,
+    cores: int | None = None,
+    on_status: Callable[[str], None] | None = None,
+) -> None:
     t0 = time.monotonic()
     console.print(f"[cyan]▶[/cyan] {node.name:<22} building {node.id}")
     run_stage = node.spec.load()
@@ -326,8 +364,17 @@ def _build(node: Node, record: dict, built: dict, store: Store, nproc: int, run_
     work = store.work_dir(node.id)
     stage_started = now_iso()
     with store.writing(node.id) as out:
-        ctx = StageContext(name=node.name, settings=node.settings, config=node.config, inputs=node.spec.inputs.of(inputs),
-                           out=out, work=work, nproc=nproc, cores=cores, on_status=on_status)
+        ctx = StageContext(
+            name=node.name,
+            settings=node.settings,
+            config=node.config,
+            inputs=node.spec.inputs.of(inputs),
+            out=out,
+            work=work,
+            nproc=nproc,
+            cores=cores,
+            on_status=on_status,
+        )
         record["events"] = ctx.events
         try:
             metrics = run_stage(ctx) or {}
@@ -339,17 +386,28 @@ def _build(node: Node, record: dict, built: dict, store: Store, nproc: int, run_
         except (KeyboardInterrupt, MemoryError):
             raise
         except Exception as exc:
-            record.update(action="failed", error=f"{type(exc).__name__}: {exc}",
-                          traceback=traceback.format_exc(), duration_s=round(time.monotonic() - t0, 3))
+            record.update(
+                action="failed",
+                error=f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+                duration_s=round(time.monotonic() - t0, 3),
+            )
             console.print_exception(max_frames=8)
             raise PipelineError(f"stage {node.name} crashed: {type(exc).__name__}: {exc}") from exc
         duration = round(time.monotonic() - t0, 3)
         manifest = {
-            "stage": node.name, "kind": node.stage, "fingerprint": node.fingerprint,
-            "code_version": node.spec.version, "code": node.code, "config": node.config,
+            "stage": node.name,
+            "kind": node.stage,
+            "fingerprint": node.fingerprint,
+            "code_version": node.spec.version,
+            "code": node.code,
+            "config": node.config,
             "inputs": {role: built[up].id for role, up in node.inputs.items()},
-            "metrics": metrics, "created": now_iso(), "started": stage_started,
-            "duration_s": duration, "versions": tool_versions(),
+            "metrics": metrics,
+            "created": now_iso(),
+            "started": stage_started,
+            "duration_s": duration,
+            "versions": tool_versions(),
         }
         if node.build:
             manifest["rebuild_of"] = node.default_id
@@ -368,8 +426,12 @@ def _update_latest(store: Store, plan: Plan, node: Node, run_id: str, artifact) 
     by_name = {n.name: n for n in plan.nodes}
     pointer.update(recipe_path=str(plan.path), run=run_id, updated=now_iso())
     pointer["nodes"][node.name] = {
-        "id": node.id, "fingerprint": node.fingerprint, "stage": node.stage,
-        "version": node.spec.version, "code": node.code, "config": node.config,
+        "id": node.id,
+        "fingerprint": node.fingerprint,
+        "stage": node.stage,
+        "version": node.spec.version,
+        "code": node.code,
+        "config": node.config,
         "inputs": {role: by_name[up].input_key for role, up in node.inputs.items()},
         "input_ids": {role: by_name[up].id for role, up in node.inputs.items()},
         "content": content_digest(artifact.manifest),
@@ -402,8 +464,20 @@ def summary_table(result: RunResult, total_s: float) -> Table:
     return table
 
 
-_HEADLINE = ("train_pairs", "vocab_size", "params", "bleu", "chrf", "best_valid_loss", "valid_bleu",
-             "sentences", "heads_removed", "parity_max_abs_diff", "bytes_ratio", "rows")
+_HEADLINE = (
+    "train_pairs",
+    "vocab_size",
+    "params",
+    "bleu",
+    "chrf",
+    "best_valid_loss",
+    "valid_bleu",
+    "sentences",
+    "heads_removed",
+    "parity_max_abs_diff",
+    "bytes_ratio",
+    "rows",
+)
 
 
 def _fmt_value(value: Any) -> str:

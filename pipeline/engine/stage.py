@@ -55,8 +55,11 @@ class Inputs:
     def problems(cls, roles: list[str]) -> list[str]:
         """What is wrong with a node that reads these roles: unknown roles, required ones missing."""
         kinds = cls._fields()
-        unknown = [r for r in roles if (kinds.get(r.partition(".")[0]) == "many") != ("." in r)
-                   or ("." not in r and r not in kinds)]
+        unknown = [
+            r
+            for r in roles
+            if (kinds.get(r.partition(".")[0]) == "many") != ("." in r) or ("." not in r and r not in kinds)
+        ]
         missing = [name for name, kind in kinds.items() if kind == "required" and name not in roles]
         return [f"unknown input {r!r}" for r in unknown] + [f"input {name!r} missing" for name in missing]
 
@@ -66,8 +69,11 @@ class Inputs:
         values: dict[str, Any] = {}
         for name, kind in cls._fields().items():
             if kind == "many":
-                values[name] = {role.partition(".")[2]: a for role, a in artifacts.items()
-                                if role.partition(".")[0] == name and "." in role}
+                values[name] = {
+                    role.partition(".")[2]: a
+                    for role, a in artifacts.items()
+                    if role.partition(".")[0] == name and "." in role
+                }
             elif name in artifacts:
                 values[name] = artifacts[name]
         return cls(**values)
@@ -184,8 +190,17 @@ class Planner:
     def planned(self, name: str) -> bool:
         return any(n.name == name for n in self.nodes)
 
-    def add(self, name: str, settings: Any, inputs: dict[str, str] | None = None, *, config: Any = None,
-            extra: dict | None = None, model: bool = False, final: bool = True) -> Node:
+    def add(
+        self,
+        name: str,
+        settings: Any,
+        inputs: dict[str, str] | None = None,
+        *,
+        config: Any = None,
+        extra: dict | None = None,
+        model: bool = False,
+        final: bool = True,
+    ) -> Node:
         """A node of the planning stage. `config`: what the fingerprint hashes, where it is not all
         of `settings`; `extra`: added to it. `model`: a PyTorch model (a variant of its own, and
         the final model unless `final` is false)."""

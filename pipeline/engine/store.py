@@ -37,8 +37,17 @@ MANIFEST = "manifest.json"
 FORMAT = 1
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists file names and digests: far below this
 _ID_RE = re.compile(r"^[a-z][a-z0-9_.]*-[0-9a-f]{16}$")
-_TRACKED_PACKAGES = ("torch", "onnx", "onnxruntime", "onnxruntime-gpu", "tokenizers", "sacrebleu",
-                     "numpy", "safetensors", "ctranslate2")
+_TRACKED_PACKAGES = (
+    "torch",
+    "onnx",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "tokenizers",
+    "sacrebleu",
+    "numpy",
+    "safetensors",
+    "ctranslate2",
+)
 
 
 def default_root() -> Path:
@@ -56,8 +65,9 @@ def canonical_json(value: Any) -> str:
 def fingerprint(stage: str, code_version: int, code: str, config: Any, input_fingerprints: dict[str, str]) -> str:
     """`code`: the digest of the source the stage runs (pipeline.engine.code_digest); `code_version`: a
     number to bump only for what that cannot see (a changed data file, a dependency's behaviour)."""
-    payload = canonical_json({"stage": stage, "version": code_version, "code": code, "config": config,
-                              "inputs": input_fingerprints})
+    payload = canonical_json(
+        {"stage": stage, "version": code_version, "code": code, "config": config, "inputs": input_fingerprints}
+    )
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -127,7 +137,7 @@ class Artifact:
 
 
 def training_cut(metrics: dict) -> str | None:
-    """"cut by time at step N of M" where a max_minutes cap stopped a training, or one of a
+    """ "cut by time at step N of M" where a max_minutes cap stopped a training, or one of a
     pruning's fine-tunes, before its budget: that model is not the one the recipe trains."""
     cuts = [metrics.get("cut_by_time")]
     if isinstance(metrics.get("steps"), list):  # pruning: a fine-tune per step
@@ -253,8 +263,13 @@ class Store:
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
                 files[rel] = file_record(path)
-            manifest = {**manifest, "format": FORMAT, "id": artifact, "files": files,
-                        "bytes": sum(f["bytes"] for f in files.values())}
+            manifest = {
+                **manifest,
+                "format": FORMAT,
+                "id": artifact,
+                "files": files,
+                "bytes": sum(f["bytes"] for f in files.values()),
+            }
             write_json_atomic(tmp / MANIFEST, manifest)
             _fsync_dir(tmp)
             self.objects.mkdir(parents=True, exist_ok=True)
@@ -287,7 +302,8 @@ class Store:
             raise PipelineError(
                 f"work folder {path} is in use by pid {holder.get('pid', '?')} ({holder.get('role', 'a worker')}), "
                 "a process of an earlier run that is still writing its checkpoints: stop it "
-                f"(kill {holder.get('pid', 'it')}) or wait for it to end, then run again")
+                f"(kill {holder.get('pid', 'it')}) or wait for it to end, then run again"
+            )
         return path
 
     def drop_work_dir(self, artifact: str) -> None:
@@ -320,8 +336,10 @@ class Store:
             if not all(_ID_RE.match(b["id"]) for b in rebuilds):
                 raise ValueError("an id that is not an artifact id")
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise IntegrityError(f"{path}: unreadable record of rebuilds ({exc}); the store writes it "
-                                 "atomically, so it was edited by hand") from None
+            raise IntegrityError(
+                f"{path}: unreadable record of rebuilds ({exc}); the store writes it "
+                "atomically, so it was edited by hand"
+            ) from None
         return rebuilds
 
     def current_build(self, default_id: str) -> str:
@@ -373,8 +391,10 @@ class Store:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise IntegrityError(f"{path}: unreadable latest pointer ({exc}); the store writes it atomically, "
-                                 "so it was edited by hand (delete it and run the recipe again)") from None
+            raise IntegrityError(
+                f"{path}: unreadable latest pointer ({exc}); the store writes it atomically, "
+                "so it was edited by hand (delete it and run the recipe again)"
+            ) from None
         if not isinstance(pointer, dict):
             raise IntegrityError(f"{path}: unreadable latest pointer (not a JSON object)")
         return pointer
@@ -392,10 +412,18 @@ class Store:
         """What the latest run of the recipe file at recipe_path used; without a path, the most
         recently updated pointer of any recipe with that name."""
         if recipe_path is not None:
-            return (self._read_pointer(self._latest_file(recipe_name, recipe_path))
-                    or self._legacy_pointer(recipe_name, recipe_path))
-        found = [p for p in (self._read_pointer(f) for f in self.latest_dir.glob(f"{safe_name(recipe_name)}@*.json"))
-                 if p is not None] if self.latest_dir.is_dir() else []
+            return self._read_pointer(self._latest_file(recipe_name, recipe_path)) or self._legacy_pointer(
+                recipe_name, recipe_path
+            )
+        found = (
+            [
+                p
+                for p in (self._read_pointer(f) for f in self.latest_dir.glob(f"{safe_name(recipe_name)}@*.json"))
+                if p is not None
+            ]
+            if self.latest_dir.is_dir()
+            else []
+        )
         legacy = self._legacy_pointer(recipe_name, None)
         found += [legacy] if legacy else []
         return max(found, key=lambda p: str(p.get("updated", ""))) if found else None
@@ -429,14 +457,21 @@ class Store:
                     manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
                 except (OSError, json.JSONDecodeError):
                     complete = False
-            rows.append({"id": path.name, "stage": manifest.get("stage", path.name.rsplit("-", 1)[0]),
-                         "path": str(path), "created": manifest.get("created"), "complete": complete,
-                         "bytes": manifest.get("bytes"), "duration_s": manifest.get("duration_s"),
-                         "rebuild_of": manifest.get("rebuild_of")})
+            rows.append(
+                {
+                    "id": path.name,
+                    "stage": manifest.get("stage", path.name.rsplit("-", 1)[0]),
+                    "path": str(path),
+                    "created": manifest.get("created"),
+                    "complete": complete,
+                    "bytes": manifest.get("bytes"),
+                    "duration_s": manifest.get("duration_s"),
+                    "rebuild_of": manifest.get("rebuild_of"),
+                }
+            )
         return rows
 
-    def collect_garbage(self, dry_run: bool = False, drop_checkpoints: bool = False,
-                        on_remove=None) -> "Garbage":
+    def collect_garbage(self, dry_run: bool = False, drop_checkpoints: bool = False, on_remove=None) -> "Garbage":
         """Remove the artifacts no recipe's latest run uses, quarantined folders and stale tmp/
         entries. Work folders hold an interrupted stage's resume checkpoints: removed only with
         `drop_checkpoints`, and never while a live process holds one. `on_remove(path, bytes)` is
@@ -447,8 +482,9 @@ class Store:
             work = list(self.work.iterdir()) if self.work.is_dir() else []
             busy = [p for p in work if p.is_dir() and work_dir_holder(p) is not None]
             kept_work = [p for p in work if p not in busy and not drop_checkpoints]
-            extra = (list(self.quarantine.iterdir()) if self.quarantine.is_dir() else []) + \
-                [p for p in work if p not in busy and drop_checkpoints]
+            extra = (list(self.quarantine.iterdir()) if self.quarantine.is_dir() else []) + [
+                p for p in work if p not in busy and drop_checkpoints
+            ]
             freed = 0
             for path in doomed + extra:
                 size = tree_bytes(path)
@@ -456,13 +492,19 @@ class Store:
                 if on_remove:
                     on_remove(path, size)
                 if not dry_run:
-                    shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() \
-                        else path.unlink(missing_ok=True)
+                    shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() else path.unlink(
+                        missing_ok=True
+                    )
             if not dry_run:
                 self.clean_tmp()
-        return Garbage(removed=len(doomed), freed_bytes=freed, kept=len(keep), busy=busy,
-                       kept_checkpoints=kept_work,
-                       kept_checkpoint_bytes=sum(tree_bytes(p) for p in kept_work))
+        return Garbage(
+            removed=len(doomed),
+            freed_bytes=freed,
+            kept=len(keep),
+            busy=busy,
+            kept_checkpoints=kept_work,
+            kept_checkpoint_bytes=sum(tree_bytes(p) for p in kept_work),
+        )
 
     # ------------------------------------------------------------------ readers
     @contextlib.contextmanager
@@ -494,8 +536,10 @@ class Store:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                print(f"waiting for commands reading {self.root} (translate, export-package) to finish loading",
-                      file=sys.stderr)
+                print(
+                    f"waiting for commands reading {self.root} (translate, export-package) to finish loading",
+                    file=sys.stderr,
+                )
                 fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
@@ -523,7 +567,8 @@ class Store:
                         raise StoreLockedError(
                             f"artifact store {self.root} is in use by pid {holder.get('pid', '?')} "
                             f"({holder.get('command', 'unknown command')}, since {holder.get('since', '?')}); "
-                            "wait for it to finish or pass --wait") from None
+                            "wait for it to finish or pass --wait"
+                        ) from None
                     if not told and on_wait:
                         on_wait(holder)
                         told = True
@@ -532,8 +577,12 @@ class Store:
             if previous.get("pid") and previous.get("pid") != os.getpid() and not _pid_alive(previous["pid"]):
                 if on_stale:
                     on_stale(previous)
-            info = {"pid": os.getpid(), "host": socket.gethostname(), "since": now_iso(),
-                    "command": " ".join(Path(sys.argv[0]).name.split() + sys.argv[1:])[:200]}
+            info = {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "since": now_iso(),
+                "command": " ".join(Path(sys.argv[0]).name.split() + sys.argv[1:])[:200],
+            }
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(info).encode(), 0)
             try:
@@ -587,8 +636,9 @@ def verify_folder(path: Path, manifest: dict, trusted: dict | None = None) -> li
     return problems
 
 
-def listed_file_problems(path: Path, files: dict, record: str = "manifest", trusted: dict | None = None,
-                         folder: str = "artifact") -> list[str]:
+def listed_file_problems(
+    path: Path, files: dict, record: str = "manifest", trusted: dict | None = None, folder: str = "artifact"
+) -> list[str]:
     """Problems of the files a record (`files`: relative path -> {"bytes", "sha256"}) lists in the
     folder at `path`: each must be a regular file inside it, of that size and digest. Also what a
     work folder's own record (written last, at the end of its build) is checked with."""
@@ -606,8 +656,10 @@ def listed_file_problems(path: Path, files: dict, record: str = "manifest", trus
         elif verdict == "content":
             problems.append(f"{target}: content changed (sha256 differs from {record})")
         elif trusted is not None and detail != (trusted.get(rel) or {}).get("sha256"):
-            problems.append(f"{target}: differs from the store's copy of this artifact "
-                            "(sha256 differs from the digest the store holds)")
+            problems.append(
+                f"{target}: differs from the store's copy of this artifact "
+                "(sha256 differs from the digest the store holds)"
+            )
     return problems
 
 
@@ -659,10 +711,13 @@ def work_dir_holder(path: Path) -> dict | None:
 
 def _write_error(exc: OSError, artifact: str) -> PipelineError:
     if exc.errno == errno.ENOSPC:
-        return PipelineError(f"disk full while writing artifact {artifact}; the store is unchanged "
-                             "(free some space, e.g. `pipeline artifacts gc`, and run again)")
-    return PipelineError(f"could not write artifact {artifact}: {exc.strerror or exc} "
-                         f"({exc.filename or ''}); the store is unchanged")
+        return PipelineError(
+            f"disk full while writing artifact {artifact}; the store is unchanged "
+            "(free some space, e.g. `pipeline artifacts gc`, and run again)"
+        )
+    return PipelineError(
+        f"could not write artifact {artifact}: {exc.strerror or exc} ({exc.filename or ''}); the store is unchanged"
+    )
 
 
 def safe_name(name: str) -> str:

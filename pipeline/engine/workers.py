@@ -26,7 +26,6 @@ from .context import PROGRESS_EVERY_ENV, StageContext, console, progress_bar
 from .errors import PipelineError
 from .store import hold_work_dir
 
-
 # Set in a worker's environment: the pid it must not outlive.
 PARENT_ENV = "PIPELINE_PARENT_PID"
 
@@ -56,8 +55,16 @@ def launch(ctx: StageContext, module: str, job: dict) -> dict:
         # The cores are shared out: N processes with all cores each would oversubscribe them.
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ctx.nproc))
     env[PARENT_ENV] = str(os.getpid())
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ctx.nproc}",
-           "-m", module, str(job_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={ctx.nproc}",
+        "-m",
+        module,
+        str(job_path),
+    ]
     ctx.log(f"launching {ctx.nproc} processes: torchrun --nproc_per_node={ctx.nproc} -m {module}")
     # torchrun starts each worker in a session of its own, so neither a terminal's Ctrl-C nor a
     # signal to this process group reaches them: torchrun gets SIGTERM when this process dies
@@ -106,8 +113,10 @@ def stop_tree(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
 
 def _parent_death_signal(sig: int):
     """A preexec_fn: the child gets `sig` when the thread that started it ends (Linux)."""
+
     def set_it() -> None:
         _prctl_pdeathsig(sig)
+
     return set_it if sys.platform.startswith("linux") else None
 
 
@@ -129,11 +138,24 @@ def launch_alone(ctx: StageContext, module: str, job: dict, threads: int) -> dic
     job_path, metrics_path = _write_job(ctx, job)
     # On a terminal its progress lines feed a live display: often. In a log: as often as ever.
     every = "2" if console.is_terminal else os.environ.get(PROGRESS_EVERY_ENV, "30")
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), PARENT_ENV: str(os.getpid()),
-           PROGRESS_EVERY_ENV: every, "COLUMNS": "400", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        PARENT_ENV: str(os.getpid()),
+        PROGRESS_EVERY_ENV: every,
+        "COLUMNS": "400",
+        "PYTHONUNBUFFERED": "1",
+    }
     env.pop("WORLD_SIZE", None)
-    proc = subprocess.Popen([sys.executable, "-m", module, str(job_path)], env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, str(job_path)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    )
     with _children_lock:
         _children.add(proc)
     log_prefix = f"  {_worker_name(job, job_path)}: "
@@ -141,7 +163,7 @@ def launch_alone(ctx: StageContext, module: str, job: dict, threads: int) -> dic
         for line in proc.stdout:
             line = line.rstrip()
             if line.startswith(log_prefix):
-                ctx.log(line[len(log_prefix):], markup=False)
+                ctx.log(line[len(log_prefix) :], markup=False)
             elif line.strip():
                 ctx.status(line.strip())
         rc = proc.wait()

@@ -72,11 +72,16 @@ def variant_graphs(graphs: dict[str, Path], precision: str, work: Path, d_model:
         proto = onnx.load(str(fp32[name]))
         unfused[name] = unfuse_skip_layer_norm(proto.graph, residual_op=residual_op)
         onnx.save(proto, str(fp32[name]))
-    return fp32, {"positions_as_formula": {name: positions_as_formula(path, d_model) for name, path in fp32.items()},
-                  "layer_norms_unfused": unfused}
+    return fp32, {
+        "positions_as_formula": {name: positions_as_formula(path, d_model) for name, path in fp32.items()},
+        "layer_norms_unfused": unfused,
+    }
 
 
 def generation_of(cfg: TransformerConfig, beam: int = 4) -> dict:
     """The package's generation.json for a model of this configuration."""
-    return dataclasses.asdict(GenerationConfig(beam=beam, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
-                                               max_positions=cfg.max_positions))
+    return dataclasses.asdict(
+        GenerationConfig(
+            beam=beam, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id, max_positions=cfg.max_positions
+        )
+    )

@@ -19,9 +19,19 @@ from .packages import write_package
 PRECISIONS = ("fp32", "fp16", "int8_dynamic", "int8_static")
 
 
-def build_package(model: Transformer, precision: str, dest: Path, *, tokenizer: Path, work: Path,
-                  options: GraphOptions = GraphOptions(), about: dict | None = None, beam: int = 4,
-                  shortlist: Path | None = None, calibration: list[list[int]] | None = None) -> dict:
+def build_package(
+    model: Transformer,
+    precision: str,
+    dest: Path,
+    *,
+    tokenizer: Path,
+    work: Path,
+    options: GraphOptions = GraphOptions(),
+    about: dict | None = None,
+    beam: int = 4,
+    shortlist: Path | None = None,
+    calibration: list[list[int]] | None = None,
+) -> dict:
     """Export `model` at `precision` into a package folder at `dest`; intermediate graphs go
     under `work`; `shortlist`: a shortlist.npz to ship (model/shortlist.py); `calibration`:
     int8_static's sources (token ids + EOS), decoded greedily by the float32 graphs to record the
@@ -35,10 +45,22 @@ def build_package(model: Transformer, precision: str, dest: Path, *, tokenizer: 
     elif precision == "int8_static":
         if not calibration:
             raise ValueError("int8_static needs calibration sources")
-        graphs = quantize_static(graphs, work / "int8_static", node_groups(graphs),
-                                 _recorded_feeds(graphs, calibration, generation_of(model.cfg, 1)), "minmax")
-    return write_package(dest, graphs["encoder"], graphs["decoder"], tokenizer, generation_of(model.cfg, beam),
-                         about or {"variant": precision}, shortlist=shortlist)
+        graphs = quantize_static(
+            graphs,
+            work / "int8_static",
+            node_groups(graphs),
+            _recorded_feeds(graphs, calibration, generation_of(model.cfg, 1)),
+            "minmax",
+        )
+    return write_package(
+        dest,
+        graphs["encoder"],
+        graphs["decoder"],
+        tokenizer,
+        generation_of(model.cfg, beam),
+        about or {"variant": precision},
+        shortlist=shortlist,
+    )
 
 
 def _recorded_feeds(graphs: dict[str, Path], sources: list[list[int]], generation: dict) -> dict[str, list[dict]]:
@@ -50,10 +72,16 @@ def _recorded_feeds(graphs: dict[str, Path], sources: list[list[int]], generatio
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    recorder = RecordingDecoder(OnnxDecoder(*(ort.InferenceSession(str(graphs[g]), options,
-                                                                   providers=["CPUExecutionProvider"])
-                                              for g in ("encoder", "decoder")), pad_id=generation["pad_id"]))
+    recorder = RecordingDecoder(
+        OnnxDecoder(
+            *(
+                ort.InferenceSession(str(graphs[g]), options, providers=["CPUExecutionProvider"])
+                for g in ("encoder", "decoder")
+            ),
+            pad_id=generation["pad_id"],
+        )
+    )
     gen = GenerationConfig(**generation)
     for start in range(0, len(sources), 16):
-        greedy_search(recorder, sources[start: start + 16], gen)
+        greedy_search(recorder, sources[start : start + 16], gen)
     return recorder.feeds

@@ -35,8 +35,18 @@ import shutil
 from pathlib import Path
 
 from model.files import PackageError, UnsafeFile, open_regular, sha256_file, verify_package, walk
-from model.layout import (DECODER, ENCODER, GENERATION, GRAPH_FILES, MODEL_CARD, PACKAGE_JSON, RUNTIME_DIR, SHORTLIST_FILE,
-                          SHORTLISTED, TOKENIZER)
+from model.layout import (
+    DECODER,
+    ENCODER,
+    GENERATION,
+    GRAPH_FILES,
+    MODEL_CARD,
+    PACKAGE_JSON,
+    RUNTIME_DIR,
+    SHORTLIST_FILE,
+    SHORTLISTED,
+    TOKENIZER,
+)
 from model.onnx_passes import DERIVED, derive_graphs
 from model.onnx_passes.edit import graph_nodes
 
@@ -44,8 +54,16 @@ from ..engine.errors import IntegrityError, UserInputError
 from ..engine.store import Artifact, now_iso
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "model"
-RUNTIME_FILES = ("runtime.py", "search.py", "subword.py", "lines.py", "files.py", "shortlist.py", "package_checks.py",
-                 "layout.py")
+RUNTIME_FILES = (
+    "runtime.py",
+    "search.py",
+    "subword.py",
+    "lines.py",
+    "files.py",
+    "shortlist.py",
+    "package_checks.py",
+    "layout.py",
+)
 FORMAT = "mt-onnx-package/2"  # docs/package-format.md
 _INIT = '''"""Torch-free runtime for this package: `from mt_runtime import Translator`."""
 from .runtime import PackageError, Translator, verify_package
@@ -54,8 +72,16 @@ __all__ = ["Translator", "PackageError", "verify_package"]
 '''
 
 
-def write_package(dest: Path, encoder: Path, decoder: Path, tokenizer: Path, generation: dict,
-                  about: dict, figures: dict | None = None, shortlist: Path | None = None) -> dict:
+def write_package(
+    dest: Path,
+    encoder: Path,
+    decoder: Path,
+    tokenizer: Path,
+    generation: dict,
+    about: dict,
+    figures: dict | None = None,
+    shortlist: Path | None = None,
+) -> dict:
     """Assemble a package folder from two graphs. `about` says what it is (variant, source model,
     precision, ...); `figures` are the measured numbers the card shows (or `set_figures` later,
     once the package has been measured); `shortlist`: a shortlist.npz for batches
@@ -90,8 +116,9 @@ def set_figures(dest: Path, figures: dict) -> dict:
 _MANIFEST_OWN = ("format", "created", "figures", "opset", "files", "onnx_bytes")  # the rest is `about`
 
 
-def _write_card_and_manifest(dest: Path, about: dict, figures: dict, generation: dict,
-                             known: dict | None = None) -> dict:
+def _write_card_and_manifest(
+    dest: Path, about: dict, figures: dict, generation: dict, known: dict | None = None
+) -> dict:
     """The card, then package.json listing every file; `known`: digests of files unchanged since
     they were listed (all but the card), so that adding figures does not hash the graphs again."""
     io = {name.removesuffix(".onnx"): graph_io(dest / name) for name in GRAPH_FILES if (dest / name).is_file()}
@@ -107,9 +134,15 @@ def _write_card_and_manifest(dest: Path, about: dict, figures: dict, generation:
             files[rel] = known[rel]
         else:
             files[rel] = {"sha256": sha256_file(dest / rel), "bytes": (dest / rel).stat().st_size}
-    meta = {"format": FORMAT, "created": now_iso(), **about, "figures": figures,
-            "opset": io["decoder"]["opset"], "files": files,
-            "onnx_bytes": sum(files[g]["bytes"] for g in GRAPH_FILES if g in files)}
+    meta = {
+        "format": FORMAT,
+        "created": now_iso(),
+        **about,
+        "figures": figures,
+        "opset": io["decoder"]["opset"],
+        "files": files,
+        "onnx_bytes": sum(files[g]["bytes"] for g in GRAPH_FILES if g in files),
+    }
     (dest / PACKAGE_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return meta
 
@@ -125,15 +158,18 @@ def graph_io(path: Path) -> dict:
         for v in values:
             t = v.type.tensor_type
             dims = [d.dim_param or d.dim_value for d in t.shape.dim]
-            out.append({"name": v.name, "type": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name,
-                        "shape": dims})
+            out.append({"name": v.name, "type": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name, "shape": dims})
         return out
 
-    return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output),
-            "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-            "contrib_ops": sorted({n.op_type for n in graph_nodes(model.graph) if n.domain == "com.microsoft"}),
-            "reads_from": sorted({e.value for t in model.graph.initializer for e in t.external_data
-                                  if e.key == "location"})}
+    return {
+        "inputs": describe(model.graph.input),
+        "outputs": describe(model.graph.output),
+        "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+        "contrib_ops": sorted({n.op_type for n in graph_nodes(model.graph) if n.domain == "com.microsoft"}),
+        "reads_from": sorted(
+            {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+        ),
+    }
 
 
 def package_bytes(folder: Path) -> int:
@@ -145,9 +181,11 @@ def _operators(io: dict) -> str:
     contrib = sorted({op for name in ("encoder", "decoder") for op in io[name].get("contrib_ops", [])})
     if not contrib:
         return "operators: standard ONNX only"
-    return (f"operators: standard ONNX plus onnxruntime's contrib ops ({', '.join(contrib)}): run it with "
-            "onnxruntime; for other runtimes (TensorRT) export with `export.fused_attention: false` and "
-            "`export.optimize: false`, which write standard ONNX only")
+    return (
+        f"operators: standard ONNX plus onnxruntime's contrib ops ({', '.join(contrib)}): run it with "
+        "onnxruntime; for other runtimes (TensorRT) export with `export.fused_attention: false` and "
+        "`export.optimize: false`, which write standard ONNX only"
+    )
 
 
 def _shape(dims) -> str:
@@ -164,12 +202,17 @@ def _io_table(io: dict) -> str:
 
 
 def _shared_bytes(io: dict) -> str:
-    readers = [f"`{g}.onnx` reads weights from bytes inside {', '.join(f'`{f}`' for f in io[g]['reads_from'])}"
-               for g in ("encoder", "decoder") if io[g].get("reads_from")]
+    readers = [
+        f"`{g}.onnx` reads weights from bytes inside {', '.join(f'`{f}`' for f in io[g]['reads_from'])}"
+        for g in ("encoder", "decoder")
+        if io[g].get("reads_from")
+    ]
     if not readers:
         return ""
-    return ("\n" + "; ".join(readers) + " (ONNX external data, so the package stores the token table "
-            "once): keep the files together.\n")
+    return (
+        "\n" + "; ".join(readers) + " (ONNX external data, so the package stores the token table "
+        "once): keep the files together.\n"
+    )
 
 
 def _generate_section(io: dict, generation: dict) -> str:
@@ -182,7 +225,7 @@ the two graphs below as its subgraphs; it reads their weights from `encoder.onnx
 onnxruntime call per batch. Inputs: `input_ids` int32 [batch, src_len] (as `src_ids` below),
 `max_length` int32 [1] (tokens including the start token), `num_beams` int32 [1] (1 = greedy),
 `length_penalty` float [1]; output `sequences` int32 [batch, 1, length]: the start token
-(id {generation['bos_id']}), the translation, then EOS (id {generation['eos_id']}) and PAD.
+(id {generation["bos_id"]}), the translation, then EOS (id {generation["eos_id"]}) and PAD.
 `Translator(folder, search="python")` drives the two step graphs from Python instead.
 {_ONE_SENTENCE_LIST if any(i["name"] == SHORTLISTED for i in io["generate"]["inputs"]) else ""}\
 {_MANY_ROWS if "generate_batch" in io else ""}{_DECODER_MANY_ROWS if "decoder_batch" in io else ""}\
@@ -205,11 +248,11 @@ _DECODER_MANY_ROWS = """`decoder_batch.onnx` is `decoder.onnx` for a search loop
 int64 [1] and `normalize` bool [1], and instead of `log_probs` the `top_k` best entries of each
 row, best first (`top_log_probs` float, `top_ids` int64 [batch, top_k]; with `normalize` false
 `top_log_probs` is the logits of the whole vocabulary [batch, vocab] and `top_ids` [batch, 0]:
-greedy search takes the argmax itself, without a softmax over the vocabulary); `group` int64 [1] says how many consecutive rows are one
-sentence's beams, and `cross_*` and `src_mask` then have one row per sentence. It reads its
-weights from `decoder.onnx`. `Translator` translates several sentences at once with it and the
-package's own search loop (`mt_runtime/search.py`), which stops computing a sentence's rows
-once it has finished.
+greedy search takes the argmax itself, without a softmax over the vocabulary); `group` int64 [1]
+says how many consecutive rows are one sentence's beams, and `cross_*` and `src_mask` then have
+one row per sentence. It reads its weights from `decoder.onnx`. `Translator` translates several
+sentences at once with it and the package's own search loop (`mt_runtime/search.py`), which stops
+computing a sentence's rows once it has finished.
 """
 
 _DECODER_GREEDY = """`decoder_greedy.onnx` is `decoder_batch.onnx` for the greedy steps where every row continues
@@ -235,17 +278,19 @@ def model_card(about: dict, figures: dict, io: dict, generation: dict) -> str:
     layers = about.get("model", {})
     figure_lines = "\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in figures.items()) or "- not measured yet"
     n_layers = len([v for v in io["decoder"]["inputs"] if v["name"].startswith("past_k_")])
-    return f"""# {about.get('title', 'Transformer translation model')} ({about.get('variant')})
+    return f"""# {about.get("title", "Transformer translation model")} ({about.get("variant")})
 
-{about.get('description', '')}
+{about.get("description", "")}
 
-- variant: **{about.get('variant')}** ({about.get('precision', '')}); made from artifact `{about.get('source_artifact')}`
-- architecture: encoder-decoder Transformer, d_model {layers.get('d_model')}, {layers.get('encoder_layers')} encoder /
-  {layers.get('decoder_layers')} decoder layers, heads per layer: encoder {layers.get('enc_heads')},
-  decoder self {layers.get('dec_self_heads')}, cross {layers.get('dec_cross_heads')}; head size {layers.get('head_dim')};
-  vocabulary {layers.get('vocab_size')}; {layers.get('params', '?')} parameters
-- languages: {about.get('src_lang', '?')} -> {about.get('tgt_lang', '?')}
-- ONNX opset {io['decoder']['opset']}; exported with onnxruntime {about.get('onnxruntime')}
+- variant: **{about.get("variant")}** ({about.get("precision", "")});
+  made from artifact `{about.get("source_artifact")}`
+- architecture: encoder-decoder Transformer, d_model {layers.get("d_model")}, {layers.get("encoder_layers")} encoder /
+  {layers.get("decoder_layers")} decoder layers, heads per layer: encoder {layers.get("enc_heads")},
+  decoder self {layers.get("dec_self_heads")}, cross {layers.get("dec_cross_heads")};
+  head size {layers.get("head_dim")};
+  vocabulary {layers.get("vocab_size")}; {layers.get("params", "?")} parameters
+- languages: {about.get("src_lang", "?")} -> {about.get("tgt_lang", "?")}
+- ONNX opset {io["decoder"]["opset"]}; exported with onnxruntime {about.get("onnxruntime")}
 - {_operators(io)}
 
 ## Figures
@@ -271,17 +316,18 @@ Two graphs. Run the encoder once per batch, then the decoder once per generated 
 {_io_table(io)}
 
 - `src_ids`: subword ids of the source (`tokenizer.json`, no special tokens added) followed by
-  EOS (id {generation['eos_id']}), right-padded with PAD (id {generation['pad_id']}).
-- `src_mask`: `src_ids != {generation['pad_id']}` (true = real token).
+  EOS (id {generation["eos_id"]}), right-padded with PAD (id {generation["pad_id"]}).
+- `src_mask`: `src_ids != {generation["pad_id"]}` (true = real token).
 - `cross_k_i` / `cross_v_i` ({n_layers} decoder layers): cross-attention keys/values from the encoder, fed
   unchanged to every decoder step (for beam search, repeat each row `beam` times: row b*beam+k).
-- First step: `tokens` = BOS (id {generation['bos_id']}), `past_k_i` / `past_v_i` empty (`past_len` = 0).
+- First step: `tokens` = BOS (id {generation["bos_id"]}), `past_k_i` / `past_v_i` empty (`past_len` = 0).
   Each next step: `past_*` = the previous `present_*` and `tokens` = the chosen ids.
 - `cache_index` [batch] int64: which row of `past_*` each row continues: `arange(batch)` for
   greedy, the parent beam's row for beam search (the reordering happens inside the graph).
 - `log_probs`: log-softmax over the vocabulary for the next token. Stop at EOS or at
-  `min({generation['max_len_a']} * source length + {generation['max_len_b']}, {generation['max_positions'] - 1})` tokens.
-- Defaults in `generation.json`: beam {generation['beam']}, length penalty {generation['length_penalty']}
+  `min({generation["max_len_a"]} * source length + {generation["max_len_b"]},
+  {generation["max_positions"] - 1})` tokens.
+- Defaults in `generation.json`: beam {generation["beam"]}, length penalty {generation["length_penalty"]}
   (hypothesis score = sum of log-probs / length ** penalty).
 
 Minimal greedy decoding with onnxruntime alone:
@@ -291,17 +337,17 @@ import numpy as np, onnxruntime as ort
 from tokenizers import Tokenizer
 tok = Tokenizer.from_file("tokenizer.json")
 enc, dec = ort.InferenceSession("encoder.onnx"), ort.InferenceSession("decoder.onnx")
-src = np.array([tok.encode("A dog runs.", add_special_tokens=False).ids + [{generation['eos_id']}]])
+src = np.array([tok.encode("A dog runs.", add_special_tokens=False).ids + [{generation["eos_id"]}]])
 cross = dict(zip([o.name for o in enc.get_outputs()], enc.run(None, {{"src_ids": src}})))
 past = {{i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float16 if "16" in i.type else np.float32)
         for i in dec.get_inputs() if i.name.startswith("past_")}}
-out, token = [], {generation['bos_id']}
-for _ in range({generation['max_positions'] - 1}):
-    logp, *present = dec.run(None, {{"tokens": np.array([[token]]), "src_mask": src != {generation['pad_id']},
+out, token = [], {generation["bos_id"]}
+for _ in range({generation["max_positions"] - 1}):
+    logp, *present = dec.run(None, {{"tokens": np.array([[token]]), "src_mask": src != {generation["pad_id"]},
                                     "cache_index": np.array([0]), **past, **cross}})
     past = dict(zip([n.replace("present", "past") for n in [o.name for o in dec.get_outputs()][1:]], present))
     token = int(logp[0].argmax())
-    if token == {generation['eos_id']}:
+    if token == {generation["eos_id"]}:
         break
     out.append(token)
 print(tok.decode(out))
@@ -313,8 +359,17 @@ print(tok.decode(out))
 def packages_in(artifact: Artifact) -> list[str]:
     """The package folders the artifact's manifest lists (never what a link points to)."""
     files = artifact.manifest.get("files")
-    return sorted({rel.split("/")[0] for rel in files if isinstance(rel, str) and rel.count("/") == 1
-                   and rel.endswith("/" + PACKAGE_JSON)}) if isinstance(files, dict) else []
+    return (
+        sorted(
+            {
+                rel.split("/")[0]
+                for rel in files
+                if isinstance(rel, str) and rel.count("/") == 1 and rel.endswith("/" + PACKAGE_JSON)
+            }
+        )
+        if isinstance(files, dict)
+        else []
+    )
 
 
 def copy_packages(artifact: Artifact, dest: Path, package: str | None = None) -> list[Path]:
@@ -332,8 +387,10 @@ def copy_packages(artifact: Artifact, dest: Path, package: str | None = None) ->
 
     problems = verify_folder(artifact.path, artifact.manifest)
     if problems:
-        raise IntegrityError(f"artifact {artifact.id} failed verification: {problems[0]}"
-                             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        raise IntegrityError(
+            f"artifact {artifact.id} failed verification: {problems[0]}"
+            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+        )
     names = [package] if package else available
     for name in names:
         try:
@@ -348,10 +405,12 @@ def copy_packages(artifact: Artifact, dest: Path, package: str | None = None) ->
             raise UserInputError(f"{target} already exists; choose another destination")
         for rel in sorted(artifact.manifest["files"]):
             if rel.startswith(name + "/"):
-                out = target / rel[len(name) + 1:]
+                out = target / rel[len(name) + 1 :]
                 out.parent.mkdir(parents=True, exist_ok=True)
-                with os.fdopen(open_regular(artifact.path / rel, follow_links=False), "rb") as src, \
-                        open(out, "xb") as dst:
+                with (
+                    os.fdopen(open_regular(artifact.path / rel, follow_links=False), "rb") as src,
+                    open(out, "xb") as dst,
+                ):
                     shutil.copyfileobj(src, dst, 1 << 20)
         written.append(target)
     return written

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-
 from sacrebleu.metrics import BLEU, CHRF
 
 
@@ -16,9 +15,14 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
     bleu, chrf = BLEU(), CHRF()
     b = bleu.corpus_score(list(hypotheses), [list(references)])
     c = chrf.corpus_score(list(hypotheses), [list(references)])
-    return {"bleu": round(b.score, 2), "chrf": round(c.score, 2), "bleu_detail": str(b),
-            "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature()),
-            "sentences": len(hypotheses)}
+    return {
+        "bleu": round(b.score, 2),
+        "chrf": round(c.score, 2),
+        "bleu_detail": str(b),
+        "bleu_signature": str(bleu.get_signature()),
+        "chrf_signature": str(chrf.get_signature()),
+        "sentences": len(hypotheses),
+    }
 
 
 def bleu_only(hypotheses: Sequence[str], references: Sequence[str]) -> float:
@@ -29,8 +33,13 @@ BOOTSTRAP_SAMPLES = 1000
 BOOTSTRAP_SEED = 12345  # sacrebleu's default seed for its own resampling
 
 
-def paired_bootstrap(system: Sequence[str], baseline: Sequence[str], references: Sequence[str],
-                     samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> dict:
+def paired_bootstrap(
+    system: Sequence[str],
+    baseline: Sequence[str],
+    references: Sequence[str],
+    samples: int = BOOTSTRAP_SAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> dict:
     """BLEU(system) - BLEU(baseline) on the same sentences, with what one test set can say about it:
     paired bootstrap resampling (Koehn, 2004), both systems scored on the same resampled sentences.
 
@@ -55,9 +64,14 @@ def paired_bootstrap(system: Sequence[str], baseline: Sequence[str], references:
     if list(system) == list(baseline):  # the test's +1 would call identical outputs different
         p_value = 1.0
     low, high = np.percentile(diffs, [2.5, 97.5])
-    return {"delta": round(float(delta), 2), "ci95": [round(float(low), 2), round(float(high), 2)],
-            "p_value": round(float(p_value), 4), "samples": samples, "seed": seed,
-            "test": "paired bootstrap resampling (Koehn 2004), sacrebleu's BLEU statistics"}
+    return {
+        "delta": round(float(delta), 2),
+        "ci95": [round(float(low), 2), round(float(high), 2)],
+        "p_value": round(float(p_value), 4),
+        "samples": samples,
+        "seed": seed,
+        "test": "paired bootstrap resampling (Koehn 2004), sacrebleu's BLEU statistics",
+    }
 
 
 def sentence_statistics(hypotheses: Sequence[str], references: Sequence[str]) -> np.ndarray:
@@ -74,5 +88,6 @@ def sentence_statistics(hypotheses: Sequence[str], references: Sequence[str]) ->
 
 def bleu_from_statistics(row) -> float:
     """Corpus BLEU, as BLEU().corpus_score computes it (exp smoothing, order 4), from summed statistics."""
-    return BLEU.compute_bleu([int(v) for v in row[:4]], [int(v) for v in row[4:8]], int(row[8]), int(row[9]),
-                             smooth_method="exp").score
+    return BLEU.compute_bleu(
+        [int(v) for v in row[:4]], [int(v) for v in row[4:8]], int(row[8]), int(row[9]), smooth_method="exp"
+    ).score

@@ -51,8 +51,12 @@ def gpu_used_mb() -> float | None:
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            [exe, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return float(out.stdout.strip().splitlines()[0])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return None
@@ -76,7 +80,9 @@ def open_translator(job: dict):
         from model.hf_translator import ImportedCT2Translator, is_serving_folder
 
         if is_serving_folder(folder):  # an imported teacher, with its own tokenizer
-            return ImportedCT2Translator(folder / "hf", folder, device=device, threads=threads, compute_type=job["compute_type"])
+            return ImportedCT2Translator(
+                folder / "hf", folder, device=device, threads=threads, compute_type=job["compute_type"]
+            )
         return PeerTranslator(folder, device=device, threads=threads, compute_type=job["compute_type"])
     if runtime == "torch":
         import torch
@@ -87,8 +93,10 @@ def open_translator(job: dict):
 
     translator = load_translator(folder, job.get("package"), device=device, threads=threads)
     if runtime == "onnxruntime" and getattr(translator, "device", device) != device:
-        raise Skip(f"onnxruntime's {device} execution provider did not load "
-                   f"(providers: {getattr(translator, 'providers', '?')})")
+        raise Skip(
+            f"onnxruntime's {device} execution provider did not load "
+            f"(providers: {getattr(translator, 'providers', '?')})"
+        )
     return translator
 
 
@@ -143,8 +151,13 @@ def measure(job: dict) -> dict:
         sync()
         return time.perf_counter() - start, out
 
-    result: dict = {"threads": job["threads"], "load_s": round(load_s, 3), "latency_ms": {}, "repeats": {},
-                    "pass_p50_ms": {}}
+    result: dict = {
+        "threads": job["threads"],
+        "load_s": round(load_s, 3),
+        "latency_ms": {},
+        "repeats": {},
+        "pass_p50_ms": {},
+    }
     for key, beam in (("greedy_b1", 1), ("beam4_b1", BEAM)):
         for sentence in sample[:WARMUP_SENTENCES]:
             timed([sentence], beam=beam, max_batch=1)
@@ -164,14 +177,19 @@ def measure(job: dict) -> dict:
     # Throughput: the whole sample in batches of `batch_size` sentences (no token cap); target
     # tokens are the subword tokens of the outputs (EOS not counted), the same count for every runtime.
     batch, beam = job["batch_size"], job["throughput_beam"]
-    kw = dict(beam=beam, max_batch=batch, batch_tokens=10 ** 9)
+    kw = dict(beam=beam, max_batch=batch, batch_tokens=10**9)
     outputs = translator.translate(sample, **kw)  # warm-up (untimed), and the outputs to count
     target_tokens = sum(len(ids) for ids in translator.tokenizer.encode_target(outputs))
     seconds, medians = until_stable(lambda: [timed(sample, **kw)[0]], *repeats)
     typical = statistics.median(seconds)
-    result["throughput"] = {"sent_per_s": round(len(sample) / typical, 2),
-                            "tok_per_s": round(target_tokens / typical, 1), "batch": batch, "beam": beam,
-                            "sentences": len(sample), "target_tokens": target_tokens}
+    result["throughput"] = {
+        "sent_per_s": round(len(sample) / typical, 2),
+        "tok_per_s": round(target_tokens / typical, 1),
+        "batch": batch,
+        "beam": beam,
+        "sentences": len(sample),
+        "target_tokens": target_tokens,
+    }
     result["repeats"]["throughput"] = len(medians)
     note_gpu()
 
@@ -220,6 +238,7 @@ def time_breakdown(translator, sample: list[str], sync) -> dict | None:
             spent[name] += time.perf_counter() - start
             spent["steps"] += name == "step"
             return out
+
         return wrapper
 
     decoder.encode, decoder.step = timed_method("encode"), timed_method("step")  # shadow the methods
@@ -231,11 +250,14 @@ def time_breakdown(translator, sample: list[str], sync) -> dict | None:
     finally:
         del decoder.encode, decoder.step
     n = len(sample)
-    return {"total_ms": round(total / n * 1000, 3), "encode_ms": round(spent["encode"] / n * 1000, 3),
-            "decode_steps_ms": round(spent["step"] / n * 1000, 3),
-            "other_ms": round((total - spent["encode"] - spent["step"]) / n * 1000, 3),
-            "steps_per_sentence": round(spent["steps"] / n, 2),
-            "ms_per_step": round(spent["step"] / max(spent["steps"], 1) * 1000, 4)}
+    return {
+        "total_ms": round(total / n * 1000, 3),
+        "encode_ms": round(spent["encode"] / n * 1000, 3),
+        "decode_steps_ms": round(spent["step"] / n * 1000, 3),
+        "other_ms": round((total - spent["encode"] - spent["step"]) / n * 1000, 3),
+        "steps_per_sentence": round(spent["steps"] / n, 2),
+        "ms_per_step": round(spent["step"] / max(spent["steps"], 1) * 1000, 4),
+    }
 
 
 def score_test_set(translator, spec: dict, batch: int) -> dict:
@@ -250,8 +272,13 @@ def score_test_set(translator, spec: dict, batch: int) -> dict:
         raise misaligned(Path(spec["src"]), len(src), Path(spec["refs"]), len(refs))
     out = {}
     for beam in spec["beams"]:
-        hyps = translator.translate(src, beam=beam, length_penalty=spec.get("length_penalty", 1.0),
-                                    batch_tokens=spec.get("batch_tokens", 4000), max_batch=max(batch, 64))
+        hyps = translator.translate(
+            src,
+            beam=beam,
+            length_penalty=spec.get("length_penalty", 1.0),
+            batch_tokens=spec.get("batch_tokens", 4000),
+            max_batch=max(batch, 64),
+        )
         hyps = [one_line(h) for h in hyps]  # one a line in the kept file, whatever the decoder wrote
         s = score(hyps, refs)
         out[f"beam{beam}"] = {k: s[k] for k in ("bleu", "chrf", "sentences", "bleu_signature", "chrf_signature")}
@@ -274,9 +301,10 @@ def take_turns(engines: dict, sample: list[str], batch: int, beam: int, rounds: 
     from .timing import interleaved
 
     items = batches_of(sample, batch, tokenizer)
-    kw = dict(beam=beam, max_batch=batch, batch_tokens=10 ** 9)
-    timed = interleaved({name: (lambda b, t=t: t.translate(b, **kw)) for name, t in engines.items()},
-                        items, repeats=rounds, warmup=1)
+    kw = dict(beam=beam, max_batch=batch, batch_tokens=10**9)
+    timed = interleaved(
+        {name: (lambda b, t=t: t.translate(b, **kw)) for name, t in engines.items()}, items, repeats=rounds, warmup=1
+    )
     return timed, len(items)
 
 
@@ -287,7 +315,7 @@ def batches_of(sample: list[str], batch: int, tokenizer=None) -> list[list[str]]
         return [[s] for s in sample]
     lengths = [len(ids) for ids in tokenizer.encode(sample)] if tokenizer else [len(s.split()) for s in sample]
     by_length = [s for _, s in sorted(zip(lengths, sample), key=lambda pair: pair[0])]
-    return [by_length[i: i + batch] for i in range(0, len(sample), batch)]
+    return [by_length[i : i + batch] for i in range(0, len(sample), batch)]
 
 
 def batching_tokenizer(job: dict, engine=None):
@@ -316,12 +344,21 @@ def measure_versus(job: dict) -> dict:
         point = versus_point(batch, beam, ours, theirs, len(sample), rounds)
         # Each one's own median round too: what its best thread count is chosen by (best_vs_best).
         point["median_sent_per_s"] = {
-            name: round(statistics.median(sent_per_s(sample, batches, timed.seconds[name])), 2) for name in engines}
+            name: round(statistics.median(sent_per_s(sample, batches, timed.seconds[name])), 2) for name in engines
+        }
         points.append(point)
-    return {"threads": job["threads"], "sentences": len(sample), "rounds": job["rounds"], "points": points,
-            "search": {"one_sentence": getattr(engines["ours"], "search", None),
-                       "batches": getattr(engines["ours"], "batch_search", None)},
-            "pid": os.getpid(), "runtimes_loaded": runtimes_loaded()}
+    return {
+        "threads": job["threads"],
+        "sentences": len(sample),
+        "rounds": job["rounds"],
+        "points": points,
+        "search": {
+            "one_sentence": getattr(engines["ours"], "search", None),
+            "batches": getattr(engines["ours"], "batch_search", None),
+        },
+        "pid": os.getpid(),
+        "runtimes_loaded": runtimes_loaded(),
+    }
 
 
 def sent_per_s(sample: list[str], batches: int, seconds: list[float]) -> list[float]:
@@ -347,10 +384,23 @@ def measure_alone(job: dict) -> dict:
     for batch, beam in job["points"]:
         timed, batches = take_turns({"alone": translator}, sample, batch, beam, job["rounds"], tokenizer)
         rounds = sent_per_s(sample, batches, timed.seconds["alone"])
-        points.append({"batch": batch, "beam": beam, "sent_per_s": round(statistics.median(rounds), 2),
-                       "round_sent_per_s": [round(x, 2) for x in rounds]})
-    return {"threads": job["threads"], "runtime": job["engine"]["runtime"], "sentences": len(sample),
-            "rounds": job["rounds"], "points": points, "pid": os.getpid(), "runtimes_loaded": runtimes_loaded()}
+        points.append(
+            {
+                "batch": batch,
+                "beam": beam,
+                "sent_per_s": round(statistics.median(rounds), 2),
+                "round_sent_per_s": [round(x, 2) for x in rounds],
+            }
+        )
+    return {
+        "threads": job["threads"],
+        "runtime": job["engine"]["runtime"],
+        "sentences": len(sample),
+        "rounds": job["rounds"],
+        "points": points,
+        "pid": os.getpid(),
+        "runtimes_loaded": runtimes_loaded(),
+    }
 
 
 def median_round(ours_seconds: list[float], theirs_seconds: list[float]) -> tuple[list[float], int]:
@@ -363,8 +413,15 @@ def median_round(ours_seconds: list[float], theirs_seconds: list[float]) -> tupl
     return ratios, ratios.index(statistics.median_low(ratios))
 
 
-def versus_point(batch: int, beam: int, ours_per_s: float, theirs_per_s: float, sentences: int,
-                 round_ratios: list[float] | None = None, threads: tuple[int, int] | None = None) -> dict:
+def versus_point(
+    batch: int,
+    beam: int,
+    ours_per_s: float,
+    theirs_per_s: float,
+    sentences: int,
+    round_ratios: list[float] | None = None,
+    threads: tuple[int, int] | None = None,
+) -> dict:
     """One point of the comparison with its one-line verdict (throughput: ours / theirs, above 1
     is ours faster; at batch 1 the same figure is one over the time per sentence). With the
     rounds' own ratios, the ratio is their median (median_round's: the figures are that round's)
@@ -377,19 +434,30 @@ def versus_point(batch: int, beam: int, ours_per_s: float, theirs_per_s: float, 
     what = f"{'greedy' if beam == 1 else f'beam {beam}'}, batch {batch}"
     if threads:
         ours_at, theirs_at = (f" at {n} thread{'s' if n > 1 else ''}" for n in threads)
-        figures = (f"ours {1000 / ours_per_s:.2f} ms a sentence{ours_at}, CTranslate2 {1000 / theirs_per_s:.2f} ms"
-                   f"{theirs_at}" if batch == 1 else
-                   f"ours {ours_per_s:.1f} sentences/s{ours_at}, CTranslate2 {theirs_per_s:.1f}{theirs_at}")
+        figures = (
+            f"ours {1000 / ours_per_s:.2f} ms a sentence{ours_at}, CTranslate2 {1000 / theirs_per_s:.2f} ms{theirs_at}"
+            if batch == 1
+            else f"ours {ours_per_s:.1f} sentences/s{ours_at}, CTranslate2 {theirs_per_s:.1f}{theirs_at}"
+        )
     elif batch == 1:
         figures = f"ours {1000 / ours_per_s:.2f} ms, CTranslate2 {1000 / theirs_per_s:.2f} ms a sentence"
     else:
         figures = f"ours {ours_per_s:.1f}, CTranslate2 {theirs_per_s:.1f} sentences/s"
-    verdict = "no figure" if ratio is None else (
-        f"ours faster ({ratio:.2f}x its throughput)" if ratio >= 1 else f"CTranslate2 faster (ours {ratio:.2f}x)")
+    verdict = (
+        "no figure"
+        if ratio is None
+        else (f"ours faster ({ratio:.2f}x its throughput)" if ratio >= 1 else f"CTranslate2 faster (ours {ratio:.2f}x)")
+    )
     spread = f" [rounds {min(round_ratios):.2f}-{max(round_ratios):.2f}]" if round_ratios else ""
-    point = {"batch": batch, "beam": beam, "ours_sent_per_s": round(ours_per_s, 2),
-             "ctranslate2_sent_per_s": round(theirs_per_s, 2), "ratio": ratio, "met": None if ratio is None else ratio >= 1,
-             "verdict": f"{what}: {figures}: {verdict}{spread}"}
+    point = {
+        "batch": batch,
+        "beam": beam,
+        "ours_sent_per_s": round(ours_per_s, 2),
+        "ctranslate2_sent_per_s": round(theirs_per_s, 2),
+        "ratio": ratio,
+        "met": None if ratio is None else ratio >= 1,
+        "verdict": f"{what}: {figures}: {verdict}{spread}",
+    }
     if round_ratios:
         point["round_ratios"] = [round(r, 3) for r in round_ratios]
         point["figures"] = "median round"  # benchmarks before median_round showed each one's median
@@ -405,8 +473,11 @@ def separate_points(ours: dict, theirs: dict) -> list[dict]:
     """The points of two measure_alone results at one thread count, ours against theirs: each
     one's median round, from two processes."""
     by_point = {(p["batch"], p["beam"]): p["sent_per_s"] for p in theirs.get("points", [])}
-    return [versus_point(p["batch"], p["beam"], p["sent_per_s"], by_point[p["batch"], p["beam"]], ours["sentences"])
-            for p in ours.get("points", []) if (p["batch"], p["beam"]) in by_point]
+    return [
+        versus_point(p["batch"], p["beam"], p["sent_per_s"], by_point[p["batch"], p["beam"]], ours["sentences"])
+        for p in ours.get("points", [])
+        if (p["batch"], p["beam"]) in by_point
+    ]
 
 
 def best_vs_best(interleaved: dict, alone: dict | None = None) -> dict:
@@ -423,14 +494,32 @@ def best_vs_best(interleaved: dict, alone: dict | None = None) -> dict:
         for p in result.get("points", []):
             found.setdefault((p["batch"], p["beam"]), {})[int(n)] = {**p, "sentences": result["sentences"]}
     for (batch, beam), at in found.items():
-        speed = {side: {n: (p.get("median_sent_per_s") or {}).get(side, p[f"{side}_sent_per_s"]) for n, p in at.items()}
-                 for side in SIDES}
+        speed = {
+            side: {n: (p.get("median_sent_per_s") or {}).get(side, p[f"{side}_sent_per_s"]) for n, p in at.items()}
+            for side in SIDES
+        }
         best = tuple(_fastest(speed[side]) for side in SIDES)
         same = at[best[0]] if best[0] == best[1] else None
-        point = (versus_point(batch, beam, same["ours_sent_per_s"], same["ctranslate2_sent_per_s"], same["sentences"],
-                              same.get("round_ratios"), threads=best) if same else
-                 versus_point(batch, beam, speed["ours"][best[0]], speed["ctranslate2"][best[1]],
-                              at[best[0]]["sentences"], threads=best))
+        point = (
+            versus_point(
+                batch,
+                beam,
+                same["ours_sent_per_s"],
+                same["ctranslate2_sent_per_s"],
+                same["sentences"],
+                same.get("round_ratios"),
+                threads=best,
+            )
+            if same
+            else versus_point(
+                batch,
+                beam,
+                speed["ours"][best[0]],
+                speed["ctranslate2"][best[1]],
+                at[best[0]]["sentences"],
+                threads=best,
+            )
+        )
         out["interleaved"].append({**point, "same_process": same is not None})
     alone_found: dict[tuple[int, int], dict[str, dict[int, float]]] = {}
     sentences = 0
@@ -443,8 +532,11 @@ def best_vs_best(interleaved: dict, alone: dict | None = None) -> dict:
     for (batch, beam), speed in alone_found.items():
         if set(speed) == set(SIDES):
             best = tuple(_fastest(speed[side]) for side in SIDES)
-            out["separate"].append(versus_point(batch, beam, speed["ours"][best[0]], speed["ctranslate2"][best[1]],
-                                                sentences, threads=best))
+            out["separate"].append(
+                versus_point(
+                    batch, beam, speed["ours"][best[0]], speed["ctranslate2"][best[1]], sentences, threads=best
+                )
+            )
     return out
 
 
@@ -462,20 +554,35 @@ def run_process(jobs: Path, tag: str, job: dict, threads: int, timeout_s: float 
     result_path.unlink(missing_ok=True)
     job = {**job, "result": str(result_path)}
     (jobs / f"{tag}.json").write_text(json.dumps(job), encoding="utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+    }
     with open(log_path, "w", encoding="utf-8") as log:
         try:
-            rc = subprocess.run([sys.executable, "-m", "pipeline.measure.speed", str(jobs / f"{tag}.json")], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, cwd=REPO, timeout=timeout_s).returncode
+            rc = subprocess.run(
+                [sys.executable, "-m", "pipeline.measure.speed", str(jobs / f"{tag}.json")],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                timeout=timeout_s,
+            ).returncode
         except subprocess.TimeoutExpired:
-            return {"threads": threads, "skipped": f"measurement took over {timeout_s:g} s and was stopped "
-                                                   "(an oversubscribed machine makes multi-thread runs crawl)"}
+            return {
+                "threads": threads,
+                "skipped": f"measurement took over {timeout_s:g} s and was stopped "
+                "(an oversubscribed machine makes multi-thread runs crawl)",
+            }
     if rc == 0 and result_path.is_file():
         return json.loads(result_path.read_text(encoding="utf-8"))
     lines = [ln for ln in log_path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
-    return {"threads": threads, "skipped": f"measurement process failed (exit {rc}): "
-                                           f"{lines[-1][:300] if lines else 'no output'}"}
+    return {
+        "threads": threads,
+        "skipped": f"measurement process failed (exit {rc}): {lines[-1][:300] if lines else 'no output'}",
+    }
 
 
 def main() -> None:

@@ -44,9 +44,15 @@ class Interleaved:
         return round(self.median_s(name) / base, digits) if base else None
 
 
-def interleaved(contestants: dict[str, Callable[[Any], Any]], items: Sequence, *, repeats: int = 1,
-                warmup: int = 2, prepare: dict[str, Callable[[Any], Any]] | None = None,
-                on_item: Callable[[], None] | None = None) -> Interleaved:
+def interleaved(
+    contestants: dict[str, Callable[[Any], Any]],
+    items: Sequence,
+    *,
+    repeats: int = 1,
+    warmup: int = 2,
+    prepare: dict[str, Callable[[Any], Any]] | None = None,
+    on_item: Callable[[], None] | None = None,
+) -> Interleaved:
     """Time each contestant on every item, turn about. `prepare[name](item)`, where given, runs
     untimed just before that contestant's timed call (an encoder pass before timing decoder
     steps, say). `on_item` is called once per item per repeat (a progress bar's advance)."""
@@ -61,7 +67,7 @@ def interleaved(contestants: dict[str, Callable[[Any], Any]], items: Sequence, *
     for r in range(repeats):
         total = dict.fromkeys(names, 0.0)
         for j, item in enumerate(items):
-            for name in (names if (r + j) % 2 == 0 else names[::-1]):
+            for name in names if (r + j) % 2 == 0 else names[::-1]:
                 if name in prepare:
                     prepare[name](item)
                 start = time.perf_counter()
@@ -76,8 +82,9 @@ def interleaved(contestants: dict[str, Callable[[Any], Any]], items: Sequence, *
     return result
 
 
-def until_stable(one_pass: Callable[[], list[float]], min_repeats: int, max_repeats: int,
-                 within: float) -> tuple[list[float], list[float]]:
+def until_stable(
+    one_pass: Callable[[], list[float]], min_repeats: int, max_repeats: int, within: float
+) -> tuple[list[float], list[float]]:
     """Run `one_pass()` (a list of numbers) until two consecutive passes' medians differ by less
     than `within` (relative), at least `min_repeats` and at most `max_repeats` times.
     Returns (all values pooled, each pass's median)."""
@@ -86,8 +93,11 @@ def until_stable(one_pass: Callable[[], list[float]], min_repeats: int, max_repe
         values = one_pass()
         pooled += values
         medians.append(statistics.median(values))
-        if repeat + 1 >= min_repeats and len(medians) >= 2 and \
-                abs(medians[-1] - medians[-2]) <= within * abs(medians[-2]):
+        if (
+            repeat + 1 >= min_repeats
+            and len(medians) >= 2
+            and abs(medians[-1] - medians[-2]) <= within * abs(medians[-2])
+        ):
             break
     return pooled, medians
 
@@ -97,5 +107,9 @@ def percentiles(values: list[float]) -> dict:
     1000 / mean is the sentences per second of one client translating one sentence at a time."""
     ms = np.asarray(values) * 1000.0
     p50, p90, p99 = np.percentile(ms, [50, 90, 99])
-    return {"p50": round(float(p50), 3), "p90": round(float(p90), 3), "p99": round(float(p99), 3),
-            "mean": round(float(ms.mean()), 3)}
+    return {
+        "p50": round(float(p50), 3),
+        "p90": round(float(p90), 3),
+        "p99": round(float(p99), 3),
+        "mean": round(float(ms.mean()), 3),
+    }

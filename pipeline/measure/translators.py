@@ -19,8 +19,9 @@ def is_torch_model(folder: Path) -> bool:
 def is_onnx_package(folder: Path) -> bool:
     """A folder with package.json is a package even with graphs missing: the runtime then says
     which file package.json lists that is not there."""
-    return (folder / "package.json").is_file() or ((folder / "encoder.onnx").is_file()
-                                                   and (folder / "decoder.onnx").is_file())
+    return (folder / "package.json").is_file() or (
+        (folder / "encoder.onnx").is_file() and (folder / "decoder.onnx").is_file()
+    )
 
 
 def is_imported_teacher(folder: Path) -> bool:
@@ -56,5 +57,7 @@ def load_translator(folder: Path, package: str | None = None, device: str = "cpu
             return Translator(folder, device=device, threads=threads)
         except PackageError as exc:
             raise IntegrityError(str(exc)) from None
-    raise UserInputError(f"{folder}: neither a PyTorch model (model.safetensors + config.json) "
-                         "nor an ONNX package (package.json, encoder.onnx + decoder.onnx)")
+    raise UserInputError(
+        f"{folder}: neither a PyTorch model (model.safetensors + config.json) "
+        "nor an ONNX package (package.json, encoder.onnx + decoder.onnx)"
+    )

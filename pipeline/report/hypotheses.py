@@ -14,8 +14,11 @@ def hypotheses_reader(data: Artifact | None, benchmark: Artifact | None, evaluat
     the benchmark and each variant's evaluation): from the row's evaluate artifact, or for the
     rows the benchmark scored itself (CTranslate2's), from the benchmark artifact (whose metrics
     are `bench`)."""
-    scored_by_benchmark = {r["name"]: (benchmark.path / r["hypotheses"], bench.get("test_set"))
-                           for r in bench.get("results", []) if r.get("hypotheses") and benchmark is not None}
+    scored_by_benchmark = {
+        r["name"]: (benchmark.path / r["hypotheses"], bench.get("test_set"))
+        for r in bench.get("results", [])
+        if r.get("hypotheses") and benchmark is not None
+    }
     references: dict[str, list[str]] = {}
     cache: dict[tuple[str, int], tuple[list[str], list[str]] | None] = {}
 
@@ -41,4 +44,5 @@ def hypotheses_reader(data: Artifact | None, benchmark: Artifact | None, evaluat
         if len(hypotheses) != len(references[test]):
             raise misaligned(path, len(hypotheses), data.path / f"test.{test}.tgt", len(references[test]))
         return hypotheses, references[test]
+
     return read

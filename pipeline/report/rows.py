@@ -85,9 +85,14 @@ def figures(row: ReportRow) -> dict:
     """What two runs' rows are compared on: BLEU, batch-1 latency, throughput, size, threads."""
     if row["skipped"]:
         return {"skipped": row["skipped"]}
-    return {"bleu": row["bleu"], "greedy_p50_ms": row["latency_ms"]["greedy_b1"]["p50"],
-            "beam4_p50_ms": row["latency_ms"]["beam4_b1"]["p50"], "sent_per_s": row["throughput"]["sent_per_s"],
-            "bytes": row["bytes"], "threads": row["threads"]}
+    return {
+        "bleu": row["bleu"],
+        "greedy_p50_ms": row["latency_ms"]["greedy_b1"]["p50"],
+        "beam4_p50_ms": row["latency_ms"]["beam4_b1"]["p50"],
+        "sent_per_s": row["throughput"]["sent_per_s"],
+        "bytes": row["bytes"],
+        "threads": row["threads"],
+    }
 
 
 def versus_lines(rows: list[dict]) -> list[str]:
@@ -99,29 +104,53 @@ def versus_lines(rows: list[dict]) -> list[str]:
         versus = r.get("versus")
         if not versus:
             continue
-        by_batch = any("round_ratios" in p for result in versus["by_threads"].values() for p in result.get("points", []))
-        median_round = all(p.get("figures") == "median round" for result in versus["by_threads"].values()
-                           for p in result.get("points", []))
-        how = ("taking turns batch by batch over the same sentences; throughput ours / theirs, the median of the "
-               "rounds' own ratios" + (" (the figures are that round's)" if median_round else "") +
-               ", their range in brackets" if by_batch else
-               "interleaved pass after pass over the same sentences; throughput ours / theirs")
+        by_batch = any(
+            "round_ratios" in p for result in versus["by_threads"].values() for p in result.get("points", [])
+        )
+        median_round = all(
+            p.get("figures") == "median round"
+            for result in versus["by_threads"].values()
+            for p in result.get("points", [])
+        )
+        how = (
+            "taking turns batch by batch over the same sentences; throughput ours / theirs, the median of the "
+            "rounds' own ratios"
+            + (" (the figures are that round's)" if median_round else "")
+            + ", their range in brackets"
+            if by_batch
+            else "interleaved pass after pass over the same sentences; throughput ours / theirs"
+        )
         separate = versus.get("separate") or {}
-        alone_how = (f"; \"alone\": each in a fresh process of its own, the other not loaded, {separate['rounds']} "
-                     "rounds each, their median, the two processes minutes apart" if separate else "")
-        lines += ["", f"**{r['name']} against {versus['peer']}** (same weights, one process, the two {how}{alone_how}; "
-                      "above 1 is ours faster):", ""]
+        alone_how = (
+            f'; "alone": each in a fresh process of its own, the other not loaded, {separate["rounds"]} '
+            "rounds each, their median, the two processes minutes apart"
+            if separate
+            else ""
+        )
+        lines += [
+            "",
+            f"**{r['name']} against {versus['peer']}** (same weights, one process, the two {how}{alone_how}; "
+            "above 1 is ours faster):",
+            "",
+        ]
         for n, result in versus["by_threads"].items():
             if result.get("skipped"):
                 lines.append(f"- {n} thread{'s' if int(n) > 1 else ''}: skipped: {result['skipped']}")
                 continue
             alone = separate.get("by_threads", {}).get(n) or {}
             ratios = {(p["batch"], p["beam"]): p["ratio"] for p in alone.get("points", [])}
-            lines += [f"- {n} thread{'s' if int(n) > 1 else ''}, {result['sentences']} sentences, "
-                      f"{result['rounds']} rounds: {p['verdict']}" + (
-                          f"; alone {ratios[p['batch'], p['beam']]:.2f}x" if (p["batch"], p["beam"]) in ratios else
-                          f"; alone: skipped: {alone['skipped']}" if alone.get("skipped") else "")
-                      for p in result["points"]]
+            lines += [
+                f"- {n} thread{'s' if int(n) > 1 else ''}, {result['sentences']} sentences, "
+                f"{result['rounds']} rounds: {p['verdict']}"
+                + (
+                    f"; alone {ratios[p['batch'], p['beam']]:.2f}x"
+                    if (p["batch"], p["beam"]) in ratios
+                    else f"; alone: skipped: {alone['skipped']}"
+                    if alone.get("skipped")
+                    else ""
+                )
+                for p in result["points"]
+            ]
         lines += best_lines(versus)
     return lines
 
@@ -133,14 +162,24 @@ def best_lines(versus: dict) -> list[str]:
         return []
     counts = sorted({int(n) for n in versus["by_threads"]})
     alone = {(p["batch"], p["beam"]): p for p in best.get("separate") or []}
-    lines = ["", f"Each side at its own best thread count (the faster of {' and '.join(map(str, counts))} for it at "
-                 f"that point; CTranslate2's: {threads_said(best['interleaved'], 'ctranslate2')} taking turns"
-                 + (f", {threads_said(best['separate'], 'ctranslate2')} alone" if alone else "") + "):", ""]
+    lines = [
+        "",
+        f"Each side at its own best thread count (the faster of {' and '.join(map(str, counts))} for it at "
+        f"that point; CTranslate2's: {threads_said(best['interleaved'], 'ctranslate2')} taking turns"
+        + (f", {threads_said(best['separate'], 'ctranslate2')} alone" if alone else "")
+        + "):",
+        "",
+    ]
     for p in best["interleaved"]:
         what, _, one_process = p["verdict"].partition(": ")
-        across = "" if p.get("same_process", True) else (
-            f" (each one's median round: ours from the {p['ours_threads']}-thread process, CTranslate2 from the "
-            f"{p['ctranslate2_threads']}-thread one)")
+        across = (
+            ""
+            if p.get("same_process", True)
+            else (
+                f" (each one's median round: ours from the {p['ours_threads']}-thread process, CTranslate2 from the "
+                f"{p['ctranslate2_threads']}-thread one)"
+            )
+        )
         line = f"- {what}: taking turns, {one_process}{across}"
         if (p["batch"], p["beam"]) in alone:
             line += f"; each alone, {alone[p['batch'], p['beam']]['verdict'].partition(': ')[2]}"

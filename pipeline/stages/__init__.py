@@ -10,8 +10,7 @@ code change rebuilds what it affects by itself. Declarations import no torch: a 
 from __future__ import annotations
 
 from ..engine.recipe import recipe_schema
-from . import (benchmark, data, evaluate, export, import_teacher, kd_corpus, prune, quantize, report, tokenizer,
-               train)
+from . import benchmark, data, evaluate, export, import_teacher, kd_corpus, prune, quantize, report, tokenizer, train
 
 STAGES = (
     data.STAGE,

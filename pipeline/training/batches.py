@@ -34,11 +34,19 @@ class Batch:
 
     def to(self, device, non_blocking: bool = False) -> "Batch":
         """On `device` (the same tensors where they are there already); non_blocking from pinned memory."""
+
         def move(t):
             return None if t is None else t.to(device, non_blocking=non_blocking)
 
-        return Batch(move(self.src), move(self.tgt_in), move(self.keep), move(self.target), move(self.soft_ids),
-                     move(self.soft_probs), self.tokens)
+        return Batch(
+            move(self.src),
+            move(self.tgt_in),
+            move(self.keep),
+            move(self.target),
+            move(self.soft_ids),
+            move(self.soft_probs),
+            self.tokens,
+        )
 
 
 def _rows(rows: Ragged, index: np.ndarray, extra: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -88,8 +96,7 @@ def _soft_at(corpus: Corpus, index: np.ndarray, row_of: np.ndarray, col: np.ndar
     return ids, probs
 
 
-def prepare_batch(corpus: Corpus, index, pad: int, bos: int, eos: int, soft: bool = False,
-                  pin: bool = False) -> Batch:
+def prepare_batch(corpus: Corpus, index, pad: int, bos: int, eos: int, soft: bool = False, pin: bool = False) -> Batch:
     """The batch of pairs `index` on the host (pinned for a non-blocking copy where `pin`); with
     `soft`, the teacher's stored distributions at its target positions."""
     index = np.asarray(index, dtype=np.int64)
@@ -156,8 +163,9 @@ class BatchFeed:
             if isinstance(item, _Failed):
                 self._taken = len(self._indices)
                 self.close()
-                item.error.add_note(f"(raised in the batch loader thread, making batch {item.position + 1} "
-                                    f"of {len(self._indices)})")
+                item.error.add_note(
+                    f"(raised in the batch loader thread, making batch {item.position + 1} of {len(self._indices)})"
+                )
                 raise item.error
         self._taken += 1
         return item

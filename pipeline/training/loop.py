@@ -34,14 +34,13 @@ from model.torch_decoder import TorchDecoder
 from model.torch_greedy import greedy_on_device
 from model.transformer import Transformer
 
-from . import speed_probe
-from .settings import budget_text, cut_text
 from ..corpora.encoded import Corpus, make_batches
 from ..engine.errors import PipelineError
-from .settings import TrainConfig
-from ..measure.scoring import bleu_only
 from ..engine.store import file_record, listed_file_problems, write_json_atomic
+from ..measure.scoring import bleu_only
+from . import speed_probe
 from .batches import Batch, BatchFeed, collate, collate_soft, prepare_batch  # noqa: F401 (collate*: callers')
+from .settings import TrainConfig, budget_text, cut_text
 
 
 def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
@@ -140,8 +139,10 @@ class Checkpoints:
 
     def _damaged(self, folder: Path, problem: str) -> PipelineError:
         problem = problem.replace(f"{folder}/", "")  # the file's name once, after the folder's
-        return PipelineError(f"{folder}: {problem}; this training cannot resume from it: remove {folder.parent} "
-                             "and run again to train from the start")
+        return PipelineError(
+            f"{folder}: {problem}; this training cannot resume from it: remove {folder.parent} "
+            "and run again to train from the start"
+        )
 
     def save_snapshot(self, model: Transformer, name: str) -> dict:
         """Save an epoch end's weights; returns the file's record (size and sha256) for `kept`."""
@@ -211,8 +212,15 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     training step gets 4-9% faster (d 112 student, vocabulary 8000)."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, eps: float, soft_ids: torch.Tensor | None,
-                soft_probs: torch.Tensor | None, alpha: float) -> torch.Tensor:
+    def forward(
+        ctx,
+        logits: torch.Tensor,
+        target: torch.Tensor,
+        eps: float,
+        soft_ids: torch.Tensor | None,
+        soft_probs: torch.Tensor | None,
+        alpha: float,
+    ) -> torch.Tensor:
         lse = torch.logsumexp(logits, -1)
         picked = logits.gather(1, target[:, None]).squeeze(1)
         hard = torch.ones_like(lse)  # each row's weight on its label
@@ -238,14 +246,19 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         return out, None, None, None, None, None
 
 
-def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: float,
-                        soft: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
+def label_smoothed_loss(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    smoothing: float,
+    soft: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+) -> torch.Tensor:
     """Mean label-smoothed cross-entropy of logits [N, vocab] against target ids [N]; with
     soft = (ids [N, k], probs [N, k], alpha), (1 - alpha) of that plus alpha times the
     cross-entropy against those sparse probabilities (each row summing to 1)."""
     ids, probs, alpha = soft if soft is not None else (None, None, 0.0)
-    return _SmoothedCrossEntropy.apply(logits.float(), target, float(smoothing), ids,
-                                       None if probs is None else probs.float(), float(alpha))
+    return _SmoothedCrossEntropy.apply(
+        logits.float(), target, float(smoothing), ids, None if probs is None else probs.float(), float(alpha)
+    )
 
 
 # Sentences per greedy batch when validating: on the CPU as ever; on CUDA, where the search
@@ -253,22 +266,24 @@ def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, smoothing: f
 GREEDY_CHUNK = {"host": 128, "device": 1024}
 
 
-def greedy_hypotheses(model: Transformer, sources: list[list[int]], device, on_chunk=None,
-                      on_device: bool | None = None) -> list[list[int]]:
+def greedy_hypotheses(
+    model: Transformer, sources: list[list[int]], device, on_chunk=None, on_device: bool | None = None
+) -> list[list[int]]:
     """Greedy translations (ids) of `sources` (ids + EOS), in batches of similar lengths. On CUDA
     the search runs on the device and the host looks at it every few steps (torch_greedy); on the
     CPU, model/search.py's over TorchDecoder. The same words either way. `on_chunk(n)` after each batch."""
     device = torch.device(device)
     on_device = device.type == "cuda" if on_device is None else on_device
     cfg = model.cfg
-    gen = GenerationConfig(beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id,
-                           max_positions=cfg.max_positions)
+    gen = GenerationConfig(
+        beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id, max_positions=cfg.max_positions
+    )
     decoder = None if on_device else TorchDecoder(model, device)
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     hyps: list[list[int]] = [[] for _ in order]
     size = GREEDY_CHUNK["device" if on_device else "host"]
     for start in range(0, len(order), size):
-        chunk = order[start: start + size]
+        chunk = order[start : start + size]
         batch = [sources[i] for i in chunk]
         found = greedy_on_device(model, batch, gen, device) if on_device else greedy_search(decoder, batch, gen)
         for i, h in zip(chunk, found):
@@ -284,11 +299,24 @@ class Trainer:
     LOSS_EVERY_S = 1.0
     PREFETCH_BATCHES = 2  # how many batches the loader thread keeps ready
 
-    def __init__(self, model: Transformer, cfg: TrainConfig, train: Corpus, valid: ValidationSet, tokenizer,
-                 work: Path, log: Callable[[str], None], progress, device: str = "cpu",
-                 teacher: Transformer | None = None, kd_alpha: float = 0.0, kd_temperature: float = 1.0,
-                 probe_threads: list[int] | None = None, speed: speed_probe.SpeedChoice | None = None,
-                 prefetch: bool | None = None):
+    def __init__(
+        self,
+        model: Transformer,
+        cfg: TrainConfig,
+        train: Corpus,
+        valid: ValidationSet,
+        tokenizer,
+        work: Path,
+        log: Callable[[str], None],
+        progress,
+        device: str = "cpu",
+        teacher: Transformer | None = None,
+        kd_alpha: float = 0.0,
+        kd_temperature: float = 1.0,
+        probe_threads: list[int] | None = None,
+        speed: speed_probe.SpeedChoice | None = None,
+        prefetch: bool | None = None,
+    ):
         self.cfg, self.train_set, self.valid, self.tokenizer = cfg, train, valid, tokenizer
         self.log, self.progress, self.device = log, progress, torch.device(device)
         self.world = dist.get_world_size() if dist.is_initialized() else 1
@@ -312,22 +340,33 @@ class Trainer:
         if self.world > 1:
             from torch.nn.parallel import DistributedDataParallel
 
-            self.ddp_model = DistributedDataParallel(self.model, device_ids=None if self.device.type == "cpu"
-                                                     else [self.device.index])
+            self.ddp_model = DistributedDataParallel(
+                self.model, device_ids=None if self.device.type == "cpu" else [self.device.index]
+            )
 
     # ---------------------------------------------------------------- main loop
     def fit(self) -> dict:
         cfg = self.cfg
         torch.manual_seed(cfg.seed + self.rank)
-        state = {"step": 0, "epoch": 0, "batch": 0, "elapsed_s": 0.0, "history": [], "kept": [],
-                 "tokens": 0, "resumed_from": []}
+        state = {
+            "step": 0,
+            "epoch": 0,
+            "batch": 0,
+            "elapsed_s": 0.0,
+            "history": [],
+            "kept": [],
+            "tokens": 0,
+            "resumed_from": [],
+        }
         saved = self.ckpt.saved_state()
         self._choose_speed(saved.get("speed") if saved else None)
         if saved is not None:
             state = self.ckpt.load(self.model, self.optimizer)
             state["resumed_from"].append(state["step"])
-            self.log(f"resumed from checkpoint at step {state['step']} (epoch {state['epoch'] + 1}, "
-                     f"batch {state['batch']}, {state['elapsed_s'] / 60:.1f} min already trained)")
+            self.log(
+                f"resumed from checkpoint at step {state['step']} (epoch {state['epoch'] + 1}, "
+                f"batch {state['batch']}, {state['elapsed_s'] / 60:.1f} min already trained)"
+            )
         if self.rank == 0:  # snapshots of a run killed before its checkpoint recorded them
             self.ckpt.drop_unkept(state["kept"])
         session_start = time.monotonic()
@@ -336,15 +375,17 @@ class Trainer:
         eta = _Forecast(self, state)
         # A run resumed from a checkpoint taken when its budget ran out must not take another step.
         stop_reason = self._budget_reached(state, elapsed(), 0.0)
-        max_epochs = cfg.max_epochs or 10 ** 9
+        max_epochs = cfg.max_epochs or 10**9
         if state["epoch"] >= max_epochs:
             stop_reason = stop_reason or f"max_epochs ({cfg.max_epochs})"
 
         while state["epoch"] < max_epochs and stop_reason is None:
             batches = make_batches(self.train_set, cfg.batch_tokens, cfg.seed, state["epoch"], self.rank, self.world)
             self.model.train()
-            with self.progress(f"epoch {state['epoch'] + 1}", total=len(batches), unit="batches") as bar, \
-                    self.batch_feed(batches[state["batch"]:]) as feed:
+            with (
+                self.progress(f"epoch {state['epoch'] + 1}", total=len(batches), unit="batches") as bar,
+                self.batch_feed(batches[state["batch"] :]) as feed,
+            ):
                 bar.advance(state["batch"])
                 t_epoch, tok_epoch = time.monotonic(), 0
                 for batch in feed:
@@ -354,8 +395,11 @@ class Trainer:
                     state["tokens"] += ntok
                     tok_epoch += ntok
                     rate = tok_epoch * self.world / max(1e-6, time.monotonic() - t_epoch)
-                    bar.advance(1, postfix=f"{self.running_loss.text()}lr {self.optimizer.param_groups[0]['lr']:.2e} "
-                                           f"{rate:.0f} tok/s{eta.update(len(batches))}")
+                    bar.advance(
+                        1,
+                        postfix=f"{self.running_loss.text()}lr {self.optimizer.param_groups[0]['lr']:.2e} "
+                        f"{rate:.0f} tok/s{eta.update(len(batches))}",
+                    )
                     stop_reason = self._budget_reached(state, elapsed(), state["batch"] / len(batches))
                     if stop_reason:
                         break
@@ -398,9 +442,15 @@ class Trainer:
         if self.speed.warning and saved is None:
             self.log(f"warning: {self.speed.warning}")
         opt_cls = torch.optim.AdamW if cfg.weight_decay > 0 else torch.optim.Adam
-        self.optimizer = opt_cls(self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9,
-                                 weight_decay=cfg.weight_decay, fused=self.speed.fused_optimizer or None,
-                                 foreach=None if self.speed.fused_optimizer else True)
+        self.optimizer = opt_cls(
+            self.model.parameters(),
+            lr=cfg.lr,
+            betas=(0.9, 0.98),
+            eps=1e-9,
+            weight_decay=cfg.weight_decay,
+            fused=self.speed.fused_optimizer or None,
+            foreach=None if self.speed.fused_optimizer else True,
+        )
 
     def _probe_speed(self) -> speed_probe.SpeedChoice:
         cfg, tok = self.cfg, self.tokenizer
@@ -411,10 +461,16 @@ class Trainer:
         target = tout[tout != tok.pad_id]
         self.model.train()
         return speed_probe.choose(
-            self.model, (src, tin, tout), lambda logits: label_smoothed_loss(logits, target, cfg.label_smoothing),
-            self.device, cfg.bf16, torch.get_num_threads(), self.probe_threads,
-            steps=min(cfg.max_steps or 10 ** 12, (cfg.max_epochs or 10 ** 6) * len(batches)),
-            pass_to_step=4.4)  # a step: four times the probe's rows, plus the optimizer and batching
+            self.model,
+            (src, tin, tout),
+            lambda logits: label_smoothed_loss(logits, target, cfg.label_smoothing),
+            self.device,
+            cfg.bf16,
+            torch.get_num_threads(),
+            self.probe_threads,
+            steps=min(cfg.max_steps or 10**12, (cfg.max_epochs or 10**6) * len(batches)),
+            pass_to_step=4.4,
+        )  # a step: four times the probe's rows, plus the optimizer and batching
 
     def _save_checkpoint(self, state: dict, elapsed_s: float, session_start: float) -> None:
         if self.rank == 0:
@@ -440,8 +496,11 @@ class Trainer:
         elif cfg.max_minutes is not None and elapsed_s >= cfg.max_minutes * 60:
             reason = f"max_minutes ({cfg.max_minutes:g})"
         if self.world > 1:  # every rank must stop at the same step and use the same lr: rank 0 decides
-            flag = torch.tensor([1.0 if reason else 0.0, progress], dtype=torch.float64,
-                                device=self.device if self.device.type == "cuda" else "cpu")
+            flag = torch.tensor(
+                [1.0 if reason else 0.0, progress],
+                dtype=torch.float64,
+                device=self.device if self.device.type == "cuda" else "cpu",
+            )
             dist.broadcast(flag, 0)
             progress = float(flag[1])
             reason = reason or ("stopped by rank 0" if flag[0].item() else None)
@@ -454,8 +513,11 @@ class Trainer:
         tok = self.tokenizer
         soft = self.train_set.soft is not None and self.kd_alpha > 0
         pin = self.device.type == "cuda"
-        return BatchFeed(lambda index: prepare_batch(self.train_set, index, tok.pad_id, tok.bos_id, tok.eos_id, soft, pin),
-                         indices, self.PREFETCH_BATCHES if self.prefetch else 0)
+        return BatchFeed(
+            lambda index: prepare_batch(self.train_set, index, tok.pad_id, tok.bos_id, tok.eos_id, soft, pin),
+            indices,
+            self.PREFETCH_BATCHES if self.prefetch else 0,
+        )
 
     def _train_step(self, batch: Batch, step: int) -> int:
         """One optimizer step on `batch`; returns its target tokens. Nothing here waits for the
@@ -466,16 +528,26 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         soft = (batch.soft_ids, batch.soft_probs, self.kd_alpha) if batch.soft_ids is not None else None
-        with speed_probe.attention_context(self.speed.attention), \
-                torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.speed.bf16):
+        with (
+            speed_probe.attention_context(self.speed.attention),
+            torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.speed.bf16),
+        ):
             logits = self.ddp_model(batch.src, batch.tgt_in, keep=batch.keep)
             loss = label_smoothed_loss(logits, batch.target, cfg.label_smoothing, soft)
             if self.teacher is not None and self.kd_alpha > 0:
                 with torch.no_grad():
                     teacher_logits = self.teacher(batch.src, batch.tgt_in, keep=batch.keep)
                 t = self.kd_temperature
-                kl = F.kl_div(F.log_softmax(logits.float() / t, -1), F.log_softmax(teacher_logits.float() / t, -1),
-                              log_target=True, reduction="batchmean") * t * t
+                kl = (
+                    F.kl_div(
+                        F.log_softmax(logits.float() / t, -1),
+                        F.log_softmax(teacher_logits.float() / t, -1),
+                        log_target=True,
+                        reduction="batchmean",
+                    )
+                    * t
+                    * t
+                )
                 loss = (1 - self.kd_alpha) * loss + self.kd_alpha * kl
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -515,12 +587,22 @@ class Trainer:
             bleu = self.valid_bleu(self.model)
             self.model.train()
             label = f"epoch{state['epoch']}" + (f"_step{state['step']}" if partial else "")
-            entry = {"epoch": state["epoch"], "step": state["step"], "partial": partial,
-                     "valid_loss": round(loss, 4), "valid_bleu": bleu, "name": label,
-                     "train_tokens": state["tokens"], "validation_s": round(time.monotonic() - t0, 1)}
+            entry = {
+                "epoch": state["epoch"],
+                "step": state["step"],
+                "partial": partial,
+                "valid_loss": round(loss, 4),
+                "valid_bleu": bleu,
+                "name": label,
+                "train_tokens": state["tokens"],
+                "validation_s": round(time.monotonic() - t0, 1),
+            }
             state["history"].append(entry)
-            self.log(f"{label}: valid loss {loss:.3f}" + (f", valid BLEU (greedy) {bleu:.2f}" if bleu is not None
-                                                          else "") + f" at step {state['step']}")
+            self.log(
+                f"{label}: valid loss {loss:.3f}"
+                + (f", valid BLEU (greedy) {bleu:.2f}" if bleu is not None else "")
+                + f" at step {state['step']}"
+            )
             self._keep_snapshot(state, entry)
         if self.world > 1:
             dist.barrier()
@@ -543,17 +625,25 @@ class Trainer:
 
     def _finish(self, state: dict, elapsed_s: float, reason: str) -> dict:
         cfg = self.cfg
-        result = {"steps": state["step"], "epochs": state["epoch"],
-                  "train_minutes": round(elapsed_s / 60, 2), "stopped_by": reason, "history": state["history"],
-                  "train_tokens": state["tokens"], "resumed_from_steps": state["resumed_from"],
-                  "tokens_per_s": round(state["tokens"] * self.world / max(1e-6, elapsed_s), 1),
-                  "budget": budget_text(cfg.max_steps, cfg.max_epochs, cfg.max_minutes),
-                  "precision": self.speed.precision,
-                  "speed": self.speed.to_dict()}
+        result = {
+            "steps": state["step"],
+            "epochs": state["epoch"],
+            "train_minutes": round(elapsed_s / 60, 2),
+            "stopped_by": reason,
+            "history": state["history"],
+            "train_tokens": state["tokens"],
+            "resumed_from_steps": state["resumed_from"],
+            "tokens_per_s": round(state["tokens"] * self.world / max(1e-6, elapsed_s), 1),
+            "budget": budget_text(cfg.max_steps, cfg.max_epochs, cfg.max_minutes),
+            "precision": self.speed.precision,
+            "speed": self.speed.to_dict(),
+        }
         if reason.startswith("max_minutes"):
             result["cut_by_time"] = cut_text(state["step"], cfg.max_steps, cfg.max_epochs)
-            self.log(f"warning: {result['cut_by_time']} (max_minutes {cfg.max_minutes:g}): this model is "
-                     "not the one the recipe's budget trains")
+            self.log(
+                f"warning: {result['cut_by_time']} (max_minutes {cfg.max_minutes:g}): this model is "
+                "not the one the recipe's budget trains"
+            )
         if self.rank != 0:
             return result
         kept = state["kept"]
@@ -561,20 +651,30 @@ class Trainer:
             raise RuntimeError("training ended without a single validated checkpoint")
         best = kept[0]
         self.model.load_state_dict(self.ckpt.load_snapshot(best))
-        chosen = {"kind": "best", "from": [best["name"]], "valid_loss": best["valid_loss"],
-                  "valid_bleu": best["valid_bleu"]}
+        chosen = {
+            "kind": "best",
+            "from": [best["name"]],
+            "valid_loss": best["valid_loss"],
+            "valid_bleu": best["valid_bleu"],
+        }
         if len(kept) > 1:
             states = [self.ckpt.load_snapshot(k) for k in kept]
             averaged = {k: sum(s[k].float() for s in states) / len(states) for k in states[0]}
             best_state = {k: v.clone() for k, v in self.model.state_dict().items()}
             self.model.load_state_dict({k: v.to(best_state[k].dtype) for k, v in averaged.items()})
             avg_loss, avg_bleu = self.valid_loss(self.model), self.valid_bleu(self.model)
-            self.log(f"average of {len(kept)} checkpoints: valid loss {avg_loss:.3f}"
-                     + (f", valid BLEU {avg_bleu:.2f}" if avg_bleu is not None else "")
-                     + f" (best single: {best['valid_bleu']})")
+            self.log(
+                f"average of {len(kept)} checkpoints: valid loss {avg_loss:.3f}"
+                + (f", valid BLEU {avg_bleu:.2f}" if avg_bleu is not None else "")
+                + f" (best single: {best['valid_bleu']})"
+            )
             if self._rank_key({"valid_bleu": avg_bleu, "valid_loss": avg_loss}) >= self._rank_key(best):
-                chosen = {"kind": "average", "from": [k["name"] for k in kept], "valid_loss": round(avg_loss, 4),
-                          "valid_bleu": avg_bleu}
+                chosen = {
+                    "kind": "average",
+                    "from": [k["name"] for k in kept],
+                    "valid_loss": round(avg_loss, 4),
+                    "valid_bleu": avg_bleu,
+                }
             else:
                 self.model.load_state_dict(best_state)
         self.model.eval()
@@ -637,11 +737,15 @@ class _Forecast:
         if cfg.max_minutes is not None:
             cap_left = cfg.max_minutes * 60 - (state["elapsed_s"] + spent)
             if seconds > cap_left and not self.logged:
-                self.trainer.log(f"warning: at this rate the max_minutes cap ({cfg.max_minutes:g}) will cut "
-                                 f"this training near step {state['step'] + int(cap_left * done / spent)}")
+                self.trainer.log(
+                    f"warning: at this rate the max_minutes cap ({cfg.max_minutes:g}) will cut "
+                    f"this training near step {state['step'] + int(cap_left * done / spent)}"
+                )
         if not self.logged:
             self.logged = True
             finish = time.strftime("%H:%M", time.localtime(time.time() + seconds))
-            self.trainer.log(f"{spent / done:.2f} s a step: the budget's {steps_left} steps left take about "
-                             f"{speed_probe.duration(seconds)} more (done near {finish})")
+            self.trainer.log(
+                f"{spent / done:.2f} s a step: the budget's {steps_left} steps left take about "
+                f"{speed_probe.duration(seconds)} more (done near {finish})"
+            )
         return f" eta {speed_probe.duration(seconds)}"

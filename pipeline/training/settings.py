@@ -18,8 +18,10 @@ Layers = Annotated[int, Field(gt=0, le=MAX_LAYERS)]
 # measures it faster than float32 (pipeline/training/speed_probe.py); on: always (a warning gives the
 # measured slowdown where it is slower); off: float32. YAML 1.1 reads a bare on/off as a
 # boolean; the user meant the word.
-Bf16 = Annotated[Literal["auto", "on", "off"],
-                 BeforeValidator(lambda v: {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v)]
+Bf16 = Annotated[
+    Literal["auto", "on", "off"],
+    BeforeValidator(lambda v: {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v),
+]
 
 
 class ModelSpec(Strict):
@@ -51,9 +53,17 @@ class ModelSpec(Strict):
     def _buildable(self):
         # The layers' parameters (the token table's depend on the tokenizer, checked when built).
         enc, dec = self.encoder_layers, self.decoder_layers
-        problem = size_problem(self.d_model, self.head_dim, [self.heads] * enc, [self.heads] * dec,
-                               [self.heads] * dec, [self.ffn_dim] * enc, [self.ffn_dim] * dec,
-                               embed_dim=self.embed_dim, max_positions=self.max_positions)
+        problem = size_problem(
+            self.d_model,
+            self.head_dim,
+            [self.heads] * enc,
+            [self.heads] * dec,
+            [self.heads] * dec,
+            [self.ffn_dim] * enc,
+            [self.ffn_dim] * dec,
+            embed_dim=self.embed_dim,
+            max_positions=self.max_positions,
+        )
         if problem:
             raise ValueError(problem)
         return self
@@ -98,8 +108,11 @@ class TrainConfig(Strict):
     @model_validator(mode="after")
     def _some_budget(self):
         if self.max_epochs is None and self.max_steps is None:
-            cap = " (max_minutes is a cap, not a budget: the same recipe would train a different model " \
-                  "on each machine)" if self.max_minutes is not None else ""
+            cap = (
+                " (max_minutes is a cap, not a budget: the same recipe would train a different model on each machine)"
+                if self.max_minutes is not None
+                else ""
+            )
             raise ValueError(f"set a budget: max_steps or max_epochs{cap}")
         return self
 
@@ -123,8 +136,9 @@ class TeacherConfig(Strict):
     @model_validator(mode="after")
     def _imported_or_trained(self):
         if self.pretrained is not None and {"model", "train"} & self.model_fields_set:
-            raise ValueError("an imported teacher (pretrained) is not trained here: drop teacher.model and "
-                             "teacher.train")
+            raise ValueError(
+                "an imported teacher (pretrained) is not trained here: drop teacher.model and teacher.train"
+            )
         return self
 
 
@@ -149,8 +163,7 @@ class KDCorpusConfig(Strict):
     @model_validator(mode="after")
     def _selection_needs_a_beam(self) -> "KDCorpusConfig":
         if self.selection == "closest_to_reference" and self.beam < 2:
-            raise ValueError("selection: closest_to_reference chooses among the beam's hypotheses; "
-                             "it needs beam >= 2")
+            raise ValueError("selection: closest_to_reference chooses among the beam's hypotheses; it needs beam >= 2")
         if self.top_k is not None and self.beam != 1:
             raise ValueError("top_k is collected while the teacher decodes greedily; it needs beam: 1")
         return self
@@ -169,14 +182,14 @@ class WordLevelKD(Strict):
     @model_validator(mode="after")
     def _stored_probabilities_are_at_temperature_one(self) -> "WordLevelKD":
         if self.from_kd_corpus and self.temperature != 1.0:
-            raise ValueError("from_kd_corpus: the corpus keeps the teacher's probabilities at temperature 1; "
-                             "set temperature: 1")
+            raise ValueError(
+                "from_kd_corpus: the corpus keeps the teacher's probabilities at temperature 1; set temperature: 1"
+            )
         return self
 
 
 class StudentConfig(Strict):
-    model: ModelSpec = ModelSpec(d_model=128, encoder_layers=4, decoder_layers=2, heads=4,
-                                 head_dim=32, ffn_dim=512)
+    model: ModelSpec = ModelSpec(d_model=128, encoder_layers=4, decoder_layers=2, heads=4, head_dim=32, ffn_dim=512)
     train: TrainConfig = TrainConfig()
     # Fraction of original reference pairs mixed into the distilled corpus (0 = KD only).
     reference_mix: Fraction = 0.0
@@ -213,8 +226,10 @@ class DistillConfig(Strict):
     @model_validator(mode="after")
     def _stored_distributions_are_asked_of_the_corpus(self) -> "DistillConfig":
         if self.student.word_level.enabled and self.student.word_level.from_kd_corpus and self.corpus.top_k is None:
-            raise ValueError("student.word_level.from_kd_corpus needs the corpus to keep the teacher's "
-                             "distributions: set distill.corpus.top_k (8 is plenty)")
+            raise ValueError(
+                "student.word_level.from_kd_corpus needs the corpus to keep the teacher's "
+                "distributions: set distill.corpus.top_k (8 is plenty)"
+            )
         return self
 
 

@@ -57,18 +57,28 @@ class SpeedChoice:
         return cls(**data)
 
     def summary(self) -> str:
-        return (f"{self.precision} ({self.reasons.get('bf16', '')}); attention {self.attention}, "
-                f"{'fused' if self.fused_optimizer else 'foreach'} Adam, {self.threads} thread"
-                f"{'s' if self.threads != 1 else ''}; CPU {self.isa}")
+        return (
+            f"{self.precision} ({self.reasons.get('bf16', '')}); attention {self.attention}, "
+            f"{'fused' if self.fused_optimizer else 'foreach'} Adam, {self.threads} thread"
+            f"{'s' if self.threads != 1 else ''}; CPU {self.isa}"
+        )
 
 
 def attention_context(kernel: str):
     return sdpa_kernel(SDPBackend.MATH) if kernel == "math" else contextlib.nullcontext()
 
 
-def choose(model: torch.nn.Module, batch: tuple, loss_fn: Callable, device: torch.device, bf16: str,
-           threads: int, probe_threads: list[int] | None = None, steps: int | None = None,
-           pass_to_step: float = 1.0) -> SpeedChoice:
+def choose(
+    model: torch.nn.Module,
+    batch: tuple,
+    loss_fn: Callable,
+    device: torch.device,
+    bf16: str,
+    threads: int,
+    probe_threads: list[int] | None = None,
+    steps: int | None = None,
+    pass_to_step: float = 1.0,
+) -> SpeedChoice:
     """Decide the switches for training `model` on batches like `batch` (src, tgt_in, tgt_out).
 
     bf16: "auto" (measure), "on" / "off" (as asked; "on" where it measures slower still runs, with
@@ -78,15 +88,25 @@ def choose(model: torch.nn.Module, batch: tuple, loss_fn: Callable, device: torc
     the warning only.
     """
     t0 = time.monotonic()
-    choice = SpeedChoice(bf16=False, attention="default", fused_optimizer=device.type in ("cpu", "cuda"),
-                         threads=threads, isa=cpu_isa() if device.type == "cpu" else torch.cuda.get_device_name(device))
+    choice = SpeedChoice(
+        bf16=False,
+        attention="default",
+        fused_optimizer=device.type in ("cpu", "cuda"),
+        threads=threads,
+        isa=cpu_isa() if device.type == "cpu" else torch.cuda.get_device_name(device),
+    )
     rng = torch.get_rng_state()
     try:
         if device.type == "cuda":
             supported = torch.cuda.is_bf16_supported()
             choice.bf16 = bf16 == "on" or (bf16 == "auto" and supported)
-            choice.reasons["bf16"] = (f"recipe says {bf16}" if bf16 != "auto" else
-                                      "auto: the GPU supports bf16" if supported else "auto: the GPU has no bf16")
+            choice.reasons["bf16"] = (
+                f"recipe says {bf16}"
+                if bf16 != "auto"
+                else "auto: the GPU supports bf16"
+                if supported
+                else "auto: the GPU has no bf16"
+            )
             choice.reasons["attention"] = "PyTorch chooses on CUDA"
             choice.reasons["fused_optimizer"] = "fused Adam on CUDA"
             return choice
@@ -123,10 +143,15 @@ def _choose_cpu(choice: SpeedChoice, model, batch, loss_fn, bf16: str, probe_thr
     choice.probe_ms["pass_float32"] = _ms(fp32)
     if emulated:
         slowdown = kernel_bf16 / kernel_fp32
-        native = "" if ISA_LEVELS.index(effective_isa(choice.isa)) >= ISA_LEVELS.index("AVX512-BF16") else \
-            f", no native bf16 on {effective_isa(choice.isa)}"
-        measured = (f"bf16 {slowdown:.1f}x slower than float32 on one matrix product at this model's shapes "
-                    f"({_ms(kernel_bf16)} vs {_ms(kernel_fp32)} ms{native})")
+        native = (
+            ""
+            if ISA_LEVELS.index(effective_isa(choice.isa)) >= ISA_LEVELS.index("AVX512-BF16")
+            else f", no native bf16 on {effective_isa(choice.isa)}"
+        )
+        measured = (
+            f"bf16 {slowdown:.1f}x slower than float32 on one matrix product at this model's shapes "
+            f"({_ms(kernel_bf16)} vs {_ms(kernel_fp32)} ms{native})"
+        )
     else:
         choice.probe_ms["pass_bf16"] = _ms(passes["bf16"])
         slowdown = passes["bf16"] / fp32
@@ -141,10 +166,14 @@ def _choose_cpu(choice: SpeedChoice, model, batch, loss_fn, bf16: str, probe_thr
             projected = ""
             if steps:
                 step_fp32 = fp32 * pass_to_step
-                projected = (f": about {duration(steps * step_fp32 * slowdown)} for its {steps} steps instead of "
-                             f"{duration(steps * step_fp32)} in float32")
-            choice.warning = (f"bf16: on, but bf16 measured {slowdown:.1f}x slower than float32 on this CPU "
-                              f"({choice.isa}){projected}; bf16: auto lets the probe choose")
+                projected = (
+                    f": about {duration(steps * step_fp32 * slowdown)} for its {steps} steps instead of "
+                    f"{duration(steps * step_fp32)} in float32"
+                )
+            choice.warning = (
+                f"bf16: on, but bf16 measured {slowdown:.1f}x slower than float32 on this CPU "
+                f"({choice.isa}){projected}; bf16: auto lets the probe choose"
+            )
     precision = choice.bf16 and not emulated
 
     # Attention kernel, at the chosen precision: PyTorch's own choice only where clearly faster.
@@ -167,8 +196,9 @@ def _choose_cpu(choice: SpeedChoice, model, batch, loss_fn, bf16: str, probe_thr
         fastest = min(timings, key=timings.get)
         choice.threads = fastest if timings[fastest] < SWITCH_MARGIN * chosen else all_threads
         choice.probe_ms["pass_by_threads"] = {str(n): _ms(t) for n, t in sorted(timings.items())}
-        choice.reasons["threads"] = "auto: " + ", ".join(f"{n} thread{'s' if n > 1 else ''} {_ms(t)} ms"
-                                                        for n, t in sorted(timings.items()))
+        choice.reasons["threads"] = "auto: " + ", ".join(
+            f"{n} thread{'s' if n > 1 else ''} {_ms(t)} ms" for n, t in sorted(timings.items())
+        )
         torch.set_num_threads(choice.threads)
     else:
         choice.reasons["threads"] = "as configured"
@@ -229,8 +259,9 @@ def _adam_step_ms(model) -> tuple[float, float]:
         copies = [copy.deepcopy(p) for p in params]
         for c, p in zip(copies, params):
             c.grad = p.grad.clone()
-        opt = torch.optim.Adam(copies, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=fused,
-                               foreach=None if fused else True)
+        opt = torch.optim.Adam(
+            copies, lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=fused, foreach=None if fused else True
+        )
         opt.step()  # warm-up: creates the moments
         best = float("inf")
         for _ in range(3):

@@ -32,8 +32,7 @@ class BenchmarkConfig(Strict):
     batch_size: PositiveInt = 32
     throughput_beam: PositiveInt = 4  # beam of the throughput runs (bulk translation); latency: greedy and 4
     threads: list[Literal["one", "all"] | PositiveInt] = ["one", "all"]
-    runtimes: list[Literal["torch", "onnxruntime", "ctranslate2"]] = [
-        "torch", "onnxruntime", "ctranslate2"]
+    runtimes: list[Literal["torch", "onnxruntime", "ctranslate2"]] = ["torch", "onnxruntime", "ctranslate2"]
     devices: list[Literal["cpu", "cuda"]] = ["cpu", "cuda"]
     min_repeats: PositiveInt = 2
     max_repeats: PositiveInt = 6
@@ -67,10 +66,20 @@ def plan(p: Planner) -> None:
     if not p.models:
         raise p.error("benchmark: needs a model (a 'teacher' section at least)")
     inputs = {"data": "data", **{f"variants.{v.name}": v.node for v in p.variants}}
-    p.add("benchmark", BenchmarkNode(**cfg.model_dump(), variants=p.variants, final_model=p.final_model,
-                                     machine=p.machine), inputs)
+    p.add(
+        "benchmark",
+        BenchmarkNode(**cfg.model_dump(), variants=p.variants, final_model=p.final_model, machine=p.machine),
+        inputs,
+    )
 
 
-STAGE = Stage("benchmark", 6, "latency and throughput of every variant", settings=BenchmarkNode,
-              inputs=BenchmarkInputs, plan=plan, build="pipeline.stages.benchmark.build",
-              sections=(Section("benchmark", BenchmarkConfig),))
+STAGE = Stage(
+    "benchmark",
+    6,
+    "latency and throughput of every variant",
+    settings=BenchmarkNode,
+    inputs=BenchmarkInputs,
+    plan=plan,
+    build="pipeline.stages.benchmark.build",
+    sections=(Section("benchmark", BenchmarkConfig),),
+)

@@ -27,14 +27,14 @@ from pathlib import Path
 
 from model.ctranslate2_export import NotConvertible, compare_greedy, export_ctranslate2, uniform_heads
 
-from ...measure import speed as measurement# what the measurement processes run: in this stage's fingerprint
-from ...engine.context import StageContext
 from ...corpora.splits import read_split
+from ...engine.context import StageContext
 from ...engine.errors import UserInputError
 from ...engine.machine import usable_cores
 from ...engine.stage import Variant
-from . import BenchmarkInputs, BenchmarkNode
 from ...engine.store import Artifact, tool_versions
+from ...measure import speed as measurement  # what the measurement processes run: in this stage's fingerprint
+from . import BenchmarkInputs, BenchmarkNode
 
 PARITY_SENTENCES = 10  # sentences whose greedy output ids CTranslate2 must reproduce
 CT2_TYPES = {"cpu": ("int8", "float32"), "cuda": ("int8_float16", "float16")}
@@ -56,12 +56,18 @@ def run(ctx: StageContext) -> dict:
     has_cuda = bool(machine.get("gpu"))
     threads = thread_counts(cfg.threads, machine["usable_cores"])
     rows = variant_rows(ctx, cfg, has_cuda) + peer_rows(ctx, cfg, has_cuda, sample) + imported_teacher_rows(ctx, cfg)
-    ctx.log(f"{len(rows)} rows ({sum(1 for r in rows if not r['skipped'])} to measure) on {test_set}: "
-            f"{len(sample)} sentences, threads {threads}, batch {cfg.batch_size}")
+    ctx.log(
+        f"{len(rows)} rows ({sum(1 for r in rows if not r['skipped'])} to measure) on {test_set}: "
+        f"{len(sample)} sentences, threads {threads}, batch {cfg.batch_size}"
+    )
 
     jobs = [(row, n) for row in rows if not row["skipped"] for n in threads]
-    score_spec = {"src": str(data.file(f"test.{test_set}.src")), "refs": str(data.file(f"test.{test_set}.tgt")),
-                  "beams": [1, 4], "test_set": test_set}
+    score_spec = {
+        "src": str(data.file(f"test.{test_set}.src")),
+        "refs": str(data.file(f"test.{test_set}.tgt")),
+        "beams": [1, 4],
+        "test_set": test_set,
+    }
     with ctx.progress("benchmark", total=len(jobs), unit="measurements") as bar:
         for row, n in jobs:
             score = None
@@ -84,24 +90,55 @@ def run(ctx: StageContext) -> dict:
             if versions:
                 machine["runtimes"][row["runtime"]] = versions
 
-    report = {"test_set": test_set, "sentences": len(sample), "threads": threads, "batch_size": cfg.batch_size,
-              "throughput_beam": cfg.throughput_beam, "machine": machine, "rows": rows}
+    report = {
+        "test_set": test_set,
+        "sentences": len(sample),
+        "threads": threads,
+        "batch_size": cfg.batch_size,
+        "throughput_beam": cfg.throughput_beam,
+        "machine": machine,
+        "rows": rows,
+    }
     (ctx.out / "benchmark.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    return {"rows": len(rows), "measured": sum(1 for r in rows if not r["skipped"]),
-            "skipped_rows": sum(1 for r in rows if r["skipped"]), **{k: v for k, v in report.items() if k != "rows"},
-            "results": rows}
+    return {
+        "rows": len(rows),
+        "measured": sum(1 for r in rows if not r["skipped"]),
+        "skipped_rows": sum(1 for r in rows if r["skipped"]),
+        **{k: v for k, v in report.items() if k != "rows"},
+        "results": rows,
+    }
 
 
 # ---------------------------------------------------------------------------------- rows
 def new_row(v: Variant) -> dict:
     """A row of the benchmark's results (kept as JSON in its manifest): the variant, then what
     was measured."""
-    return {"name": v.name, "variant": v.variant, "runtime": v.runtime, "device": v.device,
-            "compute_type": v.compute_type, "node": v.node, "package": v.package, "source": v.source,
-            "artifact": None, "files": None, "folder": None,
-            "params": None, "heads": None, "bytes": None, "threads": None, "latency_ms": None, "throughput": None,
-            "peak_rss_mb": None, "gpu_mem_mb": None, "load_s": None, "breakdown": None, "skipped": v.skipped,
-            "note": None, "by_threads": {}}
+    return {
+        "name": v.name,
+        "variant": v.variant,
+        "runtime": v.runtime,
+        "device": v.device,
+        "compute_type": v.compute_type,
+        "node": v.node,
+        "package": v.package,
+        "source": v.source,
+        "artifact": None,
+        "files": None,
+        "folder": None,
+        "params": None,
+        "heads": None,
+        "bytes": None,
+        "threads": None,
+        "latency_ms": None,
+        "throughput": None,
+        "peak_rss_mb": None,
+        "gpu_mem_mb": None,
+        "load_s": None,
+        "breakdown": None,
+        "skipped": v.skipped,
+        "note": None,
+        "by_threads": {},
+    }
 
 
 def variant_rows(ctx: StageContext, cfg: BenchmarkNode, has_cuda: bool) -> list[dict]:
@@ -148,10 +185,24 @@ def peer_rows(ctx: StageContext, cfg: BenchmarkNode, has_cuda: bool, sample: lis
     model = cfg.final_model
     if model is None:
         return []
-    rows = [new_row(Variant(name=f"ctranslate2_{model}_{ct}" + ("_cuda" if device == "cuda" else ""), variant=model,
-                            node=model, source=model, runtime="ctranslate2", device=device, compute_type=ct))
-            for device in ("cpu", "cuda") for ct in CT2_TYPES[device]]
-    missing = None if importlib.util.find_spec("ctranslate2") else "ctranslate2 is not installed (pip install '.[peer]')"
+    rows = [
+        new_row(
+            Variant(
+                name=f"ctranslate2_{model}_{ct}" + ("_cuda" if device == "cuda" else ""),
+                variant=model,
+                node=model,
+                source=model,
+                runtime="ctranslate2",
+                device=device,
+                compute_type=ct,
+            )
+        )
+        for device in ("cpu", "cuda")
+        for ct in CT2_TYPES[device]
+    ]
+    missing = (
+        None if importlib.util.find_spec("ctranslate2") else "ctranslate2 is not installed (pip install '.[peer]')"
+    )
     artifact = ctx.inputs.variants[model]
     params, heads = model_facts(artifact)
     pad, note = False, None
@@ -165,15 +216,25 @@ def peer_rows(ctx: StageContext, cfg: BenchmarkNode, has_cuda: bool, sample: lis
             continue
         folder = ctx.out / "ctranslate2" / f"{model}-{row['compute_type']}"
         meta = export_ctranslate2(artifact.path, folder, row["compute_type"], pad_heads=pad)
-        row.update(artifact=artifact.id, folder=str(folder), bytes=model_bytes(folder), params=params, heads=heads,
-                   source=model, files=folder.relative_to(ctx.out).as_posix(), heads_computed=meta["heads_computed"])
+        row.update(
+            artifact=artifact.id,
+            folder=str(folder),
+            bytes=model_bytes(folder),
+            params=params,
+            heads=heads,
+            source=model,
+            files=folder.relative_to(ctx.out).as_posix(),
+            heads_computed=meta["heads_computed"],
+        )
         if pad:
             row["note"] = f"{note} (CTranslate2 computes {meta['heads_computed']} heads, ours {meta['heads']})"
         if row["device"] == "cpu":
             check = compare_greedy(artifact.path, folder, sample[:PARITY_SENTENCES])
             row["parity"] = check
-            ctx.log(f"CTranslate2 {model} {row['compute_type']}: greedy outputs identical to ours on "
-                    f"{check['identical']}/{check['sentences']} sentences")
+            ctx.log(
+                f"CTranslate2 {model} {row['compute_type']}: greedy outputs identical to ours on "
+                f"{check['identical']}/{check['sentences']} sentences"
+            )
     return rows
 
 
@@ -185,11 +246,20 @@ def imported_teacher_rows(ctx: StageContext, cfg: BenchmarkNode) -> list[dict]:
         return []
     rows = []
     for ct in CT2_TYPES["cpu"]:
-        row = new_row(Variant(name=f"ctranslate2_teacher_{ct}", variant="teacher", node="teacher", source="teacher",
-                              runtime="ctranslate2", compute_type=ct))
+        row = new_row(
+            Variant(
+                name=f"ctranslate2_teacher_{ct}",
+                variant="teacher",
+                node="teacher",
+                source="teacher",
+                runtime="ctranslate2",
+                compute_type=ct,
+            )
+        )
         rows.append(row)
         row["skipped"] = skip_reason(row, cfg, False, onnx_ready=True) or (
-            None if importlib.util.find_spec("ctranslate2") else "ctranslate2 is not installed (pip install '.[peer]')")
+            None if importlib.util.find_spec("ctranslate2") else "ctranslate2 is not installed (pip install '.[peer]')"
+        )
         if row["skipped"]:
             continue
         from model.hf_translator import convert_for_serving
@@ -200,25 +270,51 @@ def imported_teacher_rows(ctx: StageContext, cfg: BenchmarkNode) -> list[dict]:
         except Exception as exc:  # the converter's refusals are of many kinds
             row["skipped"] = f"CTranslate2 cannot convert this model: {type(exc).__name__}: {str(exc)[:200]}"
             continue
-        row.update(artifact=artifact.id, folder=str(folder), bytes=model_bytes(folder), params=artifact.metrics["params"],
-                   source="teacher", files=folder.relative_to(ctx.out).as_posix())
+        row.update(
+            artifact=artifact.id,
+            folder=str(folder),
+            bytes=model_bytes(folder),
+            params=artifact.metrics["params"],
+            source="teacher",
+            files=folder.relative_to(ctx.out).as_posix(),
+        )
     return rows
 
 
 # ------------------------------------------------------------------------------ measuring
 def engine(row: dict, threads: int) -> dict:
     """What a measurement process needs to open a row's translator."""
-    return {"runtime": row["runtime"], "device": row["device"], "compute_type": row["compute_type"],
-            "folder": row["folder"], "threads": threads}
+    return {
+        "runtime": row["runtime"],
+        "device": row["device"],
+        "compute_type": row["compute_type"],
+        "folder": row["folder"],
+        "threads": threads,
+    }
 
 
-def measure(ctx: StageContext, row: dict, threads: int, sample: list[str], cfg: BenchmarkNode, score: dict | None,
-            latency_only: bool = False, tag: str = "") -> dict:
+def measure(
+    ctx: StageContext,
+    row: dict,
+    threads: int,
+    sample: list[str],
+    cfg: BenchmarkNode,
+    score: dict | None,
+    latency_only: bool = False,
+    tag: str = "",
+) -> dict:
     """One measurement in a fresh process; a process that fails gives a skipped result, not a crash."""
-    job = {**engine(row, threads), "sentences": sample, "batch_size": cfg.batch_size,
-           "throughput_beam": cfg.throughput_beam, "min_repeats": cfg.min_repeats,
-           "max_repeats": cfg.max_repeats, "stable_within": cfg.stable_within, "score": score,
-           "latency_only": latency_only}
+    job = {
+        **engine(row, threads),
+        "sentences": sample,
+        "batch_size": cfg.batch_size,
+        "throughput_beam": cfg.throughput_beam,
+        "min_repeats": cfg.min_repeats,
+        "max_repeats": cfg.max_repeats,
+        "stable_within": cfg.stable_within,
+        "score": score,
+        "latency_only": latency_only,
+    }
     return run_job(ctx, f"{row['name']}-t{threads}{'-' + tag if tag else ''}", job, threads)
 
 
@@ -230,15 +326,25 @@ def run_job(ctx: StageContext, tag: str, job: dict, threads: int) -> dict:
 def peer_pairs(rows: list[dict], cfg: BenchmarkNode) -> list[tuple[dict, dict]]:
     """(our row, the CTranslate2 row of the same compute type): the final model on the CPU."""
     final = cfg.final_model
-    peers = {r["compute_type"]: r for r in rows
-             if r["runtime"] == "ctranslate2" and r["device"] == "cpu" and not r["skipped"] and r["source"] == final}
-    return [(r, peers[r["compute_type"]]) for r in rows
-            if r["runtime"] != "ctranslate2" and r["device"] == "cpu" and not r["skipped"]
-            and r["source"] == final and r["compute_type"] in peers]
+    peers = {
+        r["compute_type"]: r
+        for r in rows
+        if r["runtime"] == "ctranslate2" and r["device"] == "cpu" and not r["skipped"] and r["source"] == final
+    }
+    return [
+        (r, peers[r["compute_type"]])
+        for r in rows
+        if r["runtime"] != "ctranslate2"
+        and r["device"] == "cpu"
+        and not r["skipped"]
+        and r["source"] == final
+        and r["compute_type"] in peers
+    ]
 
 
-def versus_ctranslate2(ctx: StageContext, rows: list[dict], sample: list[str], cfg: BenchmarkNode,
-                       threads: list[int]) -> None:
+def versus_ctranslate2(
+    ctx: StageContext, rows: list[dict], sample: list[str], cfg: BenchmarkNode, threads: list[int]
+) -> None:
     """Each of our ONNX packages of the final model against CTranslate2 on the same weights and
     compute type, at every (batch, beam) of `benchmark.versus` and every thread count: one
     process per thread count holding both, taking turns (pipeline.measure.speed.measure_versus);
@@ -255,8 +361,16 @@ def versus_ctranslate2(ctx: StageContext, rows: list[dict], sample: list[str], c
         for ours, theirs in pairs:
             ours["versus"] = {"peer": theirs["name"], "by_threads": {}}
             for n in threads:
-                job = {"kind": "versus", "ours": engine(ours, n), "theirs": engine(theirs, n), "threads": n,
-                       "sentences": sample, "points": points, "rounds": spec.rounds, "tokenizer": batching_file(ours)}
+                job = {
+                    "kind": "versus",
+                    "ours": engine(ours, n),
+                    "theirs": engine(theirs, n),
+                    "threads": n,
+                    "sentences": sample,
+                    "points": points,
+                    "rounds": spec.rounds,
+                    "tokenizer": batching_file(ours),
+                }
                 result = run_job(ctx, f"versus-{ours['name']}-t{n}", job, n)
                 ours["versus"]["by_threads"][str(n)] = result
                 bar.advance(1)
@@ -271,8 +385,14 @@ def versus_ctranslate2(ctx: StageContext, rows: list[dict], sample: list[str], c
             log_points(ctx, ours, theirs, f"each at its best thread count, {how}", {"points": best})
 
 
-def versus_alone(ctx: StageContext, pairs: list[tuple[dict, dict]], sample: list[str], points: list[list[int]],
-                 rounds: int, threads: list[int]) -> None:
+def versus_alone(
+    ctx: StageContext,
+    pairs: list[tuple[dict, dict]],
+    sample: list[str],
+    points: list[list[int]],
+    rounds: int,
+    threads: list[int],
+) -> None:
     """Each side of every pair alone in a fresh process, the other runtime not loaded, at every
     thread count (pipeline.measure.speed.measure_alone): the same sentences, batches and points as
     the one-process comparison, `rounds` rounds each. A CTranslate2 row compared with several of
@@ -285,8 +405,15 @@ def versus_alone(ctx: StageContext, pairs: list[tuple[dict, dict]], sample: list
     with ctx.progress("ours and CTranslate2, each alone", total=len(order) * len(threads), unit="processes") as bar:
         for n in threads:
             for row in order:
-                job = {"kind": "alone", "engine": engine(row, n), "threads": n, "sentences": sample, "points": points,
-                       "rounds": rounds, "tokenizer": batching.get(row["name"]) or batching_file(row)}
+                job = {
+                    "kind": "alone",
+                    "engine": engine(row, n),
+                    "threads": n,
+                    "sentences": sample,
+                    "points": points,
+                    "rounds": rounds,
+                    "tokenizer": batching.get(row["name"]) or batching_file(row),
+                }
                 alone[row["name"], n] = run_job(ctx, f"alone-{row['name']}-t{n}", job, n)
                 bar.advance(1)
     for ours, theirs in pairs:
@@ -294,9 +421,14 @@ def versus_alone(ctx: StageContext, pairs: list[tuple[dict, dict]], sample: list
         for n in threads:
             mine, peer = alone[ours["name"], n], alone[theirs["name"], n]
             skipped = mine.get("skipped") or peer.get("skipped")
-            by_threads[str(n)] = {"ours": mine, "ctranslate2": peer, "rounds": rounds, "sentences": len(sample),
-                                  "points": [] if skipped else measurement.separate_points(mine, peer),
-                                  **({"skipped": skipped} if skipped else {})}
+            by_threads[str(n)] = {
+                "ours": mine,
+                "ctranslate2": peer,
+                "rounds": rounds,
+                "sentences": len(sample),
+                "points": [] if skipped else measurement.separate_points(mine, peer),
+                **({"skipped": skipped} if skipped else {}),
+            }
             log_points(ctx, ours, theirs, f"{n} thread{'s' if n > 1 else ''}, each alone", by_threads[str(n)])
         ours["versus"]["separate"] = {"rounds": rounds, "by_threads": by_threads}
 
@@ -334,21 +466,38 @@ def paired_rounds(ctx: StageContext, rows: list[dict], sample: list[str], cfg: B
             rounds = []
             for k in range(cfg.paired_rounds):
                 order = (ours, theirs) if k % 2 == 0 else (theirs, ours)
-                got = {id(r): measure(ctx, r, theirs["threads"], sample, once, None, latency_only=True,
-                                      tag=f"paired{k}") for r in order}
+                got = {
+                    id(r): measure(ctx, r, theirs["threads"], sample, once, None, latency_only=True, tag=f"paired{k}")
+                    for r in order
+                }
                 a, b = got[id(ours)], got[id(theirs)]
                 bar.advance(1)
                 if a.get("skipped") or b.get("skipped"):
                     continue
-                lat = {key: (a["latency_ms"][key]["p50"], b["latency_ms"][key]["p50"]) for key in ("greedy_b1", "beam4_b1")}
-                rounds.append({"first": order[0]["name"], **{f"{key}_p50_ms": list(v) for key, v in lat.items()},
-                               **{f"{key}_p50_ratio": round(x / y, 3) for key, (x, y) in lat.items()}})
+                lat = {
+                    key: (a["latency_ms"][key]["p50"], b["latency_ms"][key]["p50"]) for key in ("greedy_b1", "beam4_b1")
+                }
+                rounds.append(
+                    {
+                        "first": order[0]["name"],
+                        **{f"{key}_p50_ms": list(v) for key, v in lat.items()},
+                        **{f"{key}_p50_ratio": round(x / y, 3) for key, (x, y) in lat.items()},
+                    }
+                )
             if rounds:
-                ours["paired"] = {"peer": theirs["name"], "threads": [theirs["threads"], theirs["threads"]],
-                                  "rounds": rounds, **{f"{key}_p50_ratio": round(statistics.median(
-                                      r[f"{key}_p50_ratio"] for r in rounds), 3) for key in ("greedy_b1", "beam4_b1")}}
-                ctx.log(f"{ours['name']} vs {theirs['name']}, {len(rounds)} paired rounds: p50 ratio "
-                        f"{ours['paired']['greedy_b1_p50_ratio']} greedy, {ours['paired']['beam4_b1_p50_ratio']} beam 4")
+                ours["paired"] = {
+                    "peer": theirs["name"],
+                    "threads": [theirs["threads"], theirs["threads"]],
+                    "rounds": rounds,
+                    **{
+                        f"{key}_p50_ratio": round(statistics.median(r[f"{key}_p50_ratio"] for r in rounds), 3)
+                        for key in ("greedy_b1", "beam4_b1")
+                    },
+                }
+                ctx.log(
+                    f"{ours['name']} vs {theirs['name']}, {len(rounds)} paired rounds: p50 ratio "
+                    f"{ours['paired']['greedy_b1_p50_ratio']} greedy, {ours['paired']['beam4_b1_p50_ratio']} beam 4"
+                )
 
 
 def pick_best(row: dict) -> None:
@@ -367,9 +516,11 @@ def pick_best(row: dict) -> None:
 
 def summary_line(row: dict) -> str:
     lat, tp = row["latency_ms"], row["throughput"]
-    return (f"{row['name']} ({row['runtime']}, {row['device']}, {row['compute_type']}, {row['threads']} thr): "
-            f"greedy p50 {lat['greedy_b1']['p50']:.1f} ms, beam4 p50 {lat['beam4_b1']['p50']:.1f} ms, "
-            f"{tp['sent_per_s']:.1f} sent/s at batch {tp['batch']}, RSS {row['peak_rss_mb']:.0f} MB")
+    return (
+        f"{row['name']} ({row['runtime']}, {row['device']}, {row['compute_type']}, {row['threads']} thr): "
+        f"greedy p50 {lat['greedy_b1']['p50']:.1f} ms, beam4 p50 {lat['beam4_b1']['p50']:.1f} ms, "
+        f"{tp['sent_per_s']:.1f} sent/s at batch {tp['batch']}, RSS {row['peak_rss_mb']:.0f} MB"
+    )
 
 
 # ------------------------------------------------------------------------------ facts
@@ -382,9 +533,17 @@ def model_bytes(folder: Path) -> int:
     """Bytes of the weights a runtime loads: safetensors, ONNX graphs and their external data,
     CTranslate2's model.bin. Tokenizer and small JSON files are not counted."""
     folders = [folder] + ([folder / "checkpoint"] if (folder / "checkpoint").is_dir() else [])  # an imported teacher
-    weights = [p for f in folders for p in f.iterdir() if p.is_file() and (
-        p.name in ("model.safetensors", "model.bin", "pytorch_model.bin") or p.suffix in (".onnx", ".data")
-        or p.name.endswith("_data"))]
+    weights = [
+        p
+        for f in folders
+        for p in f.iterdir()
+        if p.is_file()
+        and (
+            p.name in ("model.safetensors", "model.bin", "pytorch_model.bin")
+            or p.suffix in (".onnx", ".data")
+            or p.name.endswith("_data")
+        )
+    ]
     return sum(p.stat().st_size for p in weights)
 
 
@@ -409,14 +568,24 @@ def model_facts(artifact: Artifact) -> tuple[int | None, int | None]:
 
 def describe_machine(machine: dict) -> dict:
     """What a reader needs to interpret the numbers: CPU, cores, GPU, library versions."""
-    info = {"cpu": machine.get("cpu"), "isa": machine.get("isa"), "cores": machine.get("cores") or os.cpu_count() or 1,
-            "gpu": machine.get("gpu"), "system": machine.get("system"), "versions": tool_versions(),
-            "runtimes": {}}
+    info = {
+        "cpu": machine.get("cpu"),
+        "isa": machine.get("isa"),
+        "cores": machine.get("cores") or os.cpu_count() or 1,
+        "gpu": machine.get("gpu"),
+        "system": machine.get("system"),
+        "versions": tool_versions(),
+        "runtimes": {},
+    }
     info["usable_cores"] = usable_cores()  # what "all" threads means here
     if info["gpu"] and shutil.which("nvidia-smi"):
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader",
-                                  "-i", "0"], capture_output=True, text=True, timeout=10).stdout.strip()
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader", "-i", "0"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
             driver, memory = (x.strip() for x in out.split(",", 1))
             info.update(gpu_driver=driver, gpu_memory=memory)
         except (OSError, subprocess.TimeoutExpired, ValueError):

@@ -19,6 +19,7 @@ from ...engine.errors import UserInputError
 from ...engine.recipe import PositiveInt, Strict
 from ...engine.stage import Inputs, Planner, Section, Stage
 
+
 class FileSplit(Strict):
     """One split of a user's own corpus: two aligned plain-text files, or one TSV file."""
 
@@ -58,8 +59,10 @@ class TrainCorpus(FileSplit):
         for key in value if isinstance(value, dict) else ():
             if key not in known:
                 close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
-                raise ValueError(f"unknown key '{key}' "
-                                 f"({f'did you mean {close[0]!r}?' if close else 'known keys: ' + ', '.join(known)})")
+                raise ValueError(
+                    f"unknown key '{key}' "
+                    f"({f'did you mean {close[0]!r}?' if close else 'known keys: ' + ', '.join(known)})"
+                )
         return value
 
     @property
@@ -78,7 +81,8 @@ class TrainCorpus(FileSplit):
 # tags hold '[', so that error lines leave them out of the key path (_explain).
 TrainFiles = Annotated[
     Annotated[list[TrainCorpus], Tag("[corpora]")] | Annotated[FileSplit, Tag("[split]")],
-    Discriminator(lambda v: "[corpora]" if isinstance(v, (list, tuple)) else "[split]")]
+    Discriminator(lambda v: "[corpora]" if isinstance(v, (list, tuple)) else "[split]"),
+]
 
 
 class FilesSource(Strict):
@@ -90,8 +94,10 @@ class FilesSource(Strict):
     @classmethod
     def _train_form(cls, value):
         if isinstance(value, dict) and ("weight" in value or "name" in value):
-            raise ValueError("'name' and 'weight' are keys of a list of corpora "
-                             "(train: [{tsv: a.tsv, weight: 2}, {tsv: b.tsv}]), not of one split")
+            raise ValueError(
+                "'name' and 'weight' are keys of a list of corpora "
+                "(train: [{tsv: a.tsv, weight: 2}, {tsv: b.tsv}]), not of one split"
+            )
         if isinstance(value, (list, tuple)) and not value:
             raise ValueError("must be one split or a list of at least one corpus (this list is empty)")
         return value
@@ -103,8 +109,10 @@ class FilesSource(Strict):
             names = [corpus.label for corpus in value]
             twice = sorted({n for n in names if names.count(n) > 1})
             if twice:
-                raise ValueError(f"corpus names must be unique ({', '.join(repr(n) for n in twice)} more than once; "
-                                 "a name defaults to the file's stem: give each corpus a 'name')")
+                raise ValueError(
+                    f"corpus names must be unique ({', '.join(repr(n) for n in twice)} more than once; "
+                    "a name defaults to the file's stem: give each corpus a 'name')"
+                )
         return value
 
     @property
@@ -194,5 +202,13 @@ def _file_digest(path: Path) -> str:
         raise UserInputError(f"cannot read data file {path}: {exc.strerror}") from None
 
 
-STAGE = Stage("data", 1, "fetch, verify and clean the parallel corpus", settings=DataConfig, inputs=DataInputs,
-              plan=plan, build="pipeline.stages.data.build", sections=(Section("data", DataConfig, DataConfig()),))
+STAGE = Stage(
+    "data",
+    1,
+    "fetch, verify and clean the parallel corpus",
+    settings=DataConfig,
+    inputs=DataInputs,
+    plan=plan,
+    build="pipeline.stages.data.build",
+    sections=(Section("data", DataConfig, DataConfig()),),
+)

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from ...engine.context import StageContext
 from ...corpora.splits import normalize, write_pairs
 from ...corpora.user_files import aligned_pairs, tsv_pairs
+from ...engine.context import StageContext
 from ...engine.errors import DataError
 from . import CleanConfig, DataConfig, FileSplit
 
@@ -47,8 +47,13 @@ def run(ctx: StageContext) -> dict:
     cfg: DataConfig = ctx.settings
     splits = _multi30k_splits(cfg, ctx) if cfg.source == "multi30k" else _user_splits(cfg)
     weighted = cfg.source == "files" and isinstance(cfg.files.train, list)
-    metrics: dict = {"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang, "source": cfg.source,
-                     "test_sets": [], "dropped": {}}
+    metrics: dict = {
+        "src_lang": cfg.src_lang,
+        "tgt_lang": cfg.tgt_lang,
+        "source": cfg.source,
+        "test_sets": [],
+        "dropped": {},
+    }
     for split, (pairs, origin) in splits.items():
         limit = {"train": cfg.max_train, "valid": cfg.max_valid}.get(split, cfg.max_test)
         if split == "train":
@@ -75,10 +80,12 @@ def run(ctx: StageContext) -> dict:
         if name.startswith("test."):
             metrics["test_sets"].append(split)
         metrics[f"{split}_pairs"] = written
-    ctx.log(f"{metrics['train_pairs']} training pairs {'written' if weighted else 'kept'} of "
-            f"{metrics['train_raw_pairs']} "
-            f"(dropped: {metrics['dropped'] or 'none'}); valid {metrics['valid_pairs']}; "
-            f"test {', '.join(metrics['test_sets']) or 'none'}")
+    ctx.log(
+        f"{metrics['train_pairs']} training pairs {'written' if weighted else 'kept'} of "
+        f"{metrics['train_raw_pairs']} "
+        f"(dropped: {metrics['dropped'] or 'none'}); valid {metrics['valid_pairs']}; "
+        f"test {', '.join(metrics['test_sets']) or 'none'}"
+    )
     return metrics
 
 
@@ -109,8 +116,14 @@ class TrainingCorpus:
     dropped: Counter = field(default_factory=Counter)
 
     def metrics(self) -> dict:
-        return {"name": self.name, "weight": self.weight, "raw_pairs": self.raw, "kept_pairs": self.kept,
-                "written_pairs": self.written, "dropped": dict(self.dropped)}
+        return {
+            "name": self.name,
+            "weight": self.weight,
+            "raw_pairs": self.raw,
+            "kept_pairs": self.kept,
+            "written_pairs": self.written,
+            "dropped": dict(self.dropped),
+        }
 
 
 def train_pairs(corpora: list[TrainingCorpus], cfg: CleanConfig, limit: int | None = None) -> Iterator[tuple[str, str]]:
@@ -149,17 +162,24 @@ def copies(src: str, tgt: str, weight: float) -> int:
 
 def _log_corpora(ctx: StageContext, corpora: list[TrainingCorpus], limit: int | None) -> None:
     for corpus in corpora:
-        ctx.log(f"{corpus.name} (weight {corpus.weight:g}): {corpus.raw} pairs read, {corpus.kept} kept, "
-                f"{corpus.written} written (dropped: {dict(corpus.dropped) or 'none'})", markup=False)
+        ctx.log(
+            f"{corpus.name} (weight {corpus.weight:g}): {corpus.raw} pairs read, {corpus.kept} kept, "
+            f"{corpus.written} written (dropped: {dict(corpus.dropped) or 'none'})",
+            markup=False,
+        )
         if not corpus.kept:
-            why = (f"max_train ({limit}) was reached before it" if limit is not None and not corpus.raw
-                   else "no pair survived cleaning and de-duplication")
+            why = (
+                f"max_train ({limit}) was reached before it"
+                if limit is not None and not corpus.raw
+                else "no pair survived cleaning and de-duplication"
+            )
             ctx.log(f"warning: training corpus {corpus.name} ({corpus.origin}) adds no pairs: {why}", markup=False)
 
 
 # ---------------------------------------------------------------------------- cleaning
-def clean_pairs(pairs: Iterable[tuple[str, str]], cfg: CleanConfig, dropped: Counter,
-                seen: set[int] | None = None) -> Iterator[tuple[str, str]]:
+def clean_pairs(
+    pairs: Iterable[tuple[str, str]], cfg: CleanConfig, dropped: Counter, seen: set[int] | None = None
+) -> Iterator[tuple[str, str]]:
     """The pairs worth training on, normalized, in their order; `dropped` counts the others by
     reason. Duplicates are found by a 64-bit digest of the pair (8 bytes a pair, not the text:
     at 10 million pairs a collision is a few-in-a-million event, and costs one pair); `seen`,
@@ -202,8 +222,11 @@ def pairs_of(split: FileSplit) -> tuple[Iterator[tuple[str, str]], str]:
 def _user_splits(cfg: DataConfig) -> dict:
     files = cfg.files
     corpora = [TrainingCorpus(spec.label, spec.weight, *pairs_of(spec)) for spec in files.train_corpora]
-    return {"train": (corpora, ", ".join(c.origin for c in corpora)), "valid": pairs_of(files.valid),
-            **{name: pairs_of(spec) for name, spec in files.test.items()}}
+    return {
+        "train": (corpora, ", ".join(c.origin for c in corpora)),
+        "valid": pairs_of(files.valid),
+        **{name: pairs_of(spec) for name, spec in files.test.items()},
+    }
 
 
 # ----------------------------------------------------------------------------- multi30k
@@ -218,9 +241,13 @@ def _multi30k_splits(cfg: DataConfig, ctx: StageContext) -> dict:
             raise DataError(f"multi30k has no test set '{test}' (known: {', '.join(known)})")
     wanted = [f"{names[s]}.{lang}.gz" for s in names for lang in (cfg.src_lang, cfg.tgt_lang)]
     folder = locate_multi30k(cfg, wanted, ctx)
-    splits = {split: (aligned_pairs(folder / f"{stem}.{cfg.src_lang}.gz", folder / f"{stem}.{cfg.tgt_lang}.gz"),
-                      str(folder / f"{stem}.{cfg.src_lang}.gz"))
-              for split, stem in names.items()}
+    splits = {
+        split: (
+            aligned_pairs(folder / f"{stem}.{cfg.src_lang}.gz", folder / f"{stem}.{cfg.tgt_lang}.gz"),
+            str(folder / f"{stem}.{cfg.src_lang}.gz"),
+        )
+        for split, stem in names.items()
+    }
     pairs, origin = splits["train"]
     splits["train"] = ([TrainingCorpus("train", 1.0, pairs, origin)], origin)
     return splits
@@ -265,7 +292,8 @@ def locate_multi30k(cfg: DataConfig, wanted: list[str], ctx: StageContext | None
         raise DataError(
             f"Multi30k not found and the download failed ({problems[0]}). Put the files "
             f"({', '.join(wanted[:2])}, ...) in a folder and set PIPELINE_DATA=<folder> or data.data_dir; "
-            f"looked in: {looked}")
+            f"looked in: {looked}"
+        )
     return cache
 
 
@@ -275,8 +303,10 @@ def _digest_ok(path: Path) -> bool:
 
 def _check_digest(path: Path) -> None:
     if not _digest_ok(path):
-        raise DataError(f"{path}: sha256 does not match the published Multi30k file "
-                        f"(expected {MULTI30K_SHA256[path.name][:16]}...): the file is damaged or different")
+        raise DataError(
+            f"{path}: sha256 does not match the published Multi30k file "
+            f"(expected {MULTI30K_SHA256[path.name][:16]}...): the file is damaged or different"
+        )
 
 
 def _sha256(path: Path) -> str:
@@ -308,8 +338,10 @@ def download(url: str, dest: Path, sha256: str, ctx: StageContext | None = None,
         if total is not None and got != total:
             raise DataError(f"{url}: download truncated ({got} of {total} bytes)")
         if h.hexdigest() != sha256:
-            raise DataError(f"{url}: sha256 mismatch after download (got {h.hexdigest()[:16]}..., expected "
-                            f"{sha256[:16]}...); not using it")
+            raise DataError(
+                f"{url}: sha256 mismatch after download (got {h.hexdigest()[:16]}..., expected "
+                f"{sha256[:16]}...); not using it"
+            )
         os.replace(part, dest)
     finally:
         part.unlink(missing_ok=True)

@@ -45,11 +45,24 @@ def plan(p: Planner) -> None:
     if not p.models:
         raise p.error("evaluate: needs a model (a 'teacher' section at least)")
     for v in (v for v in p.variants if not v.skipped):
-        settings = EvaluateNode(**cfg.model_dump(), variant=v.variant, package=v.package, runtime=v.runtime,
-                                device=v.device, machine=p.machine if v.device == "cuda" else None)
+        settings = EvaluateNode(
+            **cfg.model_dump(),
+            variant=v.variant,
+            package=v.package,
+            runtime=v.runtime,
+            device=v.device,
+            machine=p.machine if v.device == "cuda" else None,
+        )
         p.add(f"evaluate.{v.name}", settings, {"data": "data", "model": v.node})
 
 
-STAGE = Stage("evaluate", 2, "translate the test sets, score BLEU and chrF", settings=EvaluateNode,
-              inputs=EvaluateInputs, plan=plan, build="pipeline.stages.evaluate.build",
-              sections=(Section("evaluate", EvaluateConfig),))
+STAGE = Stage(
+    "evaluate",
+    2,
+    "translate the test sets, score BLEU and chrF",
+    settings=EvaluateNode,
+    inputs=EvaluateInputs,
+    plan=plan,
+    build="pipeline.stages.evaluate.build",
+    sections=(Section("evaluate", EvaluateConfig),),
+)

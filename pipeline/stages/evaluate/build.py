@@ -15,12 +15,12 @@ import time
 
 from model.lines import one_line
 
-from ...engine.context import StageContext
 from ...corpora.splits import read_split
+from ...engine.context import StageContext
 from ...engine.errors import StageFailed, UserInputError
-from . import EvaluateInputs, EvaluateNode
 from ...measure.scoring import score
 from ...measure.translators import load_translator
+from . import EvaluateInputs, EvaluateNode
 
 
 def run(ctx: StageContext) -> dict:
@@ -41,36 +41,56 @@ def run(ctx: StageContext) -> dict:
         for beam in beams:
             with ctx.progress(f"{test} beam {beam}", total=len(src), unit="sentences") as bar:
                 t0 = time.perf_counter()
-                hyps = translator.translate(src, beam=beam, length_penalty=cfg.length_penalty,
-                                            batch_tokens=cfg.batch_tokens, on_batch=bar.advance)
+                hyps = translator.translate(
+                    src,
+                    beam=beam,
+                    length_penalty=cfg.length_penalty,
+                    batch_tokens=cfg.batch_tokens,
+                    on_batch=bar.advance,
+                )
                 seconds = time.perf_counter() - t0
             hyps = [one_line(h) for h in hyps]
             if len(hyps) != len(src):
-                raise StageFailed(f"{translator.runtime} returned {len(hyps)} translations for the {len(src)} lines "
-                                  f"of {data.path / f'test.{test}.src'}")
+                raise StageFailed(
+                    f"{translator.runtime} returned {len(hyps)} translations for the {len(src)} lines "
+                    f"of {data.path / f'test.{test}.src'}"
+                )
             scores = score(hyps, refs)
             scores.update(seconds=round(seconds, 2), sentences_per_s=round(len(src) / seconds, 1))
             if cfg.alone_too and translator.runtime == "onnxruntime":
                 scores["alone_identical"] = _alone_identical(ctx, translator, src, hyps, beam, cfg, test)
             (ctx.out / f"{test}.beam{beam}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
             results[test][f"beam{beam}"] = scores
-            ctx.log(f"{test} beam {beam}: BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f} "
-                    f"({seconds:.0f} s)")
+            ctx.log(f"{test} beam {beam}: BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f} ({seconds:.0f} s)")
     first = results[test_sets[0]]
     head = first[f"beam{cfg.beam}"]
     metrics = {
-        "variant": cfg.variant, "runtime": translator.runtime, "device": cfg.device,
+        "variant": cfg.variant,
+        "runtime": translator.runtime,
+        "device": cfg.device,
         # model/search.py's loop, or "graph": onnxruntime's BeamSearch op (generate.onnx)
         "search": getattr(translator, "search", "python"),
-        "model_artifact": model.id, "bleu": head["bleu"], "chrf": head["chrf"], "test_set": test_sets[0],
-        "beam": cfg.beam, "bleu_signature": head["bleu_signature"], "chrf_signature": head["chrf_signature"],
-        "results": {t: {k: {m: v[m] for m in ("bleu", "chrf", "seconds", "sentences_per_s", "bleu_detail")}
-                        for k, v in r.items()} for t, r in results.items()},
+        "model_artifact": model.id,
+        "bleu": head["bleu"],
+        "chrf": head["chrf"],
+        "test_set": test_sets[0],
+        "beam": cfg.beam,
+        "bleu_signature": head["bleu_signature"],
+        "chrf_signature": head["chrf_signature"],
+        "results": {
+            t: {
+                k: {m: v[m] for m in ("bleu", "chrf", "seconds", "sentences_per_s", "bleu_detail")}
+                for k, v in r.items()
+            }
+            for t, r in results.items()
+        },
     }
     if "beam1" in first and cfg.beam != 1:
         metrics["bleu_greedy"] = first["beam1"]["bleu"]
         metrics["chrf_greedy"] = first["beam1"]["chrf"]
-    alone = {f"{t}.{k}": v["alone_identical"] for t, r in results.items() for k, v in r.items() if "alone_identical" in v}
+    alone = {
+        f"{t}.{k}": v["alone_identical"] for t, r in results.items() for k, v in r.items() if "alone_identical" in v
+    }
     if alone:  # the BLEU above holds for every path where every sentence came out the same alone
         metrics["alone_identical"] = alone
         metrics["batch_invariant"] = all(v["identical"] == v["sentences"] for v in alone.values())
@@ -78,17 +98,28 @@ def run(ctx: StageContext) -> dict:
     return metrics
 
 
-def _alone_identical(ctx: StageContext, translator, src: list[str], batched: list[str], beam: int, cfg: EvaluateNode,
-                     test: str) -> dict:
+def _alone_identical(
+    ctx: StageContext, translator, src: list[str], batched: list[str], beam: int, cfg: EvaluateNode, test: str
+) -> dict:
     """Every sentence translated again alone (a batch of one, the path a single request takes:
     onnxruntime's search op) against its translation in the batches above: a package promises the
     same output either way (docs of the package format), so one BLEU holds for every path."""
     with ctx.progress(f"{test} beam {beam}, one sentence at a time", total=len(src), unit="sentences") as bar:
-        alone = [one_line(h) for h in translator.translate(src, beam=beam, length_penalty=cfg.length_penalty,
-                                                           batch_tokens=cfg.batch_tokens, max_batch=1,
-                                                           on_batch=bar.advance)]
+        alone = [
+            one_line(h)
+            for h in translator.translate(
+                src,
+                beam=beam,
+                length_penalty=cfg.length_penalty,
+                batch_tokens=cfg.batch_tokens,
+                max_batch=1,
+                on_batch=bar.advance,
+            )
+        ]
     differ = [i for i, (a, b) in enumerate(zip(alone, batched)) if a != b]
     if differ:
-        ctx.log(f"{test} beam {beam}: {len(differ)} of {len(src)} sentences translate differently alone "
-                f"(lines {', '.join(str(i + 1) for i in differ[:5])}{', ...' if len(differ) > 5 else ''})")
+        ctx.log(
+            f"{test} beam {beam}: {len(differ)} of {len(src)} sentences translate differently alone "
+            f"(lines {', '.join(str(i + 1) for i in differ[:5])}{', ...' if len(differ) > 5 else ''})"
+        )
     return {"identical": len(src) - len(differ), "sentences": len(src), "differ": differ[:20]}

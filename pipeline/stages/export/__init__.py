@@ -13,6 +13,7 @@ from ...engine.recipe import PositiveFloat, PositiveInt, Strict, dump_config
 from ...engine.stage import Inputs, Planner, Section, Stage, Variant
 from ...engine.store import Artifact
 
+
 class ParityConfig(Strict):
     max_abs_diff: PositiveFloat = 1e-4
     batch_sizes: list[PositiveInt] = [1, 3, 8]
@@ -67,13 +68,40 @@ def plan(p: Planner) -> None:
     exports = [m for m in p.models if m in cfg.also or m == final]
     for model in exports:
         p.add(f"export.{model}", cfg, {"data": "data", "model": model}, config=config)
-    p.variants += [Variant(name=f"{model}_onnx", variant=model, node=f"export.{model}", source=model, package="fp32",
-                           runtime="onnxruntime") for model in exports]
+    p.variants += [
+        Variant(
+            name=f"{model}_onnx",
+            variant=model,
+            node=f"export.{model}",
+            source=model,
+            package="fp32",
+            runtime="onnxruntime",
+        )
+        for model in exports
+    ]
     if cfg.fp16:  # a GPU-only variant: evaluated only where a GPU is; elsewhere the report says why not
-        p.variants.append(Variant(name="fp16", variant="fp16", node=f"export.{final}", source=final, package="fp16",
-                                  runtime="onnxruntime", device="cuda", compute_type="float16",
-                                  skipped=None if p.has_cuda else "no CUDA device on this machine"))
+        p.variants.append(
+            Variant(
+                name="fp16",
+                variant="fp16",
+                node=f"export.{final}",
+                source=final,
+                package="fp16",
+                runtime="onnxruntime",
+                device="cuda",
+                compute_type="float16",
+                skipped=None if p.has_cuda else "no CUDA device on this machine",
+            )
+        )
 
 
-STAGE = Stage("export", 8, "export to ONNX, optimise, check parity", settings=ExportConfig, inputs=ExportInputs,
-              plan=plan, build="pipeline.stages.export.build", sections=(Section("export", ExportConfig),))
+STAGE = Stage(
+    "export",
+    8,
+    "export to ONNX, optimise, check parity",
+    settings=ExportConfig,
+    inputs=ExportInputs,
+    plan=plan,
+    build="pipeline.stages.export.build",
+    sections=(Section("export", ExportConfig),),
+)

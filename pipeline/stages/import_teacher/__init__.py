@@ -42,14 +42,22 @@ def _check_imported_teacher(recipe, where: str) -> None:
     shared = recipe.tokenizer is not None and recipe.tokenizer.kind == "teacher"
     adopt = "or give the student the teacher's (tokenizer: {kind: teacher})"
     if d is not None and d.student.word_level.enabled and not shared:
-        problems.append("distill.student.word_level: word-level distillation needs one vocabulary for teacher and "
-                        f"student; an imported teacher has its own: use sequence-level KD alone, {adopt}")
+        problems.append(
+            "distill.student.word_level: word-level distillation needs one vocabulary for teacher and "
+            f"student; an imported teacher has its own: use sequence-level KD alone, {adopt}"
+        )
     elif d is not None and d.student.word_level.enabled and not d.student.word_level.from_kd_corpus:
-        problems.append("distill.student.word_level: an imported teacher is not run in the training loop: set "
-                        "from_kd_corpus: true (its distributions kept by the KD corpus, distill.corpus.top_k)")
-    for key, on in (("distill.student.embeddings_from_teacher", d is not None and d.student.embeddings_from_teacher),
-                    ("distill.ablation_embeddings_from_teacher", d is not None and d.ablation
-                     and d.ablation_embeddings_from_teacher)):
+        problems.append(
+            "distill.student.word_level: an imported teacher is not run in the training loop: set "
+            "from_kd_corpus: true (its distributions kept by the KD corpus, distill.corpus.top_k)"
+        )
+    for key, on in (
+        ("distill.student.embeddings_from_teacher", d is not None and d.student.embeddings_from_teacher),
+        (
+            "distill.ablation_embeddings_from_teacher",
+            d is not None and d.ablation and d.ablation_embeddings_from_teacher,
+        ),
+    ):
         if on and not shared:
             problems.append(f"{key}: an imported teacher's embedding is in its own vocabulary; drop it, {adopt}")
     if d is not None and d.corpus.top_k is not None and not shared:
@@ -78,5 +86,12 @@ def _checkpoint_content(pretrained) -> dict:
         raise UserInputError(f"teacher.pretrained.path: cannot read {folder}: {exc.strerror}") from None
 
 
-STAGE = Stage("import_teacher", 1, "import a Hugging Face seq2seq checkpoint", settings=PretrainedTeacher,
-              inputs=ImportInputs, plan=plan, build="pipeline.stages.import_teacher.build")
+STAGE = Stage(
+    "import_teacher",
+    1,
+    "import a Hugging Face seq2seq checkpoint",
+    settings=PretrainedTeacher,
+    inputs=ImportInputs,
+    plan=plan,
+    build="pipeline.stages.import_teacher.build",
+)

@@ -47,25 +47,47 @@ def run(ctx: StageContext) -> dict:
     except (NotSeq2Seq, UnsafeCheckpoint) as exc:
         raise UserInputError(str(exc)) from None
     except (OSError, ValueError) as exc:
-        raise UserInputError(f"teacher.pretrained.path: {source} is not a transformers checkpoint "
-                             f"({str(exc).splitlines()[0][:200]})") from None
+        raise UserInputError(
+            f"teacher.pretrained.path: {source} is not a transformers checkpoint ({str(exc).splitlines()[0][:200]})"
+        ) from None
     copied = sum(p.stat().st_size for p in dest.iterdir())
     from model.hf_translator import HFTranslator
 
     try:
         translator = HFTranslator(dest)  # loads: a checkpoint whose weights do not fit its config fails here
     except (OSError, ValueError, RuntimeError) as exc:
-        raise UserInputError(f"teacher.pretrained.path: transformers cannot load {source}: {type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0][:200]}") from None
-    (ctx.out / HF_IMPORT_FILE).write_text(json.dumps({
-        "format": cfg.format, "source": cfg.path, "revision": cfg.revision, "model_type": config.model_type,
-        "architectures": getattr(config, "architectures", None)}, indent=2) + "\n", encoding="utf-8")
+        raise UserInputError(
+            f"teacher.pretrained.path: transformers cannot load {source}: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200]}"
+        ) from None
+    (ctx.out / HF_IMPORT_FILE).write_text(
+        json.dumps(
+            {
+                "format": cfg.format,
+                "source": cfg.path,
+                "revision": cfg.revision,
+                "model_type": config.model_type,
+                "architectures": getattr(config, "architectures", None),
+            },
+            indent=2,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     params = translator.num_parameters()
     weights = sum(p.stat().st_size for p in dest.iterdir() if p.name.endswith(".safetensors"))
     ctx.log(f"imported {config.model_type} checkpoint {cfg.path}: {params:,} parameters, {copied / 2**20:.1f} MB")
-    return {"role": "teacher", "imported": True, "format": cfg.format, "source": cfg.path,
-            "model_type": config.model_type, "params": params, "model_bytes": weights, "checkpoint_bytes": copied,
-            "vocab_size": int(getattr(config, "vocab_size", 0) or 0)}
+    return {
+        "role": "teacher",
+        "imported": True,
+        "format": cfg.format,
+        "source": cfg.path,
+        "model_type": config.model_type,
+        "params": params,
+        "model_bytes": weights,
+        "checkpoint_bytes": copied,
+        "vocab_size": int(getattr(config, "vocab_size", 0) or 0),
+    }
 
 
 def resolve_checkpoint(cfg: PretrainedTeacher) -> Path:
@@ -87,9 +109,12 @@ def resolve_checkpoint(cfg: PretrainedTeacher) -> Path:
     try:
         return Path(snapshot_download(cfg.path, revision=cfg.revision))
     except LocalEntryNotFoundError:
-        raise UserInputError(f"teacher.pretrained.path: '{cfg.path}' is not a local folder and the Hugging Face hub "
-                             "cannot be reached (no network?): download it where a network exists and give its "
-                             "folder") from None
+        raise UserInputError(
+            f"teacher.pretrained.path: '{cfg.path}' is not a local folder and the Hugging Face hub "
+            "cannot be reached (no network?): download it where a network exists and give its "
+            "folder"
+        ) from None
     except Exception as exc:  # the hub's own errors: unknown id, gated model, bad revision
-        raise UserInputError(f"teacher.pretrained.path: '{cfg.path}': {type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0][:200]}") from None
+        raise UserInputError(
+            f"teacher.pretrained.path: '{cfg.path}': {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        ) from None

@@ -23,5 +23,12 @@ def plan(p: Planner) -> None:
         p.add("kd_corpus", p.recipe.distill.corpus, {"data": "data", "teacher": "teacher"})
 
 
-STAGE = Stage("kd_corpus", 1, "translate the training sources with the teacher", settings=KDCorpusConfig,
-              inputs=KDCorpusInputs, plan=plan, build="pipeline.stages.kd_corpus.build")
+STAGE = Stage(
+    "kd_corpus",
+    1,
+    "translate the training sources with the teacher",
+    settings=KDCorpusConfig,
+    inputs=KDCorpusInputs,
+    plan=plan,
+    build="pipeline.stages.kd_corpus.build",
+)

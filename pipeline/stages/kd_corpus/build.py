@@ -21,17 +21,17 @@ from pathlib import Path
 
 from model.lines import one_line
 
-from ...engine.context import StageContext
-from ...corpora.splits import LineIndex, check_aligned, split_lines
 from ...corpora.distilled import TOP_K_FILE, TopKWriter, chunk_problem, load_top_k, write_top_k
 from ...corpora.encoded import ENCODE_BLOCK
+from ...corpora.splits import LineIndex, check_aligned, split_lines
+from ...engine.context import StageContext
 from ...engine.errors import StageFailed, UserInputError
-from ...measure.translators import is_imported_teacher
-from ...engine.workers import launch, worker_main, world_size
 from ...engine.recipe import dump_config
+from ...engine.store import file_record
+from ...engine.workers import launch, worker_main, world_size
+from ...measure.translators import is_imported_teacher
 from ...training.settings import KDCorpusConfig
 from . import KDCorpusInputs
-from ...engine.store import file_record
 
 # Sentences per saved chunk: what a resumed run keeps, and the unit processes share under
 # torchrun. Results do not depend on it beyond float noise (it bounds the batches), so it is
@@ -42,9 +42,15 @@ CHUNK = 1024
 def run(ctx: StageContext) -> dict:
     cfg: KDCorpusConfig = ctx.settings
     inputs: KDCorpusInputs = ctx.inputs
-    job = {**dump_config(cfg), "role": "kd_corpus", "data": str(inputs.data.path),
-           "teacher": str(inputs.teacher.path), "out": str(ctx.out), "work": str(ctx.work),
-           "decoder": (inputs.teacher.config or {}).get("decoder", "auto")}  # an imported teacher's
+    job = {
+        **dump_config(cfg),
+        "role": "kd_corpus",
+        "data": str(inputs.data.path),
+        "teacher": str(inputs.teacher.path),
+        "out": str(ctx.out),
+        "work": str(ctx.work),
+        "decoder": (inputs.teacher.config or {}).get("decoder", "auto"),
+    }  # an imported teacher's
     if ctx.nproc > 1:
         return launch(ctx, "pipeline.stages.kd_corpus.build", job)
     return translate_job(job, ctx.log, ctx.progress)
@@ -75,10 +81,11 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
         check_aligned(data / "train.src", data / "train.tgt")
     sources = LineIndex(data / "train.src", job.get("max_sentences"))
     references = LineIndex(data / "train.tgt", job.get("max_sentences")) if closest else None
-    order = np.argsort(_source_lengths(translator.tokenizer, data, len(sources), work, rank, world, progress),
-                       kind="stable")  # stable: sentences of one length keep their order
+    order = np.argsort(
+        _source_lengths(translator.tokenizer, data, len(sources), work, rank, world, progress), kind="stable"
+    )  # stable: sentences of one length keep their order
     chunk = int(os.environ.get("PIPELINE_KD_CHUNK", CHUNK))
-    chunks = [order[i: i + chunk].tolist() for i in range(0, len(order), chunk)]
+    chunks = [order[i : i + chunk].tolist() for i in range(0, len(order), chunk)]
     mine = [c for c in range(len(chunks)) if c % world == rank]
     todo = []
     for c in mine:  # a chunk an earlier run saved is kept where it is whole, translated again where not
@@ -94,15 +101,20 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
         for c in todo:
             idx = chunks[c]
             texts = [sources[i] for i in idx]
-            settings = dict(beam=job["beam"], length_penalty=job["length_penalty"], batch_tokens=job["batch_tokens"],
-                            on_batch=lambda n: bar.advance(n * world))
+            settings = dict(
+                beam=job["beam"],
+                length_penalty=job["length_penalty"],
+                batch_tokens=job["batch_tokens"],
+                on_batch=lambda n: bar.advance(n * world),
+            )
             part: dict = {"index": idx}
             if closest:
                 nbest = translator.translate_nbest(texts, **settings)
                 part.update(closest_to_reference(nbest, [references[i] for i in idx]))
             elif job.get("top_k"):
-                done = translator.translate_greedy_top_k(texts, job["top_k"], batch_tokens=job["batch_tokens"],
-                                                         on_batch=settings["on_batch"])
+                done = translator.translate_greedy_top_k(
+                    texts, job["top_k"], batch_tokens=job["batch_tokens"], on_batch=settings["on_batch"]
+                )
                 part["hyps"] = [text for text, _, _ in done]
                 part["top_k_dropped"] = save_top_k(chunks_dir / f"{c:05d}.npz", done, student_side)
                 part["top_k_file"] = file_record(chunks_dir / f"{c:05d}.npz")
@@ -121,13 +133,23 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
         return {}
     merged = _merge_chunks(job, chunks, sources, chunks_dir, Path(job["out"]), work)
     rate = done_sentences * world / seconds if seconds > 0 and done_sentences else None
-    log(f"translated {len(sources)} sentences" + (f" at {rate:.1f} sentences/s" if rate else "")
-        + f" ({getattr(translator, 'runtime', 'torch')})")
-    metrics = {"sentences": merged["kept"], "empty_translations": len(sources) - merged["kept"], "beam": job["beam"],
-               "seconds": round(seconds, 1), "sentences_per_s": round(rate, 2) if rate else None,
-               "processes": world, "device": device,
-               "length_ratio": round(merged["tgt_words"] / max(1, merged["src_words"]), 3),
-               "threads": torch.get_num_threads() if device == "cpu" else None, "precision": "float32"}
+    log(
+        f"translated {len(sources)} sentences"
+        + (f" at {rate:.1f} sentences/s" if rate else "")
+        + f" ({getattr(translator, 'runtime', 'torch')})"
+    )
+    metrics = {
+        "sentences": merged["kept"],
+        "empty_translations": len(sources) - merged["kept"],
+        "beam": job["beam"],
+        "seconds": round(seconds, 1),
+        "sentences_per_s": round(rate, 2) if rate else None,
+        "processes": world,
+        "device": device,
+        "length_ratio": round(merged["tgt_words"] / max(1, merged["src_words"]), 3),
+        "threads": torch.get_num_threads() if device == "cpu" else None,
+        "precision": "float32",
+    }
     if is_imported_teacher(Path(job["teacher"])):
         metrics["decoder"] = translator.runtime
         metrics["decoders"] = compare_decoders(job, translator, sources, device, work, log)
@@ -138,13 +160,17 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     if closest:
         selected, n = merged["selected"], max(1, len(sources))
         metrics["selection"] = {
-            "kind": "closest_to_reference", "not_top_fraction": round(selected["not_top"] / n, 4),
+            "kind": "closest_to_reference",
+            "not_top_fraction": round(selected["not_top"] / n, 4),
             "mean_sentence_bleu_top": round(selected["sentence_bleu_top"] / n, 2),
             "mean_sentence_bleu_selected": round(selected["sentence_bleu_selected"] / n, 2),
-            "metric": merged["metric"]}
-        log(f"closest to the reference: not the teacher's best for {selected['not_top'] / n:.1%} of sentences; "
+            "metric": merged["metric"],
+        }
+        log(
+            f"closest to the reference: not the teacher's best for {selected['not_top'] / n:.1%} of sentences; "
             f"mean sentence BLEU {metrics['selection']['mean_sentence_bleu_top']} -> "
-            f"{metrics['selection']['mean_sentence_bleu_selected']}")
+            f"{metrics['selection']['mean_sentence_bleu_selected']}"
+        )
     return metrics
 
 
@@ -162,10 +188,14 @@ def teacher_translator(job: dict, device: str, work: Path, log):
             return _imported_decoder("ctranslate2", teacher, work, device)
         except Exception as exc:  # the converter's refusals are of many kinds (unsupported model, options)
             if choice == "ctranslate2":
-                raise UserInputError(f"teacher.pretrained.decoder: ctranslate2 cannot take this model: "
-                                     f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
-            log(f"CTranslate2 cannot take this model ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
-                "translating with transformers")
+                raise UserInputError(
+                    f"teacher.pretrained.decoder: ctranslate2 cannot take this model: "
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                ) from None
+            log(
+                f"CTranslate2 cannot take this model ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
+                "translating with transformers"
+            )
     return _imported_decoder("transformers", teacher, work, device)
 
 
@@ -174,7 +204,7 @@ def _imported_decoder(runtime: str, teacher: Path, work: Path, device: str):
     "transformers", at this process's thread count."""
     import torch
 
-    from model.hf_translator import ImportedCT2Translator, HFTranslator, convert_to_ctranslate2
+    from model.hf_translator import HFTranslator, ImportedCT2Translator, convert_to_ctranslate2
 
     threads = torch.get_num_threads() if device == "cpu" else None
     if runtime == "ctranslate2":
@@ -200,13 +230,22 @@ def compare_decoders(job: dict, used, sources, device: str, work: Path, log, sen
         t0 = time.perf_counter()
         outputs[name] = translator.translate(sample, **settings)
         seconds = time.perf_counter() - t0
-        out[name] = {"sentences": len(sample), "seconds": round(seconds, 2),
-                     "sentences_per_s": round(len(sample) / seconds, 1) if seconds > 0 else None}
+        out[name] = {
+            "sentences": len(sample),
+            "seconds": round(seconds, 2),
+            "sentences_per_s": round(len(sample) / seconds, 1) if seconds > 0 else None,
+        }
     if len(outputs) == 2:
         out["identical_outputs"] = sum(a == b for a, b in zip(outputs["ctranslate2"], outputs["transformers"]))
-    log("decoders on the first {} sources: ".format(len(sample)) + ", ".join(
-        f"{k} {v['sentences_per_s']} sentences/s" for k, v in out.items() if isinstance(v, dict) and "sentences_per_s" in v)
-        + (f"; {out['identical_outputs']}/{len(sample)} outputs identical" if "identical_outputs" in out else ""))
+    log(
+        "decoders on the first {} sources: ".format(len(sample))
+        + ", ".join(
+            f"{k} {v['sentences_per_s']} sentences/s"
+            for k, v in out.items()
+            if isinstance(v, dict) and "sentences_per_s" in v
+        )
+        + (f"; {out['identical_outputs']}/{len(sample)} outputs identical" if "identical_outputs" in out else "")
+    )
     return out
 
 
@@ -222,7 +261,7 @@ def _source_lengths(tokenizer, data: Path, count: int, work: Path, rank: int, wo
         lines = itertools.islice(split_lines(data, "train", "src"), count)
         with progress("sorting sources by length", total=count, unit="sentences") as bar:
             while block := list(itertools.islice(lines, ENCODE_BLOCK)):
-                lengths[done: done + len(block)] = [len(ids) for ids in tokenizer.encode(block)]
+                lengths[done : done + len(block)] = [len(ids) for ids in tokenizer.encode(block)]
                 done += len(block)
                 bar.advance(len(block))
         tmp = work / "source_lengths.tmp.npy"
@@ -246,8 +285,14 @@ def _merge_chunks(job: dict, chunks: list[list[int]], sources, chunks_dir: Path,
     starts, sizes = np.zeros(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
     nonempty = np.zeros(count, dtype=bool)
     top_k_lengths = np.zeros(count, dtype=np.int64) if job.get("top_k") else None
-    merged = {"top_k_dropped": 0, "selected": {"not_top": 0, "sentence_bleu_top": 0.0, "sentence_bleu_selected": 0.0},
-              "metric": None, "kept": 0, "src_words": 0, "tgt_words": 0}
+    merged = {
+        "top_k_dropped": 0,
+        "selected": {"not_top": 0, "sentence_bleu_top": 0.0, "sentence_bleu_selected": 0.0},
+        "metric": None,
+        "kept": 0,
+        "src_words": 0,
+        "tgt_words": 0,
+    }
     closest = job.get("selection", "top") == "closest_to_reference"
     ids_dtype = np.int16
     with open(work / "translations.txt", "wb") as f:

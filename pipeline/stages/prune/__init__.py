@@ -13,6 +13,7 @@ from ...engine.stage import Inputs, Planner, Section, Stage
 from ...engine.store import Artifact
 from ...training.settings import Bf16
 
+
 class PruneFinetune(Strict):
     """The short fine-tune after each pruning step (on the KD corpus if there is one)."""
 
@@ -81,5 +82,13 @@ def plan(p: Planner) -> None:
     p.add("pruned", p.recipe.prune, inputs, model=True)
 
 
-STAGE = Stage("prune", 5, "remove attention heads (and FFN neurons), fine-tune", settings=PruneConfig,
-              inputs=PruneInputs, plan=plan, build="pipeline.stages.prune.build", sections=(Section("prune", PruneConfig),))
+STAGE = Stage(
+    "prune",
+    5,
+    "remove attention heads (and FFN neurons), fine-tune",
+    settings=PruneConfig,
+    inputs=PruneInputs,
+    plan=plan,
+    build="pipeline.stages.prune.build",
+    sections=(Section("prune", PruneConfig),),
+)

@@ -33,15 +33,15 @@ from model.subword import SubwordTokenizer, copy_tokenizer
 from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, load_model, save_model
 
-from ...engine.context import StageContext
-from ...corpora.splits import read_split
 from ...corpora.distilled import TrainingText, encoded_training_set, stored_word_level, training_pairs
 from ...corpora.encoded import Corpus, encode_corpus, make_batches
-from ...training.settings import TrainConfig
-from . import PruneConfig, PruneInputs
+from ...corpora.splits import read_split
+from ...engine.context import StageContext
 from ...measure.scoring import bleu_only
 from ...measure.timing import interleaved
 from ...training.loop import Trainer, ValidationSet, collate, greedy_hypotheses
+from ...training.settings import TrainConfig
+from . import PruneConfig, PruneInputs
 
 DECODER_STEPS = 20  # forced decoder steps per sentence when timing one step
 
@@ -64,10 +64,14 @@ def run(ctx: StageContext) -> dict:
     n_bleu = min(cfg.valid_bleu_sentences or len(valid_src), len(valid_src))
     valid = ValidationSet(valid_corpus, valid_corpus.src.rows(n_bleu), valid_tgt[:n_bleu])
     pad, bos, eos = original.cfg.pad_id, original.cfg.bos_id, original.cfg.eos_id
-    held_out = [collate(valid_corpus, index, pad, bos, eos, device) for index in
-                make_batches(valid_corpus, cfg.importance_batch_tokens, seed=0, epoch=0)[: cfg.importance_batches]]
-    ctx.log(f"{original.num_parameters():,} parameters, {original.cfg.total_heads()} heads; importance on "
-            f"{len(held_out)} validation batches; fine-tune on {len(train)} pairs ({train_origin})")
+    held_out = [
+        collate(valid_corpus, index, pad, bos, eos, device)
+        for index in make_batches(valid_corpus, cfg.importance_batch_tokens, seed=0, epoch=0)[: cfg.importance_batches]
+    ]
+    ctx.log(
+        f"{original.num_parameters():,} parameters, {original.cfg.total_heads()} heads; importance on "
+        f"{len(held_out)} validation batches; fine-tune on {len(train)} pairs ({train_origin})"
+    )
 
     heads_before, ffn_before = pruning.head_counts(original), pruning.ffn_widths(original)
     total_heads, total_neurons = original.cfg.total_heads(), sum(sum(w) for w in ffn_before.values())
@@ -91,15 +95,31 @@ def run(ctx: StageContext) -> dict:
             remove_neurons = round(neurons_goal * step / cfg.steps) - (total_neurons - _neurons(model))
             if remove_heads <= 0 and remove_neurons <= 0:
                 continue
-            record = prune_step(ctx, cfg, step, model, held_out, remove_heads, remove_neurons, origins,
-                                train, valid, tokenizer, device, bleu_before, source.config)
+            record = prune_step(
+                ctx,
+                cfg,
+                step,
+                model,
+                held_out,
+                remove_heads,
+                remove_neurons,
+                origins,
+                train,
+                valid,
+                tokenizer,
+                device,
+                bleu_before,
+                source.config,
+            )
         records.append(record)
         if record["accepted"]:
             model = load_model(folder / "done", device)
             origins = record["origins"]
         else:
-            stopped_by = (f"max_bleu_drop: step {step} would lose {bleu_before - record['valid_bleu_finetuned']:.2f} "
-                          f"BLEU (> {cfg.max_bleu_drop:g}); rolled back")
+            stopped_by = (
+                f"max_bleu_drop: step {step} would lose {bleu_before - record['valid_bleu_finetuned']:.2f} "
+                f"BLEU (> {cfg.max_bleu_drop:g}); rolled back"
+            )
             ctx.log(stopped_by)
             break
 
@@ -107,47 +127,74 @@ def run(ctx: StageContext) -> dict:
     save_model(model, ctx.out)
     copy_tokenizer(source.file("tokenizer.json"), ctx.out)
     table = [{"step": r["step"], **row} for r in records for row in r["importance"]]
-    (ctx.out / "importance.json").write_text(json.dumps({
-        "method": "Michel et al. 2019: raw = E|dL/d gate| over held-out batches, normalized = raw / the "
-                  "layer's L2 norm; score = what the ranking used",
-        "ranking": cfg.ranking, "normalize": cfg.normalize, "heads": table,
-        "neurons": {str(r["step"]): r["neuron_importance"] for r in records if r.get("neuron_importance")},
-    }, indent=1) + "\n", encoding="utf-8")
+    (ctx.out / "importance.json").write_text(
+        json.dumps(
+            {
+                "method": "Michel et al. 2019: raw = E|dL/d gate| over held-out batches, normalized = raw / the "
+                "layer's L2 norm; score = what the ranking used",
+                "ranking": cfg.ranking,
+                "normalize": cfg.normalize,
+                "heads": table,
+                "neurons": {str(r["step"]): r["neuron_importance"] for r in records if r.get("neuron_importance")},
+            },
+            indent=1,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
 
-    latency = measure_latency(ctx, {"unpruned": original, "pruned": model}, valid_corpus.src.rows(len(valid_corpus)),
-                              cfg)
+    latency = measure_latency(
+        ctx, {"unpruned": original, "pruned": model}, valid_corpus.src.rows(len(valid_corpus)), cfg
+    )
     heads_after, ffn_after = pruning.head_counts(model), pruning.ffn_widths(model)
     bytes_before = source.file("model.safetensors").stat().st_size
     bytes_after = (ctx.out / "model.safetensors").stat().st_size
     accepted = [r for r in records if r["accepted"]]
     bleu_after = accepted[-1]["valid_bleu_finetuned"] if accepted else bleu_before
     heads_left = model.cfg.total_heads()
-    ctx.log(f"{total_heads} -> {heads_left} heads, {original.num_parameters():,} -> {model.num_parameters():,} "
-            f"parameters, valid BLEU {bleu_before:.2f} -> {bleu_after:.2f}")
+    ctx.log(
+        f"{total_heads} -> {heads_left} heads, {original.num_parameters():,} -> {model.num_parameters():,} "
+        f"parameters, valid BLEU {bleu_before:.2f} -> {bleu_after:.2f}"
+    )
     for runtime, figures in (("PyTorch", latency), ("onnxruntime", latency["onnxruntime"])):
-        ctx.log(f"{runtime}, 1 thread: sentence {figures['sentence_ms_unpruned']:.2f} -> "
-                f"{figures['sentence_ms_pruned']:.2f} ms, decoder step {figures['decoder_step_ms_unpruned']:.3f} "
-                f"-> {figures['decoder_step_ms_pruned']:.3f} ms")
+        ctx.log(
+            f"{runtime}, 1 thread: sentence {figures['sentence_ms_unpruned']:.2f} -> "
+            f"{figures['sentence_ms_pruned']:.2f} ms, decoder step {figures['decoder_step_ms_unpruned']:.3f} "
+            f"-> {figures['decoder_step_ms_pruned']:.3f} ms"
+        )
     return {
-        "source_model": source.id, "ranking": cfg.ranking, "normalize": cfg.normalize,
+        "source_model": source.id,
+        "ranking": cfg.ranking,
+        "normalize": cfg.normalize,
         "finetune_data": train_origin,
-        "heads_before": heads_before, "heads_after": heads_after,
-        "heads_total_before": total_heads, "heads_total_after": heads_left,
+        "heads_before": heads_before,
+        "heads_after": heads_after,
+        "heads_total_before": total_heads,
+        "heads_total_after": heads_left,
         "heads_removed": total_heads - heads_left,
         "fraction_removed": round((total_heads - heads_left) / total_heads, 4),
-        "ffn_before": ffn_before, "ffn_after": ffn_after,
+        "ffn_before": ffn_before,
+        "ffn_after": ffn_after,
         "neurons_removed": total_neurons - _neurons(model),
-        "params_before": original.num_parameters(), "params_after": model.num_parameters(),
-        "model_bytes_before": bytes_before, "model_bytes_after": bytes_after,
+        "params_before": original.num_parameters(),
+        "params_after": model.num_parameters(),
+        "model_bytes_before": bytes_before,
+        "model_bytes_after": bytes_after,
         "valid_bleu_before": bleu_before,
         "valid_bleu_pruned": accepted[-1]["valid_bleu_pruned"] if accepted else bleu_before,
-        "valid_bleu_after": bleu_after, "valid_bleu_drop": round(bleu_before - bleu_after, 2),
-        "valid_bleu_sentences": n_bleu, "stopped_by": stopped_by,
-        "steps": [{k: v for k, v in r.items() if k not in ("importance", "neuron_importance", "origins")}
-                  for r in records],
-        "importance": table, **latency,
+        "valid_bleu_after": bleu_after,
+        "valid_bleu_drop": round(bleu_before - bleu_after, 2),
+        "valid_bleu_sentences": n_bleu,
+        "stopped_by": stopped_by,
+        "steps": [
+            {k: v for k, v in r.items() if k not in ("importance", "neuron_importance", "origins")} for r in records
+        ],
+        "importance": table,
+        **latency,
         # The names every model artifact uses (the report reads them).
-        "params": model.num_parameters(), "heads": heads_left, "model_bytes": bytes_after,
+        "params": model.num_parameters(),
+        "heads": heads_left,
+        "model_bytes": bytes_after,
     }
 
 
@@ -159,19 +206,40 @@ def finetune_pairs(ctx: StageContext) -> tuple[TrainingText, str]:
     references the test set is scored against."""
     trained = ctx.inputs.model.config or {}
     kd = ctx.inputs.kd_corpus
-    text = training_pairs(ctx.inputs.data.path, kd.path if kd else None, trained.get("reference_mix", 0.0),
-                          (trained.get("train") or {}).get("seed", TrainConfig().seed),
-                          stored_word_level(trained) is not None, ctx.log)
+    text = training_pairs(
+        ctx.inputs.data.path,
+        kd.path if kd else None,
+        trained.get("reference_mix", 0.0),
+        (trained.get("train") or {}).get("seed", TrainConfig().seed),
+        stored_word_level(trained) is not None,
+        ctx.log,
+    )
     if kd is None:
         return text, "train split"
     mixed = text.info.get("reference_pairs_mixed", 0)
-    return text, ("kd_corpus" + (f" + {mixed} references" if mixed else "")
-                  + (" with the teacher's distributions" if text.top_k is not None else ""))
+    return text, (
+        "kd_corpus"
+        + (f" + {mixed} references" if mixed else "")
+        + (" with the teacher's distributions" if text.top_k is not None else "")
+    )
 
 
-def prune_step(ctx: StageContext, cfg: PruneConfig, step: int, model: Transformer, held_out: list,
-               remove_heads: int, remove_neurons: int, origins: dict, train: Corpus, valid: ValidationSet,
-               tokenizer, device: str, bleu_before: float, source_config) -> dict:
+def prune_step(
+    ctx: StageContext,
+    cfg: PruneConfig,
+    step: int,
+    model: Transformer,
+    held_out: list,
+    remove_heads: int,
+    remove_neurons: int,
+    origins: dict,
+    train: Corpus,
+    valid: ValidationSet,
+    tokenizer,
+    device: str,
+    bleu_before: float,
+    source_config,
+) -> dict:
     """Score, prune, fine-tune; write step<i>/done/ (the model, if kept, and the step's record)."""
     folder = ctx.work / f"step{step}"
     pruned_dir, done_dir = folder / "pruned", folder / "done"
@@ -180,38 +248,65 @@ def prune_step(ctx: StageContext, cfg: PruneConfig, step: int, model: Transforme
         candidate = load_model(pruned_dir, device)
         ctx.log(f"step {step}: resuming its fine-tune")
     else:
-        candidate, record = score_and_prune(ctx, cfg, step, model, held_out, remove_heads, remove_neurons, origins,
-                                            device)
-        record["valid_bleu_pruned"] = greedy_bleu(ctx, candidate, valid, tokenizer, device,
-                                                  f"step {step} valid BLEU, pruned")
+        candidate, record = score_and_prune(
+            ctx, cfg, step, model, held_out, remove_heads, remove_neurons, origins, device
+        )
+        record["valid_bleu_pruned"] = greedy_bleu(
+            ctx, candidate, valid, tokenizer, device, f"step {step} valid BLEU, pruned"
+        )
         save_model(candidate, pruned_dir)
         _write_json(pruned_dir / "record.json", record)  # last: its presence means the folder is complete
-    ctx.log(f"step {step}: removed {record['heads_removed']} heads"
-            + (f" and {record['neurons_removed']} FFN neurons" if record["neurons_removed"] else "")
-            + f" -> {record['heads_left']} heads; valid BLEU {record['valid_bleu_pruned']:.2f} before fine-tuning")
+    ctx.log(
+        f"step {step}: removed {record['heads_removed']} heads"
+        + (f" and {record['neurons_removed']} FFN neurons" if record["neurons_removed"] else "")
+        + f" -> {record['heads_left']} heads; valid BLEU {record['valid_bleu_pruned']:.2f} before fine-tuning"
+    )
 
     ft = cfg.finetune
     smoothing = ((source_config or {}).get("train") or {}).get("label_smoothing", 0.1)
-    train_cfg = TrainConfig(lr=ft.lr, warmup_steps=ft.warmup_steps, batch_tokens=ft.batch_tokens,
-                            label_smoothing=smoothing, max_epochs=None, max_steps=ft.steps,
-                            max_minutes=ft.max_minutes, seed=ft.seed + step - 1, bf16=ft.bf16,
-                            valid_bleu_sentences=len(valid.sources),
-                            average_checkpoints=1)
+    train_cfg = TrainConfig(
+        lr=ft.lr,
+        warmup_steps=ft.warmup_steps,
+        batch_tokens=ft.batch_tokens,
+        label_smoothing=smoothing,
+        max_epochs=None,
+        max_steps=ft.steps,
+        max_minutes=ft.max_minutes,
+        seed=ft.seed + step - 1,
+        bf16=ft.bf16,
+        valid_bleu_sentences=len(valid.sources),
+        average_checkpoints=1,
+    )
     word_level = stored_word_level(source_config or {})
-    trainer = Trainer(candidate, train_cfg, train, valid, tokenizer, folder / "train", ctx.log, ctx.progress,
-                      device, kd_alpha=word_level["alpha"] if word_level else 0.0)
+    trainer = Trainer(
+        candidate,
+        train_cfg,
+        train,
+        valid,
+        tokenizer,
+        folder / "train",
+        ctx.log,
+        ctx.progress,
+        device,
+        kd_alpha=word_level["alpha"] if word_level else 0.0,
+    )
     result = trainer.fit()
     candidate = trainer.model.eval()
-    record["finetune"] = {k: result[k] for k in ("steps", "train_minutes", "stopped_by", "best_valid_loss",
-                                                 "budget", "precision", "speed")}
+    record["finetune"] = {
+        k: result[k]
+        for k in ("steps", "train_minutes", "stopped_by", "best_valid_loss", "budget", "precision", "speed")
+    }
     if "cut_by_time" in result:
         record["finetune"]["cut_by_time"] = result["cut_by_time"]
-    record["valid_bleu_finetuned"] = greedy_bleu(ctx, candidate, valid, tokenizer, device,
-                                                 f"step {step} valid BLEU, fine-tuned")
+    record["valid_bleu_finetuned"] = greedy_bleu(
+        ctx, candidate, valid, tokenizer, device, f"step {step} valid BLEU, fine-tuned"
+    )
     drop = bleu_before - record["valid_bleu_finetuned"]
     record["accepted"] = cfg.max_bleu_drop is None or drop <= cfg.max_bleu_drop
-    ctx.log(f"step {step}: valid BLEU {record['valid_bleu_finetuned']:.2f} after fine-tuning "
-            f"({-drop:+.2f} against the unpruned model)")
+    ctx.log(
+        f"step {step}: valid BLEU {record['valid_bleu_finetuned']:.2f} after fine-tuning "
+        f"({-drop:+.2f} against the unpruned model)"
+    )
     if record["accepted"]:
         save_model(candidate, done_dir)
     else:
@@ -220,9 +315,19 @@ def prune_step(ctx: StageContext, cfg: PruneConfig, step: int, model: Transforme
     return record
 
 
-def score_and_prune(ctx: StageContext, cfg: PruneConfig, step: int, model: Transformer, held_out: list,
-                    remove_heads: int, remove_neurons: int, origins: dict, device: str) -> tuple[Transformer, dict]:
+def score_and_prune(
+    ctx: StageContext,
+    cfg: PruneConfig,
+    step: int,
+    model: Transformer,
+    held_out: list,
+    remove_heads: int,
+    remove_neurons: int,
+    origins: dict,
+    device: str,
+) -> tuple[Transformer, dict]:
     with ctx.progress(f"step {step} importance", total=len(held_out), unit="batches") as bar:
+
         def batches():
             for batch in held_out:
                 yield batch
@@ -233,8 +338,12 @@ def score_and_prune(ctx: StageContext, cfg: PruneConfig, step: int, model: Trans
     head_plan = pruning.select_lowest(head_scores, max(0, remove_heads), cfg.min_heads_per_layer, cfg.ranking)
     candidate = copy.deepcopy(model)
     pruning.prune_heads(candidate, head_plan)
-    record = {"step": step, "heads_removed": pruning.plan_size(head_plan), "neurons_removed": 0,
-              "importance_batches": used}
+    record = {
+        "step": step,
+        "heads_removed": pruning.plan_size(head_plan),
+        "neurons_removed": 0,
+        "importance_batches": used,
+    }
     table = pruning.importance_table(head_raw, cfg.normalize, origins)
     for row in table:
         row["pruned"] = row["head"] in head_plan[row["kind"]][row["layer"]]
@@ -244,8 +353,9 @@ def score_and_prune(ctx: StageContext, cfg: PruneConfig, step: int, model: Trans
         neuron_plan = pruning.select_lowest(neuron_scores, max(0, remove_neurons), 1, cfg.ranking)
         pruning.prune_neurons(candidate, neuron_plan)
         record["neurons_removed"] = pruning.plan_size(neuron_plan)
-        record["neuron_importance"] = {kind: [[float(f"{v:.4g}") for v in s.tolist()] for s in layers]
-                                       for kind, layers in neuron_raw.items()}
+        record["neuron_importance"] = {
+            kind: [[float(f"{v:.4g}") for v in s.tolist()] for s in layers] for kind, layers in neuron_raw.items()
+        }
     record["heads_left"] = candidate.cfg.total_heads()
     record["heads_per_layer"] = pruning.head_counts(candidate)
     record["ffn_per_layer"] = pruning.ffn_widths(candidate)
@@ -254,8 +364,9 @@ def score_and_prune(ctx: StageContext, cfg: PruneConfig, step: int, model: Trans
 
 
 # ------------------------------------------------------------------------- measuring
-def greedy_bleu(ctx: StageContext, model: Transformer, valid: ValidationSet, tokenizer, device: str,
-                what: str) -> float:
+def greedy_bleu(
+    ctx: StageContext, model: Transformer, valid: ValidationSet, tokenizer, device: str, what: str
+) -> float:
     """Corpus BLEU of greedy translations of the validation sentences (as the Trainer scores them)."""
     model.eval()
     with ctx.progress(what, total=len(valid.sources), unit="sentences") as bar:
@@ -263,8 +374,9 @@ def greedy_bleu(ctx: StageContext, model: Transformer, valid: ValidationSet, tok
     return bleu_only(tokenizer.decode(hyps), valid.references)
 
 
-def measure_latency(ctx: StageContext, models: dict[str, Transformer], sources: list[list[int]],
-                    cfg: PruneConfig) -> dict:
+def measure_latency(
+    ctx: StageContext, models: dict[str, Transformer], sources: list[list[int]], cfg: PruneConfig
+) -> dict:
     """Batch-1 greedy latency on the CPU, one thread, of each model on the same sentences, in
     PyTorch eager (keys sentence_ms_<name>, decoder_step_ms_<name>) and in onnxruntime with each
     model's fp32 step graphs as the export stage makes them (the same keys under
@@ -277,15 +389,17 @@ def measure_latency(ctx: StageContext, models: dict[str, Transformer], sources: 
     `latency_repeats` passes of the mean per sentence (or step)."""
     sources = sources[: cfg.latency_sentences]
     any_cfg = next(iter(models.values())).cfg
-    gen = GenerationConfig(beam=1, bos_id=any_cfg.bos_id, eos_id=any_cfg.eos_id, pad_id=any_cfg.pad_id,
-                           max_positions=any_cfg.max_positions)
+    gen = GenerationConfig(
+        beam=1, bos_id=any_cfg.bos_id, eos_id=any_cfg.eos_id, pad_id=any_cfg.pad_id, max_positions=any_cfg.max_positions
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         eager = {name: TorchDecoder(m.cpu().eval(), "cpu") for name, m in models.items()}
         out = _timed(ctx, eager, sources, gen, cfg.latency_repeats, "PyTorch")
-        out["onnxruntime"] = _timed(ctx, onnx_decoders(models, ctx.work / "latency"), sources, gen,
-                                    cfg.latency_repeats, "onnxruntime")
+        out["onnxruntime"] = _timed(
+            ctx, onnx_decoders(models, ctx.work / "latency"), sources, gen, cfg.latency_repeats, "onnxruntime"
+        )
     finally:
         torch.set_num_threads(threads)
     return {"latency_sentences": len(sources), "latency_repeats": cfg.latency_repeats, "latency_threads": 1, **out}
@@ -307,27 +421,39 @@ def onnx_decoders(models: dict[str, Transformer], folder: Path) -> dict:
     for name, model in models.items():
         graphs, _ = float32_graphs(model, folder / name)
         graphs, _ = variant_graphs(graphs, "fp32", folder / name, model.cfg.d_model)
-        sessions = [ort.InferenceSession(str(graphs[g]), options, providers=["CPUExecutionProvider"])
-                    for g in ("encoder", "decoder")]
+        sessions = [
+            ort.InferenceSession(str(graphs[g]), options, providers=["CPUExecutionProvider"])
+            for g in ("encoder", "decoder")
+        ]
         decoders[name] = OnnxDecoder(*sessions, pad_id=model.cfg.pad_id)
     return decoders
 
 
-def _timed(ctx: StageContext, decoders: dict, sources: list[list[int]], gen: GenerationConfig, repeats: int,
-           runtime: str) -> dict:
+def _timed(
+    ctx: StageContext, decoders: dict, sources: list[list[int]], gen: GenerationConfig, repeats: int, runtime: str
+) -> dict:
     token = np.array([gen.bos_id], dtype=np.int64)
 
     def forced_steps(dec):
         for _ in range(DECODER_STEPS):
             dec.step(token, None)
 
-    with ctx.progress(f"latency unpruned vs pruned, {runtime}", total=2 * repeats * len(sources),
-                      unit="sentences") as bar:
-        sentence = interleaved({name: (lambda src, d=d: greedy_search(d, [src], gen)[0])
-                                for name, d in decoders.items()}, sources, repeats=repeats, on_item=bar.advance)
-        step = interleaved({name: (lambda src, d=d: forced_steps(d)) for name, d in decoders.items()}, sources,
-                           repeats=repeats, on_item=bar.advance,
-                           prepare={name: (lambda src, d=d: d.encode([src], 1)) for name, d in decoders.items()})
+    with ctx.progress(
+        f"latency unpruned vs pruned, {runtime}", total=2 * repeats * len(sources), unit="sentences"
+    ) as bar:
+        sentence = interleaved(
+            {name: (lambda src, d=d: greedy_search(d, [src], gen)[0]) for name, d in decoders.items()},
+            sources,
+            repeats=repeats,
+            on_item=bar.advance,
+        )
+        step = interleaved(
+            {name: (lambda src, d=d: forced_steps(d)) for name, d in decoders.items()},
+            sources,
+            repeats=repeats,
+            on_item=bar.advance,
+            prepare={name: (lambda src, d=d: d.encode([src], 1)) for name, d in decoders.items()},
+        )
     out: dict = {}
     for name in decoders:
         out[f"sentence_ms_{name}"] = sentence.median_ms(name)

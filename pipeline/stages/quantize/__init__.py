@@ -42,10 +42,26 @@ def plan(p: Planner) -> None:
     p.add("quantize", cfg, {"data": "data", "export": f"export.{final}"})
     for kind, on in (("int8_dynamic", cfg.dynamic), ("int8_static", cfg.static)):
         if on:
-            p.variants.append(Variant(name=kind, variant=kind, node="quantize", source=final, package=kind,
-                                      runtime="onnxruntime", compute_type="int8"))
+            p.variants.append(
+                Variant(
+                    name=kind,
+                    variant=kind,
+                    node="quantize",
+                    source=final,
+                    package=kind,
+                    runtime="onnxruntime",
+                    compute_type="int8",
+                )
+            )
 
 
-STAGE = Stage("quantize", 14, "int8 dynamic and static quantization with a guard", settings=QuantizeConfig,
-              inputs=QuantizeInputs, plan=plan, build="pipeline.stages.quantize.build",
-              sections=(Section("quantize", QuantizeConfig),))
+STAGE = Stage(
+    "quantize",
+    14,
+    "int8 dynamic and static quantization with a guard",
+    settings=QuantizeConfig,
+    inputs=QuantizeInputs,
+    plan=plan,
+    build="pipeline.stages.quantize.build",
+    sections=(Section("quantize", QuantizeConfig),),
+)

@@ -48,5 +48,13 @@ def plan(p: Planner) -> None:
     p.add("report", ReportNode(**p.recipe.report.model_dump(), recipe=p.recipe.name), inputs)
 
 
-STAGE = Stage("report", 8, "BLEU against latency: table, JSON and plot", settings=ReportNode, inputs=ReportInputs,
-              plan=plan, build="pipeline.stages.report.build", sections=(Section("report", ReportConfig),))
+STAGE = Stage(
+    "report",
+    8,
+    "BLEU against latency: table, JSON and plot",
+    settings=ReportNode,
+    inputs=ReportInputs,
+    plan=plan,
+    build="pipeline.stages.report.build",
+    sections=(Section("report", ReportConfig),),
+)

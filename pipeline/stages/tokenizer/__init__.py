@@ -26,8 +26,9 @@ class TokenizerConfig(Strict):
     @model_validator(mode="after")
     def _teacher_vocabulary_is_not_trained(self):
         if self.kind == "teacher" and {"vocab_size", "max_sentences"} & self.model_fields_set:
-            raise ValueError("kind: teacher takes the imported teacher's vocabulary as it is: drop vocab_size "
-                             "and max_sentences")
+            raise ValueError(
+                "kind: teacher takes the imported teacher's vocabulary as it is: drop vocab_size and max_sentences"
+            )
         return self
 
 
@@ -49,5 +50,13 @@ def plan(p: Planner) -> None:
     p.add("tokenizer", cfg, {"data": "data", "teacher": "teacher"})
 
 
-STAGE = Stage("tokenizer", 1, "train the joint subword tokenizer", settings=TokenizerConfig, inputs=TokenizerInputs,
-              plan=plan, build="pipeline.stages.tokenizer.build", sections=(Section("tokenizer", TokenizerConfig),))
+STAGE = Stage(
+    "tokenizer",
+    1,
+    "train the joint subword tokenizer",
+    settings=TokenizerConfig,
+    inputs=TokenizerInputs,
+    plan=plan,
+    build="pipeline.stages.tokenizer.build",
+    sections=(Section("tokenizer", TokenizerConfig),),
+)

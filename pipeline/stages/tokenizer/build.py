@@ -7,9 +7,9 @@ import random
 
 from model.subword import SubwordTokenizer
 
+from ...corpora.splits import read_split, reservoir_sample, split_lines
 from ...engine.context import StageContext
 from ...engine.errors import UserInputError
-from ...corpora.splits import read_split, reservoir_sample, split_lines
 from . import TokenizerConfig, TokenizerInputs
 
 
@@ -19,8 +19,14 @@ def run(ctx: StageContext) -> dict:
     data = inputs.data.path
     if cfg.kind == "teacher":
         tok = _teachers(ctx)
-        return {"vocab_size": tok.vocab_size, "kind": cfg.kind, "special_ids": tok.special_ids(),
-                "target_side": tok.target is not None, "teacher": inputs.teacher.id, **_scores(tok, data)}
+        return {
+            "vocab_size": tok.vocab_size,
+            "kind": cfg.kind,
+            "special_ids": tok.special_ids(),
+            "target_side": tok.target is not None,
+            "teacher": inputs.teacher.id,
+            **_scores(tok, data),
+        }
     # Both sides, streamed from the files (the corpus is never held whole); a sample of
     # `max_sentences` where the recipe asks for one, drawn in one pass.
     total = 2 * inputs.data.metrics["train_pairs"]
@@ -41,11 +47,15 @@ def _teachers(ctx: StageContext) -> SubwordTokenizer:
     try:
         tok = SubwordTokenizer(*teacher_tokenizers(teacher.path / "checkpoint"))
     except (UnconvertibleTokenizer, ValueError) as exc:
-        raise UserInputError(f"tokenizer.kind: teacher: the teacher's tokenizer cannot be the student's: {exc}; "
-                             "train the student its own (kind: unigram)") from None
+        raise UserInputError(
+            f"tokenizer.kind: teacher: the teacher's tokenizer cannot be the student's: {exc}; "
+            "train the student its own (kind: unigram)"
+        ) from None
     tok.save(ctx.out / "tokenizer.json")
-    ctx.log(f"the teacher's vocabulary: {tok.vocab_size} pieces"
-            + (", a tokenizer per side" if tok.target is not None else ""))
+    ctx.log(
+        f"the teacher's vocabulary: {tok.vocab_size} pieces"
+        + (", a tokenizer per side" if tok.target is not None else "")
+    )
     return tok
 
 

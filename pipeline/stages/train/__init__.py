@@ -13,6 +13,7 @@ from ...engine.stage import Inputs, Node, Planner, Section, Stage
 from ...engine.store import Artifact
 from ...training.settings import DistillConfig, ModelSpec, TeacherConfig, TrainConfig, WordLevelKD
 
+
 class TrainNode(Strict):
     """What one train node runs: the teacher, the distilled student or its reference-only ablation."""
 
@@ -41,8 +42,12 @@ def plan(p: Planner) -> None:
     recipe = p.recipe
     if recipe.teacher is not None and recipe.teacher.pretrained is None:
         p.need("tokenizer", "teacher")
-        p.add("teacher", TrainNode(role="teacher", model=recipe.teacher.model, train=recipe.teacher.train),
-              {"data": "data", "tokenizer": "tokenizer"}, model=True)
+        p.add(
+            "teacher",
+            TrainNode(role="teacher", model=recipe.teacher.model, train=recipe.teacher.train),
+            {"data": "data", "tokenizer": "tokenizer"},
+            model=True,
+        )
     if recipe.distill is None:
         return
     p.need("teacher", "distill")
@@ -50,21 +55,33 @@ def plan(p: Planner) -> None:
     inputs = {"data": "data", "tokenizer": "tokenizer", "kd_corpus": "kd_corpus"}
     if d.student.word_level.enabled or d.student.embeddings_from_teacher:
         inputs["teacher"] = "teacher"
-    asked = [key for key, on in (("distill.student.embeddings_from_teacher", d.student.embeddings_from_teacher),
-                                 ("distill.ablation_embeddings_from_teacher",
-                                  d.ablation and d.ablation_embeddings_from_teacher)) if on]
+    asked = [
+        key
+        for key, on in (
+            ("distill.student.embeddings_from_teacher", d.student.embeddings_from_teacher),
+            ("distill.ablation_embeddings_from_teacher", d.ablation and d.ablation_embeddings_from_teacher),
+        )
+        if on
+    ]
     imported = recipe.teacher.pretrained is not None
     if asked and not imported and d.student.model.d_model > recipe.teacher.model.d_model:
-        raise p.error(f"{' and '.join(asked)}: the student's d_model ({d.student.model.d_model}) is wider than "
-                      f"the teacher's ({recipe.teacher.model.d_model}); there is nothing to project")
+        raise p.error(
+            f"{' and '.join(asked)}: the student's d_model ({d.student.model.d_model}) is wider than "
+            f"the teacher's ({recipe.teacher.model.d_model}); there is nothing to project"
+        )
     student = p.add("student", TrainNode(role="student", **dict(d.student)), inputs, model=True)
     if not d.ablation:
         return
     shape = d.student.model
     if d.ablation_dropout is not None:
         shape = shape.model_copy(update={"dropout": d.ablation_dropout})
-    reference_only = TrainNode(role="student_ref", model=shape, train=d.student.train, budget=d.ablation_budget,
-                               embeddings_from_teacher=d.ablation_embeddings_from_teacher)
+    reference_only = TrainNode(
+        role="student_ref",
+        model=shape,
+        train=d.student.train,
+        budget=d.ablation_budget,
+        embeddings_from_teacher=d.ablation_embeddings_from_teacher,
+    )
     ref_inputs = {"data": "data", "tokenizer": "tokenizer"}
     if d.ablation_budget == "student_steps":
         ref_inputs["steps_of"] = "student"
@@ -82,6 +99,13 @@ def _side_by_side(group: list[Node]) -> None:
         node.config = dump_config(node.settings)
 
 
-STAGE = Stage("train", 3, "train a Transformer (teacher, student, ablation)", settings=TrainNode, inputs=TrainInputs,
-              plan=plan, build="pipeline.stages.train.build",
-              sections=(Section("teacher", TeacherConfig), Section("distill", DistillConfig)))
+STAGE = Stage(
+    "train",
+    3,
+    "train a Transformer (teacher, student, ablation)",
+    settings=TrainNode,
+    inputs=TrainInputs,
+    plan=plan,
+    build="pipeline.stages.train.build",
+    sections=(Section("teacher", TeacherConfig), Section("distill", DistillConfig)),
+)

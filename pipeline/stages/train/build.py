@@ -15,17 +15,17 @@ import torch
 from model.subword import SubwordTokenizer, copy_tokenizer
 from model.transformer import Transformer, TransformerConfig, load_model, save_model
 
-from ...engine.context import StageContext
-from ...corpora.splits import read_split
 from ...corpora.distilled import encoded_training_set, training_pairs
-from ...engine.workers import launch, launch_alone, worker_main, world_size
+from ...corpora.encoded import encode_corpus
+from ...corpora.splits import read_split
+from ...engine.context import StageContext
 from ...engine.errors import UserInputError
 from ...engine.machine import usable_cores
-from ...measure.translators import is_imported_teacher
 from ...engine.recipe import Strict
-from . import TrainInputs, TrainNode
-from ...corpora.encoded import encode_corpus
+from ...engine.workers import launch, launch_alone, worker_main, world_size
+from ...measure.translators import is_imported_teacher
 from ...training.loop import Trainer, ValidationSet
+from . import TrainInputs, TrainNode
 
 
 class TrainJob(Strict):
@@ -54,11 +54,16 @@ def run(ctx: StageContext) -> dict:
         ctx.log(f"budget: {matched['steps']} steps, as many as {other.id} took")
     if ctx.cores is not None:  # built side by side with another training
         train = train.model_copy(update={"num_threads": min(train.num_threads or ctx.cores, ctx.cores)})
-    job = TrainJob(node=cfg.model_copy(update={"train": train}), steps_matched_to=matched, data=str(inputs.data.path),
-                   tokenizer=str(inputs.tokenizer.file("tokenizer.json")),
-                   kd_corpus=str(inputs.kd_corpus.path) if inputs.kd_corpus is not None else None,
-                   teacher=str(inputs.teacher.path) if inputs.teacher is not None else None,
-                   out=str(ctx.out), work=str(ctx.work))
+    job = TrainJob(
+        node=cfg.model_copy(update={"train": train}),
+        steps_matched_to=matched,
+        data=str(inputs.data.path),
+        tokenizer=str(inputs.tokenizer.file("tokenizer.json")),
+        kd_corpus=str(inputs.kd_corpus.path) if inputs.kd_corpus is not None else None,
+        teacher=str(inputs.teacher.path) if inputs.teacher is not None else None,
+        out=str(ctx.out),
+        work=str(ctx.work),
+    )
     if ctx.nproc > 1:
         return launch(ctx, "pipeline.stages.train.build", job.model_dump(mode="json"))
     if ctx.cores is not None:
@@ -82,10 +87,12 @@ def train_job(job: TrainJob | dict, log, progress, rank: int = 0, device: str | 
 
     word_level = node.word_level if node.word_level is not None and node.word_level.enabled else None
     from_kd_corpus = word_level is not None and word_level.from_kd_corpus
-    text = training_pairs(Path(job.data), job.kd_corpus and Path(job.kd_corpus), node.reference_mix, train_cfg.seed,
-                          from_kd_corpus, log)
-    train, data_info = encoded_training_set(text, tokenizer, model_cfg.max_positions, Path(job.work), log,
-                                            progress, rank)
+    text = training_pairs(
+        Path(job.data), job.kd_corpus and Path(job.kd_corpus), node.reference_mix, train_cfg.seed, from_kd_corpus, log
+    )
+    train, data_info = encoded_training_set(
+        text, tokenizer, model_cfg.max_positions, Path(job.work), log, progress, rank
+    )
     valid_src, valid_tgt = read_split(Path(job.data), "valid")
     valid_corpus = encode_corpus(tokenizer, valid_src, valid_tgt, model_cfg.max_positions, drop_long=False)
     n_bleu = min(train_cfg.valid_bleu_sentences, len(valid_src))
@@ -99,8 +106,10 @@ def train_job(job: TrainJob | dict, log, progress, rank: int = 0, device: str | 
         if from_kd_corpus:
             with_soft = train.soft.present()
             data_info["word_level_pairs"] = with_soft
-            log(f"word-level distillation from the KD corpus's stored distributions: {with_soft} of "
-                f"{len(train)} pairs (the rest learn from their labels alone)")
+            log(
+                f"word-level distillation from the KD corpus's stored distributions: {with_soft} of "
+                f"{len(train)} pairs (the rest learn from their labels alone)"
+            )
     if node.embeddings_from_teacher:
         table = teacher.token_table() if teacher is not None else _teacher_token_table(job, tokenizer)
         width = model.embed.weight.shape[1]  # embed_dim where the table is factorised
@@ -110,14 +119,30 @@ def train_job(job: TrainJob | dict, log, progress, rank: int = 0, device: str | 
             projected, kept = project_embedding(table[:rows], width, float(model.embed.weight.std()))
             model.embed.weight[:rows].copy_(projected)
         data_info["embeddings_from_teacher"] = {"teacher_d_model": table.shape[1], "variance_kept": round(kept, 4)}
-        log(f"embedding: the teacher's, on its top {width} of {table.shape[1]} principal "
-            f"directions ({kept:.1%} of its variance)")
+        log(
+            f"embedding: the teacher's, on its top {width} of {table.shape[1]} principal "
+            f"directions ({kept:.1%} of its variance)"
+        )
 
-    log(f"{model.num_parameters():,} parameters, {len(train)} training pairs, "
-        f"device {device}, threads {torch.get_num_threads()}, processes {world_size()}")
-    trainer = Trainer(model, train_cfg, train, valid, tokenizer, Path(job.work), log, progress, device,
-                      teacher=None if from_kd_corpus else teacher, kd_alpha=alpha,
-                      kd_temperature=temperature, probe_threads=probe_threads)
+    log(
+        f"{model.num_parameters():,} parameters, {len(train)} training pairs, "
+        f"device {device}, threads {torch.get_num_threads()}, processes {world_size()}"
+    )
+    trainer = Trainer(
+        model,
+        train_cfg,
+        train,
+        valid,
+        tokenizer,
+        Path(job.work),
+        log,
+        progress,
+        device,
+        teacher=None if from_kd_corpus else teacher,
+        kd_alpha=alpha,
+        kd_temperature=temperature,
+        probe_threads=probe_threads,
+    )
     result = trainer.fit()
     if rank != 0:
         return result
@@ -127,19 +152,26 @@ def train_job(job: TrainJob | dict, log, progress, rank: int = 0, device: str | 
     copy_tokenizer(job.tokenizer, out)
     (out / "training.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return {
-        "role": node.role, "params": model.num_parameters(), "heads": model_cfg.total_heads(),
-        "model_bytes": (out / "model.safetensors").stat().st_size, **data_info,
+        "role": node.role,
+        "params": model.num_parameters(),
+        "heads": model_cfg.total_heads(),
+        "model_bytes": (out / "model.safetensors").stat().st_size,
+        **data_info,
         **{k: v for k, v in result.items() if k != "history"},
         **({"steps_matched_to": job.steps_matched_to} if job.steps_matched_to else {}),
-        "device": device, "processes": world_size(), "threads": torch.get_num_threads(),
+        "device": device,
+        "processes": world_size(),
+        "threads": torch.get_num_threads(),
     }
 
 
 def _teacher_with_our_vocabulary(job: TrainJob, tokenizer: SubwordTokenizer, device: str, why: str) -> Transformer:
     teacher_tok = SubwordTokenizer.load(Path(job.teacher) / "tokenizer.json")
     if teacher_tok.tok.get_vocab() != tokenizer.tok.get_vocab():
-        raise UserInputError(f"{why} needs the teacher and student to share one vocabulary; "
-                             "the teacher's tokenizer differs from this recipe's")
+        raise UserInputError(
+            f"{why} needs the teacher and student to share one vocabulary; "
+            "the teacher's tokenizer differs from this recipe's"
+        )
     return load_model(Path(job.teacher), device)
 
 
@@ -161,12 +193,14 @@ def project_embedding(weight: torch.Tensor, d_model: int, std: float) -> tuple[t
     the best rank-d_model approximation of the words' dot products (which the tied output
     projection scores with). Returns the new table and the fraction of variance it keeps."""
     if d_model > weight.shape[1]:
-        raise UserInputError(f"embeddings_from_teacher: the student (d_model {d_model}) is wider than the "
-                             f"teacher ({weight.shape[1]}); nothing to project")
+        raise UserInputError(
+            f"embeddings_from_teacher: the student (d_model {d_model}) is wider than the "
+            f"teacher ({weight.shape[1]}); nothing to project"
+        )
     w = weight.detach().float().cpu()
     _, singular, vh = torch.linalg.svd(w, full_matrices=False)
     projected = w @ vh[:d_model].T
-    kept = float((singular[:d_model] ** 2).sum() / (singular ** 2).sum())
+    kept = float((singular[:d_model] ** 2).sum() / (singular**2).sum())
     return projected * (std / float(projected.std())), kept
 
 
