@@ -38,28 +38,18 @@ CACHE_INDEX = "cache_index"
 LOG_PROBS = "log_probs"
 
 
-def past_k(layer: int) -> str:
-    return f"past_k_{layer}"
+def _per_layer(prefix: str):
+    def name(layer: int) -> str:
+        return f"{prefix}_{layer}"
+
+    name.__name__ = prefix
+    return name
 
 
-def past_v(layer: int) -> str:
-    return f"past_v_{layer}"
-
-
-def present_k(layer: int) -> str:
-    return f"present_k_{layer}"
-
-
-def present_v(layer: int) -> str:
-    return f"present_v_{layer}"
-
-
-def cross_k(layer: int) -> str:
-    return f"cross_k_{layer}"
-
-
-def cross_v(layer: int) -> str:
-    return f"cross_v_{layer}"
+# A layer's cache and cross-attention values: past_k(0) == "past_k_0".
+past_k, past_v, present_k, present_v, cross_k, cross_v = map(
+    _per_layer, ("past_k", "past_v", "present_k", "present_v", "cross_k", "cross_v")
+)
 
 
 # ------------------------------------------------------------- the graphs derived from them

@@ -106,6 +106,19 @@ def _workers_of(store) -> list[str]:
     return found
 
 
+# The student and its ablation, side by side, trained for 6 epochs of the smoke recipe.
+SIDE_BY_SIDE = (
+    "run",
+    str(SMOKE),
+    "--until",
+    "train",
+    "--set",
+    "distill.ablation_budget=side_by_side",
+    "--set",
+    "distill.student.train.max_epochs=6",
+)
+
+
 def test_side_by_side_trains_the_student_and_its_ablation_at_once(smoke, tmp_path):
     """Each in its own process on its share of the cores, at the same time, for the same budget;
     their log lines reach the run log as if they had run in the runner."""
@@ -120,14 +133,7 @@ def test_side_by_side_trains_the_student_and_its_ablation_at_once(smoke, tmp_pat
     copy = tmp_path / "store"
     shutil.copytree(store.root, copy)
     proc = cli(
-        "run",
-        str(SMOKE),
-        "--until",
-        "train",
-        "--set",
-        "distill.ablation_budget=side_by_side",
-        "--set",
-        "distill.student.train.max_epochs=6",
+        *SIDE_BY_SIDE,
         store=copy,
         timeout=600,
     )
@@ -151,14 +157,7 @@ def test_side_by_side_trains_the_student_and_its_ablation_at_once(smoke, tmp_pat
     assert "steps_matched_to" not in ref["metrics"]
     # Run again unchanged: both are reused, nothing is trained.
     again = cli(
-        "run",
-        str(SMOKE),
-        "--until",
-        "train",
-        "--set",
-        "distill.ablation_budget=side_by_side",
-        "--set",
-        "distill.student.train.max_epochs=6",
+        *SIDE_BY_SIDE,
         store=copy,
         timeout=120,
     )
@@ -177,18 +176,7 @@ def test_a_killed_runner_takes_its_side_by_side_workers_with_it(smoke, tmp_path)
     store, _ = smoke.build("kd_corpus")
     copy = tmp_path / "store"
     shutil.copytree(store.root, copy)
-    args = [
-        "run",
-        str(SMOKE),
-        "--until",
-        "train",
-        "--set",
-        "distill.ablation_budget=side_by_side",
-        "--set",
-        "distill.student.train.max_epochs=6",
-        "--set",
-        "distill.student.train.checkpoint_every_minutes=0.01",
-    ]
+    args = [*SIDE_BY_SIDE, "--set", "distill.student.train.checkpoint_every_minutes=0.01"]
     runner = subprocess.Popen(
         [sys.executable, "-m", "pipeline.commands.cli", *args, "--store", str(copy)],
         stdout=subprocess.DEVNULL,

@@ -9,7 +9,7 @@ import ast
 import subprocess
 import sys
 
-from pipeline.engine.code_digest import PROJECT_ROOT, stage_code
+from pipeline.engine.code_digest import PROJECT_ROOT, import_statements, stage_code
 from pipeline.stages import BY_KIND, STAGES
 
 # pipeline/'s subpackages, lowest first: a module may import its own subpackage and those ranked
@@ -29,21 +29,12 @@ def _modules() -> dict[str, str]:
 
 def _imports(name: str, path, modules: dict) -> set[str]:
     """The project modules `name` imports (`from pkg import module` names the module, not pkg)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parent = ".".join(parts[: len(parts) - node.level + 1])
-                base = f"{parent}.{base}" if base else parent
-            named = [f"{base}.{a.name}" for a in node.names]
-            found |= {m for m in named if m in modules}
-            if not all(m in modules for m in named):
-                found.add(base)
+    for base, names in import_statements(path.read_text(encoding="utf-8"), name, path.name == "__init__.py"):
+        named = [f"{base}.{n}" for n in names]
+        found |= {m for m in named if m in modules}
+        if not all(m in modules for m in named):
+            found.add(base)
     return {m for m in found if m in modules and m != name}
 
 

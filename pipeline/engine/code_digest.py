@@ -79,23 +79,33 @@ def _module_file(name: str, root: Path) -> Path | None:
     return None
 
 
-def _imports(source: str, module: str, is_package: bool) -> list[str]:
-    """Absolute names of what the source imports, `from x import y` giving both x and x.y (y may
-    be a module); names outside this project are dropped later."""
+def import_statements(source: str, module: str, is_package: bool) -> list[tuple[str, list[str]]]:
+    """(module, names) of each import in the source, lazy ones inside functions included, module
+    names made absolute: `import x` gives (x, []), `from x import y, z` gives (x, [y, z]) (y may be
+    a module of x, or a name defined there)."""
     package = module if is_package else module.rpartition(".")[0]
-    names = []
+    found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
+            found += [(alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
                 parent = ".".join(parts[: len(parts) - node.level + 1])
                 base = f"{parent}.{base}" if base else parent
-            names.append(base)
-            names += [f"{base}.{alias.name}" for alias in node.names]
-    return names
+            found.append((base, [alias.name for alias in node.names]))
+    return found
+
+
+def _imports(source: str, module: str, is_package: bool) -> list[str]:
+    """Absolute names of what the source imports, `from x import y` giving both x and x.y (y may
+    be a module); names outside this project are dropped later."""
+    return [
+        name
+        for base, names in import_statements(source, module, is_package)
+        for name in (base, *(f"{base}.{n}" for n in names))
+    ]
 
 
 def source_digest(source: str) -> str:
