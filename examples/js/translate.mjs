@@ -99,12 +99,12 @@ export class Translator {
   }
 
   /** One translation per line; `batch` sentences share each decoder call (same results at any size). */
-  async translate(lines, { beam = this.gen.beam, batch = 1 } = {}) {
+  async translate(lines, { beam = this.gen.beam, lengthPenalty = this.gen.length_penalty, batch = 1 } = {}) {
     const out = new Array(lines.length).fill("");
     const todo = lines.map((line, i) => [i, line]).filter(([, line]) => !BLANK.test(line));
     for (let start = 0; start < todo.length; start += batch) {
       const chunk = todo.slice(start, start + batch);
-      const results = await this.search(chunk.map(([, line]) => this.encode(line)), beam);
+      const results = await this.search(chunk.map(([, line]) => this.encode(line)), beam, lengthPenalty);
       chunk.forEach(([i], j) => { out[i] = this.decode(results[j]); });
     }
     return out;
@@ -113,7 +113,7 @@ export class Translator {
   // ## The search, for several sentences at once (## The step graphs): each sentence's rows are
   // consecutive (1 for greedy, k for beam search); a finished sentence's rows leave the next
   // step, whose cache_index names each row's parent among the previous step's rows.
-  async search(sources, beam) {
+  async search(sources, beam, lengthPenalty = this.gen.length_penalty) {
     const { pad_id, bos_id, max_len_a, max_len_b, max_positions } = this.gen;
     const srcLen = Math.max(...sources.map((s) => s.length));
     const srcIds = new BigInt64Array(sources.length * srcLen).fill(BigInt(pad_id));
@@ -124,7 +124,7 @@ export class Translator {
     const searches = sources.map((src, b) => {
       // ## The search: the length limit L, start token included
       const L = Math.max(1, Math.min(Math.trunc(max_len_a * src.length + max_len_b), max_positions - 1));
-      const search = beam > 1 ? new BeamSearch(beam, L, this.gen, this.shortlist?.outputVocabulary)
+      const search = beam > 1 ? new BeamSearch(beam, L, this.gen.eos_id, lengthPenalty, this.shortlist?.outputVocabulary)
         : new GreedySearch(L, this.gen, this.shortlist?.sentenceWords(src));
       if (search.done) results[b] = search.result();  // L = 1: no token to generate
       return Object.assign(search, { b });
@@ -199,8 +199,8 @@ export class GreedySearch {
 
 // ## The search: Beam search, onnxruntime's BeamSearch op with early stopping, in float32.
 export class BeamSearch {
-  constructor(k, L, gen, vocabulary) {
-    Object.assign(this, { k, L, eos: gen.eos_id, penalty: gen.length_penalty, vocabulary, finished: [], done: L - 1 <= 0 });
+  constructor(k, L, eos, penalty, vocabulary) {
+    Object.assign(this, { k, L, eos, penalty: Math.fround(penalty), vocabulary, finished: [], done: L - 1 <= 0 });
     this.beams = Array.from({ length: k }, (_, j) => ({ tokens: [], score: j === 0 ? 0 : Math.fround(-1e9) }));
     if (this.done) this.finish();
   }
@@ -278,11 +278,16 @@ function readShortlist(file, gen) {
   const W = Math.min(vocabSize, Math.ceil((always.length + 3 + 12 * p) / 64) * 64);
   const fixed = [...specials, ...always.filter((w) => !specials.includes(w)).sort((a, b) => a - b)];
   const fixedSet = new Set(fixed);
-  // The output vocabulary: every id in always or words, then the lowest other ids up to a multiple of 64.
+  // The output vocabulary: every id in always or words, then the lowest other ids up to a multiple
+  // of 64, in id order; none (the whole vocabulary) where that would be every word, or where the
+  // lists lack a special id (the spec's wording settled against the Python runtime: README).
   const known = new Set([...always, ...words]);
   const target = Math.ceil(known.size / 64) * 64;
-  for (let id = 0; target < vocabSize && known.size < target; id++) known.add(id);
-  const outputVocabulary = Int32Array.from([...known].sort((a, b) => a - b));
+  let outputVocabulary = null;
+  if (target < vocabSize && specials.every((id) => known.has(id))) {
+    for (let id = 0; known.size < target; id++) known.add(id);
+    outputVocabulary = Int32Array.from([...known].sort((a, b) => a - b));
+  }
   return {
     outputVocabulary,
     /** A sentence's words: the specials, the non-special `always`, then its source words' words, W at most. */
@@ -295,24 +300,30 @@ function readShortlist(file, gen) {
 }
 
 // The command line: one line in, one line out.
+const USAGE = "usage: node translate.mjs PACKAGE_DIR [--beam K] [--batch N] [--threads T] [--length-penalty P] < in > out\n";
+
 async function main(argv) {
-  const args = { beam: undefined, batch: 1, threads: 1 };
+  const options = { beam: undefined, batch: 1, threads: 1, "length-penalty": undefined };
   const positional = [];
   for (let i = 0; i < argv.length; i++) {
     const flag = argv[i].replace(/^--/, "");
-    if (argv[i].startsWith("--") && flag in args) args[flag] = Number(argv[++i]);
+    if (argv[i].startsWith("--") && flag in options) options[flag] = Number(argv[++i]);
     else positional.push(argv[i]);
   }
-  if (positional.length !== 1 || Object.values(args).some((v) => v !== undefined && !(Number.isInteger(v) && v >= 1))) {
-    process.stderr.write("usage: node translate.mjs PACKAGE_DIR [--beam K] [--batch N] [--threads T] < input > output\n");
+  const counts = [options.beam ?? 1, options.batch, options.threads];
+  const penalty = options["length-penalty"];
+  if (positional.length !== 1 || !counts.every((v) => Number.isInteger(v) && v >= 1) || Number.isNaN(penalty)) {
+    process.stderr.write(USAGE);
     return 2;
   }
-  const translator = await Translator.open(positional[0], { threads: args.threads });
+  const translator = await Translator.open(positional[0], { threads: options.threads });
   let text = "";
   for await (const chunk of process.stdin.setEncoding("utf8")) text += chunk;
-  const lines = text.split("\n");
+  const lines = text.split("\n");  // a line ends at \n only (a \r stays in it)
   if (lines.at(-1) === "") lines.pop();
-  const out = await translator.translate(lines, { beam: args.beam ?? translator.gen.beam, batch: args.batch });
+  const out = await translator.translate(lines, {
+    beam: options.beam ?? translator.gen.beam, lengthPenalty: penalty ?? translator.gen.length_penalty, batch: options.batch,
+  });
   process.stdout.write(out.map((line) => line + "\n").join(""));
   return 0;
 }
