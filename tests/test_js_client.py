@@ -65,10 +65,12 @@ def node() -> str:
         except subprocess.TimeoutExpired:
             pytest.skip("npm ci --prefix examples/js did not finish in 300 s (is the npm registry reachable?)")
         if done.returncode != 0:
-            tail = done.stderr.strip().splitlines()[-3:]
-            if any(error in done.stderr for error in NETWORK_ERRORS):
-                pytest.skip(f"npm registry unreachable: {' / '.join(tail)}")
-            pytest.fail(f"npm ci --prefix examples/js failed: {' / '.join(tail)}")
+            said = [line for line in done.stderr.splitlines() if line.startswith("npm error")]
+            reason = next((line for line in said if "request to" in line), None) or next(
+                (line for line in said if any(error in line for error in NETWORK_ERRORS)), None)
+            if reason is not None:
+                pytest.skip(f"npm registry unreachable ({reason}): examples/js's dependencies not installed")
+            pytest.fail(f"npm ci --prefix examples/js failed: {' / '.join(said[:4] or done.stderr.splitlines()[-4:])}")
     return exe
 
 
