@@ -2,7 +2,7 @@
 // A translation client for mt-onnx-package/2 packages, written from docs/package-format.md alone:
 // it drives encoder.onnx and decoder.onnx (the step graphs) with its own greedy and beam search.
 //
-//   node translate.mjs PACKAGE_DIR [--beam K] [--batch N] [--threads T] < input.txt > output.txt
+//   node translate.mjs PACKAGE_DIR [--beam K] [--batch N] [--threads T] [--length-penalty P] < in > out
 //
 // As a library: const t = await Translator.open(dir); await t.translate(lines, { beam: 4 }).
 // Section names in the comments ("## ...") are the spec's.
@@ -217,17 +217,18 @@ export class BeamSearch {
   }
 
   step(rows) {
-    const { k } = this, top = [];  // the best 2k candidates: score first, then beam, then word id
-    const better = (a, b) => a.score > b.score || (a.score === b.score && (a.beam < b.beam || (a.beam === b.beam && a.word < b.word)));
+    const { k } = this, top = [];  // the best 2k candidates, best first: score, then beam, then word id
+    const better = (score, beam, word, than) => score > than.score
+      || (score === than.score && (beam < than.beam || (beam === than.beam && word < than.word)));
     rows.forEach((logProbs, beam) => {
       const scores = this.vocabulary ? normalizedOver(logProbs, this.vocabulary) : logProbs;
       const base = this.beams[beam].score;
       for (let i = 0; i < scores.length; i++) {
-        const c = { score: Math.fround(base + scores[i]), beam, word: this.vocabulary ? this.vocabulary[i] : i };
-        if (top.length === 2 * k && !better(c, top.at(-1))) continue;
+        const score = Math.fround(base + scores[i]), word = this.vocabulary ? this.vocabulary[i] : i;
+        if (top.length === 2 * k && !better(score, beam, word, top.at(-1))) continue;
         let at = top.length;
-        while (at > 0 && better(c, top[at - 1])) at--;
-        top.splice(at, 0, c);
+        while (at > 0 && better(score, beam, word, top[at - 1])) at--;
+        top.splice(at, 0, { score, beam, word });
         if (top.length > 2 * k) top.pop();
       }
     });
@@ -270,13 +271,13 @@ export function normalizedOver(logProbs, words) {
 // ## The shortlist
 function readShortlist(file, gen) {
   const npz = readNpz(file);
-  const vocabSize = Number(npz.vocab_size.data[0]), always = Array.from(npz.always.data);
+  const vocabSize = Number(npz.vocab_size.data[0]), always = [...new Set(npz.always.data)].sort((a, b) => a - b);
   const offsets = npz.offsets.data, words = npz.words.data;
   const specials = [gen.pad_id, gen.bos_id, gen.eos_id];
   let p = 0;
   for (let s = 0; s < vocabSize; s++) p = Math.max(p, offsets[s + 1] - offsets[s]);
   const W = Math.min(vocabSize, Math.ceil((always.length + 3 + 12 * p) / 64) * 64);
-  const fixed = [...specials, ...always.filter((w) => !specials.includes(w)).sort((a, b) => a - b)];
+  const fixed = [...specials, ...always.filter((w) => !specials.includes(w))];
   const fixedSet = new Set(fixed);
   // The output vocabulary: every id in always or words, then the lowest other ids up to a multiple
   // of 64, in id order; none (the whole vocabulary) where that would be every word, or where the
