@@ -822,13 +822,12 @@ def write_generate_graph(folder: Path, generation: dict) -> list[Path]:
     vocab = _shape(dec.output[0])[-1]
     if isinstance(vocab, int) and (folder / SHORTLIST_FILE).is_file():
         shortlist = Shortlist.load(folder / SHORTLIST_FILE, vocab)
+        one_row = copy.deepcopy(dec)  # greedy: each sentence's list, whether or not beams have a vocabulary
+        listed = _shortlisted_search(one_row, shortlist, generation)
         many_rows = copy.deepcopy(dec)
         words = _search_vocabulary(many_rows, output_vocabulary(shortlist, _specials(generation)))
-        if words is None:  # not an int8 projection of constants: no word lists
+        if words is None:  # not an int8 projection of constants, or a list without the special ids
             many_rows = None
-        else:
-            one_row = copy.deepcopy(dec)
-            listed = _shortlisted_search(one_row, shortlist, generation)
     for graph in (enc, dec, many_rows, one_row):
         if graph is not None:
             _short_names(graph)
