@@ -97,13 +97,12 @@ class Source:
         many_rows = one_row = listed = words = None
         shortlist = self.shortlist_table(shape(dec.output[0])[-1])
         if shortlist is not None:
+            one_row = copy.deepcopy(dec)  # greedy: each sentence's list, whether or not beams have a vocabulary
+            listed = sentence_word_list(one_row, shortlist, self.generation)
             many_rows = copy.deepcopy(dec)
             words = search_vocabulary(many_rows, output_vocabulary(shortlist, special_ids(self.generation)))
-            if words is None:  # not an int8 projection of constants: no word lists
+            if words is None:  # not an int8 projection of constants, or a list without the special ids
                 many_rows = None
-            else:
-                one_row = copy.deepcopy(dec)
-                listed = sentence_word_list(one_row, shortlist, self.generation)
         for graph in (enc, dec, many_rows, one_row):
             if graph is not None:
                 compact_names(graph)
