@@ -20,10 +20,17 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("model", "pipeline")
 # How a stage is called, not what it computes: its context (paths, log, progress), the error
-# types, the store's artifact handles and the recipe schema (whose values enter the fingerprint
-# as the config itself). Left out so that an edit there does not rebuild an hour of models.
+# types, the store's artifact handles, the recipe schema's toolkit and the declaration types and
+# planner (what they produce, a node's config and inputs, enters the fingerprint itself). Left
+# out so that an edit there does not rebuild an hour of models.
 PLUMBING = frozenset(
-    {"pipeline/engine/context.py", "pipeline/engine/errors.py", "pipeline/engine/store.py", "pipeline/engine/recipe.py"}
+    {
+        "pipeline/engine/context.py",
+        "pipeline/engine/errors.py",
+        "pipeline/engine/store.py",
+        "pipeline/engine/recipe.py",
+        "pipeline/engine/stage.py",
+    }
 )
 
 
