@@ -8,14 +8,16 @@ concurrent clients, what happens past the queue's bound, and SIGTERM under load.
 With PACKAGE it first measures the offline figure on the same sentences and cores
 (`Translator.translate`, batches of 32 like `pipeline translate`, at 1 thread and at one per
 core: the faster counts) and the batch-1 latency, then starts the server on a free loopback port
-(`python -m model.serve serve PACKAGE --port 0`), and checks every served translation against
-Translator's. The throughput ratio is the median of --rounds rounds of offline and 64 clients
-taking turns (the machine's load drifts). Each client sends one sentence a request and the next when answered
-(closed loop), each level at most --requests requests and --seconds seconds. Past the bound:
-bursts of 128 concurrent requests of --burst-texts texts each (several times the queue), the
-server's resident memory before and after. Last, 64 clients run while the server gets SIGTERM:
-its exit code, what the clients got while it drained, and whether every request it accepted
-(its last log line) was answered to a client. With --url only the levels run.
+(`python -m model.serve serve PACKAGE --port 0`) and checks every served translation against
+Translator's. Each client sends one sentence a request and the next when answered (closed loop),
+each level at most --requests requests and --seconds seconds. The throughput ratio is the median
+of --rounds rounds of offline and 64 clients taking turns (a shared machine's load drifts), with
+CPU ms a sentence beside it (offline: this process; served: the server's process and this one's
+clients), which the neighbours' load does not count. Past the bound: bursts of 128 concurrent
+requests of --burst-texts texts each (several times the queue), the server's resident memory
+before and after each. Last, 64 clients run while the server gets SIGTERM: its exit code, what
+the clients got while it drained, and whether every request it accepted (its last log line) was
+answered to a client. With --url only the levels and the bursts run.
 
 Sentences: the first --sentences lines of Multi30k's test_2016_flickr.en.gz under PIPELINE_DATA,
 or --text FILE (one sentence a line). Targets (issue 51, benchmarks): served at 64 clients >= 0.8
@@ -81,7 +83,7 @@ class Offline:
         for threads in sorted({1, cores}):
             translator = Translator(package, threads=threads)
             translator.translate(sentences[:8], beam=beam, max_batch=32)
-            per_s = max(self.round(translator) for _ in range(2))
+            per_s, cpu_ms = max(self.round(translator) for _ in range(2))
             alone, eights = [], []
             for sentence in sentences[:64]:
                 started = time.perf_counter()
@@ -95,15 +97,17 @@ class Offline:
                   f"batch-1 p50 {statistics.median(alone):.1f} ms, a batch of 8 {statistics.median(eights):.1f} ms")
             self.batch1_p50 = min(self.batch1_p50, statistics.median(alone))
             if best is None or per_s > best[0]:
-                best = (per_s, translator)
-        self.rounds, self.translator = [best[0]], best[1]
+                best = (per_s, cpu_ms, translator)
+        self.rounds, self.cpu, self.translator = [best[0]], [best[1]], best[2]
         self.threads = self.translator.threads
         self.translations = dict(zip(sentences, self.translator.translate(sentences, beam=beam, max_batch=32)))
 
-    def round(self, translator=None) -> float:
-        started = time.perf_counter()
+    def round(self, translator=None) -> tuple[float, float]:
+        """Sentences/s and CPU ms a sentence (this process's) of one pass over the sentences."""
+        started, cpu = time.perf_counter(), time.process_time()
         (translator or self.translator).translate(self.sentences, beam=self.beam, max_batch=32)
-        return len(self.sentences) / (time.perf_counter() - started)
+        n = len(self.sentences)
+        return n / (time.perf_counter() - started), (time.process_time() - cpu) / n * 1000
 
 
 # ----------------------------------------------------------------------------------------- server
@@ -307,17 +311,25 @@ async def run(args) -> None:
                       f"{r['server_cpu_ms']:.2f}, {r['client_cpu_ms']:.2f}")
             by = {r["clients"]: r for r in results}
             if base and 64 in by:
-                served = [by[64]["per_s"]]
+                served, cpu = [by[64]["per_s"]], [(by[64]["server_cpu_ms"], by[64]["client_cpu_ms"])]
                 for _ in range(args.rounds - 1):  # taking turns, so that the machine's load weighs on both
-                    base.rounds.append(base.round())
+                    per_s, cpu_ms = base.round()
+                    base.rounds.append(per_s)
+                    base.cpu.append(cpu_ms)
                     r = await level(session, url, sentences, args.beam, 64, args.requests, args.seconds, expected, server)
                     served.append(r["per_s"])
+                    cpu.append((r["server_cpu_ms"], r["client_cpu_ms"]))
                     client_ok += r["ok"]
                 ratio = statistics.median(served) / statistics.median(base.rounds)
                 print(f"served at 64 clients / offline ({base.threads} thread(s)), {len(served)} rounds taking turns: "
                       f"median {statistics.median(served):.0f} / {statistics.median(base.rounds):.0f} = {ratio:.2f} "
                       f"(target >= 0.80; rounds: served {', '.join(f'{x:.0f}' for x in served)}, offline "
                       f"{', '.join(f'{x:.0f}' for x in base.rounds)})")
+                offline_cpu, server_cpu = statistics.median(base.cpu), statistics.median(c[0] for c in cpu)
+                if server:  # what a machine of our own would show: CPU time does not count the neighbours'
+                    print(f"CPU ms a sentence, medians: offline {offline_cpu:.2f}, the server {server_cpu:.2f} "
+                          f"(+ {statistics.median(c[1] for c in cpu):.2f} in this load test's clients): "
+                          f"offline / server {offline_cpu / server_cpu:.2f}")
             if 8 in by:
                 line = f"p99 at 8 clients {by[8]['p99']:.1f} ms"
                 if 1 in by:
