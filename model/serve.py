@@ -490,14 +490,10 @@ def _parser() -> argparse.ArgumentParser:
                         "first arrived (default %(default)s)")
     p.add_argument("--queue", type=_positive(int), default=d.queue,
                    help="sentences accepted and not yet answered; beyond it requests get 503 (default %(default)s)")
-    p.add_argument("--max-texts", type=_positive(int), default=limits.max_texts,
-                   help="texts in one request (default %(default)s)")
-    p.add_argument("--max-chars", type=_positive(int), default=limits.max_chars,
-                   help="characters in one text (default %(default)s)")
-    p.add_argument("--max-bytes", type=_positive(int), default=limits.max_bytes,
-                   help="bytes in one request body (default %(default)s)")
-    p.add_argument("--max-beam", type=_positive(int), default=limits.max_beam,
-                   help="largest beam a request may ask for (default %(default)s)")
+    for field, what in (("max_texts", "texts in one request"), ("max_chars", "characters in one text"),
+                        ("max_bytes", "bytes in one request body"), ("max_beam", "largest beam a request may ask for")):
+        p.add_argument("--" + field.replace("_", "-"), type=_positive(int), default=getattr(limits, field),
+                       help=what + " (default %(default)s)")
     p.add_argument("--drain-seconds", type=float, default=d.drain_seconds,
                    help="after SIGTERM, answer /readyz 503 at least this long before closing, so that a load "
                         "balancer stops sending first (default %(default)s)")

@@ -20,15 +20,11 @@ import threading
 import time
 
 import pytest
-import torch
 
 from model.runtime import Translator
-from model.shortlist import build_shortlist
-from model.subword import SubwordTokenizer
-from model.transformer import Transformer, TransformerConfig
 from pipeline.package_builder import build_package
 
-from .conftest import REPO, multi30k_head
+from .conftest import REPO, tiny_model
 
 aiohttp = pytest.importorskip("aiohttp")
 from aiohttp.test_utils import TestClient, TestServer
@@ -40,20 +36,7 @@ from model.serve import Limits, Service, Settings, make_app, parse_request
 def package(tmp_path_factory, data_dir):
     """An int8 package with a shortlist (the shipped form) of a tiny random model, and sentences."""
     folder = tmp_path_factory.mktemp("serve")
-    en, fr = multi30k_head(data_dir, "en", 200), multi30k_head(data_dir, "fr", 200)
-    tokenizer = SubwordTokenizer.train(en + fr, vocab_size=300)
-    tokenizer.save(folder / "tokenizer.json")
-    table, _ = build_shortlist(zip(tokenizer.encode(en), tokenizer.encode(fr)), tokenizer.vocab_size, frequent=30,
-                               per_word=6, always=[0, 1, 2, 3])
-    table.save(folder / "shortlist.npz")
-    torch.manual_seed(3)
-    cfg = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=48, head_dim=8, enc_heads=[6, 3],
-                            dec_self_heads=[2, 6], dec_cross_heads=[6, 1], enc_ffn=[96, 64], dec_ffn=[64, 96],
-                            embed_dim=32, pre_ln=True, max_positions=64, dropout=0.0)
-    model = Transformer(cfg).eval()
-    with torch.no_grad():  # sharper than the init: outputs of many lengths, as in test_batch_invariance
-        for p in model.parameters():
-            p.mul_(1.6)
+    model, _, en, _ = tiny_model(data_dir, folder)
     build_package(model, "int8_dynamic", folder / "int8", tokenizer=folder / "tokenizer.json", work=folder / "work",
                   shortlist=folder / "shortlist.npz")
     return folder / "int8", [s[:80] for s in en[:48]]
