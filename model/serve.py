@@ -7,10 +7,11 @@ the limits).
 
 Requests are cut into sentences that wait in one queue; each worker thread owns a Translator and
 takes up to --batch-size sentences at a time, waiting at most --max-wait-ms after the first of them
-arrived for more to come while requests come concurrently (Workers). A package gives a sentence the same translation in any batch
-(docs/package-format.md), so batching never changes an answer. The queue is bounded: a request
-whose sentences would take the sentences accepted and not yet answered past --queue is refused at
-once with 503 and Retry-After, and so is every request while loading or draining.
+arrived for more to come while requests come concurrently (Workers). A package gives a sentence the
+same translation in any batch (docs/package-format.md), so batching never changes an answer. The
+queue is bounded: a request whose sentences would take the sentences accepted and not yet answered
+past --queue is refused at once with 503 and Retry-After, and so is every request while loading or
+draining.
 
 On SIGTERM or SIGINT the server drains: readiness turns false, new requests get 503, every accepted
 request is answered, then the listener closes and the process exits 0 (1 if --shutdown-timeout
@@ -206,7 +207,8 @@ class Workers:
             for beam in sorted({s.beam for s in batch}):
                 group = [s for s in batch if s.beam == beam]
                 try:
-                    out, error = translator.translate([s.text for s in group], beam=beam, max_batch=self.batch_size), None
+                    texts = [s.text for s in group]
+                    out, error = translator.translate(texts, beam=beam, max_batch=self.batch_size), None
                 except Exception as exc:  # noqa: BLE001 (answered as a 500 to the requests of this batch)
                     out, error = [None] * len(group), exc
                 loop.call_soon_threadsafe(self._answer, [s.future for s in group], out, error)
@@ -336,6 +338,8 @@ def make_app(service: Service) -> web.Application:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise ClientError(413, "body_too_large", f"the body has more than {limits.max_bytes} bytes") from None
+        except ConnectionError:  # the client went away mid-body: nobody reads the answer, nothing to log
+            raise ClientError(400, "incomplete_body", "the connection closed before the body ended") from None
         texts, beam = parse_request(raw, limits, service.default_beam)
         if not texts:
             return _json({"translations": [], "beam": beam})
@@ -527,9 +531,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s mt-runtime %(message)s")
     logging.getLogger("aiohttp.server").addFilter(_NoParseTracebacks())
     code = asyncio.run(serve(settings))
-    if code:
-        logging.shutdown()
-        os._exit(code)  # worker threads may still be inside onnxruntime: do not wait for them
+    if code or threading.active_count() > 1:  # a worker may still be inside onnxruntime (loading, or a
+        logging.shutdown()                     # second signal): do not wait for it, nor let finalization
+        os._exit(code)                         # pull the interpreter from under it
 
 
 if __name__ == "__main__":

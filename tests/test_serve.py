@@ -329,8 +329,13 @@ def test_sigint_when_idle_and_a_package_that_fails_to_load(package, tmp_path):
         with socket.create_connection((host, int(port)), timeout=10) as connection:
             connection.sendall(garbage)
             assert re.match(rb"HTTP/1.[01] 400 ", connection.recv(100))
+    with socket.create_connection((host, int(port)), timeout=10) as connection:  # gone mid-body
+        connection.sendall(b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"text": "ab')
+        time.sleep(0.2)
+    time.sleep(0.2)
     server.process.send_signal(signal.SIGINT)
     assert server.wait(30) == 0, server.log
+    assert "Traceback" not in server.log and "Error handling request" in server.log, server.log
 
     damaged = tmp_path / "damaged"
     shutil.copytree(folder, damaged)
