@@ -258,6 +258,17 @@ class Command:
         return "\n".join(self.lines)
 
 
+@pytest.fixture
+def command():
+    """Start `Command`s; whatever a failing test leaves running is killed after it."""
+    started: list[Command] = []
+    yield lambda *args: started.append(Command(*args)) or started[-1]
+    for server in started:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait()
+
+
 async def until_ready(session, url):
     deadline, states = time.monotonic() + 60, []
     while time.monotonic() < deadline:
@@ -271,10 +282,10 @@ async def until_ready(session, url):
     raise AssertionError(f"not ready in 60 s: {states[-3:]}")
 
 
-def test_sigterm_drains_accepted_requests_then_exits_0(package):
+def test_sigterm_drains_accepted_requests_then_exits_0(package, command):
     folder, sentences = package
     expected = Translator(folder, threads=1).translate(sentences, beam=4, max_batch=4)
-    server = Command(str(folder), "--workers", "1", "--threads", "1", "--batch-size", "4", "--max-wait-ms", "0",
+    server = command(str(folder), "--workers", "1", "--threads", "1", "--batch-size", "4", "--max-wait-ms", "0",
                      "--drain-seconds", "0.5", "--queue", "128")
     assert server.listening.wait(60), server.log
 
@@ -314,9 +325,9 @@ def test_sigterm_drains_accepted_requests_then_exits_0(package):
     assert "Traceback" not in server.log
 
 
-def test_sigint_when_idle_and_a_package_that_fails_to_load(package, tmp_path):
+def test_sigint_when_idle_and_a_package_that_fails_to_load(package, tmp_path, command):
     folder, _ = package
-    server = Command(str(folder), "--threads", "1")
+    server = command(str(folder), "--threads", "1")
     assert server.listening.wait(60), server.log
 
     async def ready():
@@ -340,7 +351,7 @@ def test_sigint_when_idle_and_a_package_that_fails_to_load(package, tmp_path):
     damaged = tmp_path / "damaged"
     shutil.copytree(folder, damaged)
     (damaged / "generation.json").write_text("{}")
-    server = Command(str(damaged), "--threads", "1")
+    server = command(str(damaged), "--threads", "1")
     assert server.wait(60) == 1
     assert re.search(r"cannot load .*damaged: .*generation\.json", server.log), server.log
     assert "Traceback" not in server.log
