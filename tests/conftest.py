@@ -43,6 +43,45 @@ def multi30k_head(data_dir: Path, lang: str, n: int = 300) -> list[str]:
         return [next(f).strip() for _ in range(n)]
 
 
+def tiny_model(data_dir: Path, folder: Path):
+    """A tiny random Transformer with a pruned model's less common paths (uneven heads, a
+    factorised table, pre-LN), sharper than its init so that outputs end before their limits as
+    trained ones do, with folder/tokenizer.json and folder/shortlist.npz made from the first 200
+    Multi30k pairs: (model, tokenizer, the 200 English sentences, the pairs as token ids)."""
+    import torch
+
+    from model.shortlist import build_shortlist
+    from model.subword import SubwordTokenizer
+    from model.transformer import Transformer, TransformerConfig
+
+    en, fr = multi30k_head(data_dir, "en", 200), multi30k_head(data_dir, "fr", 200)
+    tokenizer = SubwordTokenizer.train(en + fr, vocab_size=300)
+    tokenizer.save(folder / "tokenizer.json")
+    pairs = list(zip(tokenizer.encode(en), tokenizer.encode(fr)))
+    table, _ = build_shortlist(pairs, tokenizer.vocab_size, frequent=30, per_word=6, always=[0, 1, 2, 3])
+    table.save(folder / "shortlist.npz")
+    torch.manual_seed(3)
+    cfg = TransformerConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=48,
+        head_dim=8,
+        enc_heads=[6, 3],
+        dec_self_heads=[2, 6],
+        dec_cross_heads=[6, 1],
+        enc_ffn=[96, 64],
+        dec_ffn=[64, 96],
+        embed_dim=32,
+        pre_ln=True,
+        max_positions=64,
+        dropout=0.0,
+    )
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.6)
+    return model, tokenizer, en, pairs
+
+
 # Counts the fault and fuzz tests report (kills survived, inputs tried), printed after the run
 # even under -q, where a test's own output is captured.
 SUMMARY: dict[str, int] = {}

@@ -8,16 +8,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-import torch
 
 from model.runtime import Translator
 from model.search import prepare_sources
 from model.shortlist import build_shortlist
-from model.subword import SubwordTokenizer
-from model.transformer import Transformer, TransformerConfig
 from pipeline.export.package_builder import build_package
 
-from .conftest import multi30k_head
+from .conftest import tiny_model
 
 VARIANTS = ("fp32", "int8_dynamic", "int8_static")
 
@@ -25,36 +22,11 @@ VARIANTS = ("fp32", "int8_dynamic", "int8_static")
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory, data_dir):
     folder = tmp_path_factory.mktemp("invariance")
-    en, fr = multi30k_head(data_dir, "en", 200), multi30k_head(data_dir, "fr", 200)
-    tokenizer = SubwordTokenizer.train(en + fr, vocab_size=300)
-    tokenizer.save(folder / "tokenizer.json")
-    pairs = list(zip(tokenizer.encode(en), tokenizer.encode(fr)))
-    table, _ = build_shortlist(pairs, tokenizer.vocab_size, frequent=30, per_word=6, always=[0, 1, 2, 3])
-    table.save(folder / "shortlist.npz")
+    model, tokenizer, en, pairs = tiny_model(data_dir, folder)
     # A list that leaves the special ids out (a hand-made one): no output vocabulary for beams, and
     # greedy still over each sentence's words.
     bare, _ = build_shortlist(pairs, tokenizer.vocab_size, frequent=30, per_word=6)
     bare.save(folder / "bare.npz")
-    torch.manual_seed(3)
-    # Uneven heads (a pruned model's), a factorised table, pre-LN: the graphs' less common paths.
-    cfg = TransformerConfig(
-        vocab_size=tokenizer.vocab_size,
-        d_model=48,
-        head_dim=8,
-        enc_heads=[6, 3],
-        dec_self_heads=[2, 6],
-        dec_cross_heads=[6, 1],
-        enc_ffn=[96, 64],
-        dec_ffn=[64, 96],
-        embed_dim=32,
-        pre_ln=True,
-        max_positions=64,
-        dropout=0.0,
-    )
-    model = Transformer(cfg).eval()
-    with torch.no_grad():  # sharper than the init: outputs end before their limits, as trained ones do
-        for p in model.parameters():
-            p.mul_(1.6)
     calibration = prepare_sources(tokenizer, en[100:140], 64)
     built = {("int8_dynamic", "bare"): folder / "int8_dynamic-bare"}
     build_package(
