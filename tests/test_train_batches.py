@@ -20,9 +20,9 @@ from pipeline.corpora.distilled import TopKStore, TopKWriter
 from pipeline.corpora.encoded import encode_corpus, encode_to_disk, make_batches
 from pipeline.corpora.splits import read_split
 from pipeline.engine.context import progress_bar
-from pipeline.engine.recipe import TrainConfig
 from pipeline.training.batches import BatchFeed, prepare_batch
 from pipeline.training.loop import Trainer, ValidationSet, collate, collate_soft, greedy_hypotheses
+from pipeline.training.settings import TrainConfig
 from pipeline.training.speed_probe import SpeedChoice
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
