@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-
-from .search import GenerationConfig
-from .subword import SubwordTokenizer
+from mt_runtime.search import GenerationConfig
+from mt_runtime.subword import SubwordTokenizer
 
 # Weight types the benchmark stores: float32 and int8 on CPUs, float16 and int8_float16 on GPUs.
 COMPUTE_TYPES = ("float32", "int8", "float16", "int8_float16")
@@ -205,7 +204,7 @@ class PeerTranslator:
     benchmark times ours against. Text in, text out; same interface as our translators.
 
     Tokenization is ours (CTranslate2 takes the tokenizer's pieces), so timings compare engines
-    doing the same work. Batches are formed as model/search.py forms them (length-sorted, at most
+    doing the same work. Batches are formed as mt_runtime/search.py forms them (length-sorted, at most
     `max_batch` sentences and `batch_tokens` source tokens x beam), with the same length limit."""
 
     runtime = "ctranslate2"
@@ -231,7 +230,7 @@ class PeerTranslator:
         return [e.tokens[:limit] for e in self.tokenizer.tok.encode_batch(list(sentences), add_special_tokens=False)]
 
     def search_ids(self, pieces: list[list[str]], beam: int, length_penalty: float = 1.0) -> list[list[int]]:
-        """One batch of piece lists to output ids (no EOS), with model/search.py's length limit:
+        """One batch of piece lists to output ids (no EOS), with mt_runtime/search.py's length limit:
         at most max_len(source + EOS) steps, the last of which can only be EOS. CTranslate2 takes
         one limit per batch (the longest sentence's); shorter sentences are cut to their own."""
         gen = GenerationConfig(beam=beam, max_positions=self.max_positions)
@@ -283,8 +282,8 @@ def compare_greedy(model_folder: Path, ct2_folder: Path, sentences: Sequence[str
     """Greedy output ids of our PyTorch model and of the converted one, sentence by sentence.
     Returns {"sentences", "identical", "mismatches": [first few differing sentences]}."""
     import torch
+    from mt_runtime.search import greedy_search, prepare_sources
 
-    from .search import greedy_search, prepare_sources
     from .torch_decoder import TorchDecoder
     from .transformer import load_model
 

@@ -2,7 +2,7 @@
 
 Before transformers (or CTranslate2's converter) is asked to open one, the folder is checked here
 and refused with one line (UnsafeCheckpoint) where:
-- an entry is a symbolic link, a fifo, a device or a socket (model/files.py's rule for packages,
+- an entry is a symbolic link, a fifo, a device or a socket (mt_runtime/files.py's rule for packages,
   applied to the whole folder but .git). The one exception is the hub's own cache: a snapshot
   folder (.../models--ORG--NAME/snapshots/REV) links each file into its repository's blobs/
   folder, and such a link is followed when it resolves to a regular file inside that blobs/
@@ -33,7 +33,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from .files import UnsafeFile, kind, open_regular, read_bounded
+from mt_runtime.files import UnsafeFile, kind, open_regular, read_bounded
+
 from .sizes import MAX_DIM, MAX_LAYERS, MAX_VOCAB, _short
 
 # Files a checkpoint folder holds that a translator never reads: not copied (and pickles beside

@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mt_runtime.subword import BOS, EOS, PAD, SPECIALS, UNK
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from .hf_checkpoint import check_checkpoint, from_pretrained
-from .subword import BOS, EOS, PAD, SPECIALS, UNK
 
 # A piece of the joint vocabulary that this side's SentencePiece model lacks: scored below any
 # real segmentation, so that it is chosen only where SentencePiece would write <unk>.

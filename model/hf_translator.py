@@ -6,7 +6,7 @@ uses it here to translate the KD corpus and the test sets. Both decoders take th
 (sorted by source length, cut by a token budget) and the same length limit, so their greedy
 outputs agree (tests/test_hf_teacher.py). `transformers` is the `hf` extra. Every checkpoint is
 opened through model/hf_checkpoint.py (checked first; no custom code, no pickle, no stdin), and
-every text comes out on one line (model/lines.py).
+every text comes out on one line (mt_runtime/lines.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import shutil
 from pathlib import Path
 from typing import Callable, Sequence
 
+from mt_runtime.lines import one_line
+
 from .hf_checkpoint import LOAD, check_checkpoint, from_pretrained, narrow_permissions, stdin_closed
-from .lines import one_line
 
 HF_EXTRA_HINT = "the imported teacher needs transformers: pip install -e '.[hf]'"
 
@@ -123,7 +124,7 @@ class _ImportedTranslator:
         on_batch: Callable[[int], None] | None = None,
     ) -> list[tuple]:
         """Greedy translations as (text, output ids, (top ids, their log-probabilities) [len + 1, k]),
-        as model.search.translate_greedy_top_k gives them for our models: the distributions come
+        as mt_runtime.search.translate_greedy_top_k gives them for our models: the distributions come
         from one teacher-forced pass over each output (its EOS step included)."""
         sentences = list(sentences)
         written = self._output_ids(sentences, 1, 1.0, batch_tokens, max_batch, on_batch)

@@ -319,7 +319,7 @@ def onnx_bytes(paths: dict[str, Path]) -> int:
 
 
 class RecordingDecoder:
-    """Wraps an OnnxDecoder (model/runtime.py) and keeps a copy of every graph input it feeds:
+    """Wraps an OnnxDecoder (mt_runtime/translator.py) and keeps a copy of every graph input it feeds:
     real encoder and decoder inputs, from real decoding, for calibration."""
 
     def __init__(self, inner):

@@ -1,4 +1,4 @@
-"""The PyTorch model as an incremental decoder for model/search.py, and a text translator."""
+"""The PyTorch model as an incremental decoder for mt_runtime/search.py, and a text translator."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from mt_runtime.search import GenerationConfig, translate_greedy_top_k, translate_nbest, translate_sentences
+from mt_runtime.subword import SubwordTokenizer
 
-from .search import GenerationConfig, translate_greedy_top_k, translate_nbest, translate_sentences
-from .subword import SubwordTokenizer
 from .transformer import Cache, Transformer, load_model
 
 
@@ -139,7 +139,7 @@ class TorchTranslator:
         self, sentences: Sequence[str], k: int, batch_tokens: int = 4000, max_batch: int = 256, on_batch=None
     ) -> list[tuple[str, list[int], tuple[np.ndarray, np.ndarray] | None]]:
         """Greedy translations with the model's k most likely words at each output step (see
-        model.search.greedy_search_top_k): what word-level distillation learns from."""
+        mt_runtime.search.greedy_search_top_k): what word-level distillation learns from."""
         return translate_greedy_top_k(
             self.decoder,
             self.tokenizer,

@@ -1,6 +1,6 @@
 """Greedy search of a batch with the loop on the PyTorch model's device.
 
-model/search.py brings each step's words to the host to choose the next tokens and drop the
+mt_runtime/search.py brings each step's words to the host to choose the next tokens and drop the
 sentences that ended: on a GPU that is a wait for the device at every step, longer than the
 step. Here the words are chosen on the device, a sentence that has ended is fed EOS until it is
 dropped, and the host looks only every CHECK_EVERY steps (are all done? which rows are left?)
@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
+from mt_runtime.search import GenerationConfig
 
-from .search import GenerationConfig
 from .transformer import Transformer
 
 CHECK_EVERY = 8  # decoder steps between the host's looks at which sentences have ended

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from mt_runtime.files import read_bounded
 from torch import Tensor, nn
 
-from .files import read_bounded
 from .sizes import size_problem
 
 MAX_CONFIG_BYTES = 1 << 20

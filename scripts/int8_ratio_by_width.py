@@ -21,9 +21,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
+from mt_runtime.subword import SubwordTokenizer
 from onnx import numpy_helper
 
-from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig, load_model
 from pipeline.export.package_builder import build_package
 from pipeline.measure.timing import interleaved

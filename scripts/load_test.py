@@ -8,7 +8,7 @@ concurrent clients, what happens past the queue's bound, and SIGTERM under load.
 With PACKAGE it first measures the offline figure on the same sentences and cores
 (`Translator.translate`, batches of 32 like `pipeline translate`, at 1 thread and at one per
 core: the faster counts) and the batch-1 latency, then starts the server on a free loopback port
-(`python -m model.serve serve PACKAGE --port 0`) and checks every served translation against
+(`python -m mt_runtime.serve serve PACKAGE --port 0`) and checks every served translation against
 Translator's. Each client sends one sentence a request and the next when answered (closed loop),
 each level at most --requests requests and --seconds seconds. The throughput ratio is the median
 of --rounds rounds of offline and 64 clients taking turns (a shared machine's load drifts), with
@@ -76,7 +76,7 @@ class Offline:
     8 clients' sentences take together, printed)."""
 
     def __init__(self, package: Path, sentences: list[str], beam: int, cores: int):
-        from model.runtime import Translator
+        from mt_runtime.translator import Translator
 
         self.sentences, self.beam, self.rounds = sentences, beam, []
         best, self.batch1_p50 = None, float("inf")
@@ -114,11 +114,11 @@ class Offline:
 
 # ----------------------------------------------------------------------------------------- server
 class Server:
-    """`python -m model.serve serve PACKAGE --port 0 ...` in a child process; its log kept."""
+    """`python -m mt_runtime.serve serve PACKAGE --port 0 ...` in a child process; its log kept."""
 
     def __init__(self, package: Path, flags: list[str]):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "model.serve", "serve", str(package), "--port", "0", *flags],
+            [sys.executable, "-m", "mt_runtime.serve", "serve", str(package), "--port", "0", *flags],
             cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

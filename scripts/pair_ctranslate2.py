@@ -52,8 +52,9 @@ def main() -> None:
 
 
 def in_this_process(args, sample: list[str], threads: int, points: list[list[int]]) -> None:
+    from mt_runtime.translator import Translator
+
     from model.ctranslate2_export import PeerTranslator
-    from model.runtime import Translator
 
     engines = {
         "ours": Translator(args.package, threads=threads),

@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 
 import onnxruntime as ort
-
-from model.runtime import OnnxDecoder, Translator
-from model.search import greedy_search, prepare_sources
+from mt_runtime.search import greedy_search, prepare_sources
+from mt_runtime.translator import OnnxDecoder, Translator
 
 
 class TimedDecoder:

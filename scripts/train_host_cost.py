@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))  # this checkout's code, not an installed copy
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from mt_runtime.subword import SubwordTokenizer  # noqa: E402
 
-from model.subword import SubwordTokenizer  # noqa: E402
 from model.transformer import TransformerConfig  # noqa: E402
 from pipeline import context, train_loop  # noqa: E402
 from pipeline.corpora.distilled import TOP_K_FILE, TopKWriter, encoded_training_set, training_pairs  # noqa: E402

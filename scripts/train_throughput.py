@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.subword import SubwordTokenizer
+from model.subword_training import train_subword
 from model.transformer import Transformer, TransformerConfig
 from pipeline.corpora.encoded import encode_corpus
 from pipeline.training.loop import collate, make_batches
@@ -72,7 +72,7 @@ def main() -> None:
     folder = Path(args.data) / "multi30k"
     src = gzip.open(folder / "train.en.gz", "rt", encoding="utf-8").read().split("\n")[:5000]
     tgt = gzip.open(folder / "train.fr.gz", "rt", encoding="utf-8").read().split("\n")[:5000]
-    tok = SubwordTokenizer.train(src + tgt, args.vocab)
+    tok = train_subword(src + tgt, args.vocab)
     corpus = encode_corpus(tok, src, tgt, 256)
     batches = make_batches(corpus, args.batch_tokens, seed=0, epoch=0)
 

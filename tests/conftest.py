@@ -49,13 +49,13 @@ def tiny_model(data_dir: Path, folder: Path):
     trained ones do, with folder/tokenizer.json and folder/shortlist.npz made from the first 200
     Multi30k pairs: (model, tokenizer, the 200 English sentences, the pairs as token ids)."""
     import torch
+    from mt_runtime.shortlist import build_shortlist
 
-    from model.shortlist import build_shortlist
-    from model.subword import SubwordTokenizer
+    from model.subword_training import train_subword
     from model.transformer import Transformer, TransformerConfig
 
     en, fr = multi30k_head(data_dir, "en", 200), multi30k_head(data_dir, "fr", 200)
-    tokenizer = SubwordTokenizer.train(en + fr, vocab_size=300)
+    tokenizer = train_subword(en + fr, vocab_size=300)
     tokenizer.save(folder / "tokenizer.json")
     pairs = list(zip(tokenizer.encode(en), tokenizer.encode(fr)))
     table, _ = build_shortlist(pairs, tokenizer.vocab_size, frequent=30, per_word=6, always=[0, 1, 2, 3])
@@ -145,7 +145,7 @@ def cli(
     cmd = [sys.executable, "-m", "pipeline.commands.cli", *args]
     if store is not None:
         cmd += ["--store", str(store)]
-    full_env = {**os.environ, "PYTHONPATH": str(code), "COLUMNS": "200", **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": f"{code}:{code / 'model' / 'runtime'}", "COLUMNS": "200", **(env or {})}
     return subprocess.run(cmd, cwd=code, input=input, capture_output=True, timeout=timeout, env=full_env)
 
 

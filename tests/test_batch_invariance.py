@@ -8,10 +8,10 @@ import dataclasses
 
 import numpy as np
 import pytest
+from mt_runtime.search import prepare_sources
+from mt_runtime.shortlist import build_shortlist
+from mt_runtime.translator import Translator
 
-from model.runtime import Translator
-from model.search import prepare_sources
-from model.shortlist import build_shortlist
 from pipeline.export.package_builder import build_package
 
 from .conftest import tiny_model

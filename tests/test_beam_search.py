@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from model.search import (
+from mt_runtime.search import (
     GenerationConfig,
     IncrementalDecoder,
     beam_search,
@@ -14,14 +13,15 @@ from model.search import (
     greedy_search,
     top_k_indices,
 )
+
 from model.torch_decoder import TorchDecoder
 
 from .test_model import tiny
 
 
 # onnxruntime's BeamSearch op (contrib_ops/cpu/transformers: BeamSearchScorer, BeamHypotheses)
-# transcribed one sentence at a time, as the reference model/search.py must equal: the op
-# searches a package's single sentences, model/search.py its batches.
+# transcribed one sentence at a time, as the reference mt_runtime/search.py must equal: the op
+# searches a package's single sentences, mt_runtime/search.py its batches.
 def reference_beam_search(decoder: IncrementalDecoder, src: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
     k = gen.beam
     out = []

@@ -10,13 +10,14 @@ import torch
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 
+
 from model.ctranslate2_export import (  # noqa: E402
     NotConvertible,
     PeerTranslator,
     compare_greedy,
     export_ctranslate2,
 )
-from model.subword import SubwordTokenizer  # noqa: E402
+from model.subword_training import train_subword  # noqa: E402
 from model.transformer import Transformer, TransformerConfig, save_model  # noqa: E402
 
 from .conftest import multi30k_head  # noqa: E402
@@ -25,7 +26,7 @@ from .conftest import multi30k_head  # noqa: E402
 @pytest.fixture(scope="module")
 def corpus(data_dir):
     en, fr = multi30k_head(data_dir, "en"), multi30k_head(data_dir, "fr")
-    return en, SubwordTokenizer.train(en + fr, vocab_size=200)
+    return en, train_subword(en + fr, vocab_size=200)
 
 
 def tiny_model(tmp_path, tokenizer, pre_ln=False, activation="relu", heads=(3, 3, 3), seed=0, embed_dim=None):

@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from mt_runtime.subword import SubwordTokenizer
 
-from model.subword import SubwordTokenizer
+from model.subword_training import train_subword
 from pipeline.corpora import encoded as encoded_corpus
 from pipeline.corpora.distilled import TopKStore, TopKWriter
 from pipeline.corpora.encoded import encode_corpus, encode_to_disk
@@ -25,7 +26,7 @@ def _tokenizer(data_dir, tmp_path) -> SubwordTokenizer:
         gzip.open(data_dir / "multi30k" / "train.fr.gz", "rt") as fr,
     ):
         lines = [line.strip() for _, line in zip(range(2000), en)] + [line.strip() for _, line in zip(range(2000), fr)]
-    tok = SubwordTokenizer.train(lines, 400)
+    tok = train_subword(lines, 400)
     tok.save(tmp_path / "tokenizer.json")
     return tok
 
@@ -114,7 +115,7 @@ def test_line_index_reads_any_line_as_split_lines_does(tmp_path):
 
 _CHILD = """
 import gzip, json, sys
-from model.subword import SubwordTokenizer
+from mt_runtime.subword import SubwordTokenizer
 from pipeline.corpora import encoded as encoded_corpus
 assert "torch" not in sys.modules  # a child of its own size: no torch to start
 encoded_corpus.ENCODE_BLOCK = 2000  # both sizes many blocks: what grows is what is kept, not one block's lists

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-
-from model.files import (
+from mt_runtime.files import (
     PackageError,
     UnsafeFile,
     check_external_data,
@@ -22,6 +21,7 @@ from model.files import (
     read_bounded,
     verify_package,
 )
+
 from pipeline.engine.store import Store
 
 from .conftest import cli
@@ -95,7 +95,8 @@ def test_package_with_a_link_is_refused_by_the_runtime(exported, tmp_path):
     private = _private(tmp_path)
     package = tmp_path / "pkg"
     shutil.copytree(exported.path / "fp32", package)
-    (package / "mt_runtime" / "keys").symlink_to(private)
+    (package / "extra").mkdir()
+    (package / "extra" / "keys").symlink_to(private)
     with pytest.raises(PackageError, match="symbolic link"):
         verify_package(package)
 
@@ -191,7 +192,7 @@ def _point_outside(graph: Path, location: str, subgraph: bool = False) -> None:
 
 @pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink", "subgraph"])
 def test_a_graph_naming_a_file_outside_its_package_is_refused_before_onnxruntime(exported, tmp_path, how):
-    from model.runtime import Translator
+    from mt_runtime.translator import Translator
 
     secret = tmp_path / "secret.txt"
     secret.write_bytes(b"s" * 100_000)
@@ -238,7 +239,6 @@ def test_shipped_graphs_read_only_their_own_files(exported, tmp_path):
     dest = tmp_path / "out"
     proc = cli("export-package", str(exported.path), str(dest), store=tmp_path / "s", timeout=60)
     assert proc.returncode == 0, proc.stderr.decode()
-    assert (dest / "fp32" / "mt_runtime" / "files.py").is_file()
     meta = verify_package(dest / "fp32")
     assert "generate.onnx" in meta["files"]
     assert set(check_external_data(dest / "fp32" / "generate.onnx")) == {"encoder.onnx", "decoder.onnx"}

@@ -14,7 +14,8 @@ import pytest
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-from model.lines import one_line  # noqa: E402
+from mt_runtime.lines import one_line  # noqa: E402
+
 from pipeline.corpora.splits import check_aligned  # noqa: E402
 from pipeline.engine.errors import StageFailed  # noqa: E402
 from pipeline.engine.store import Store  # noqa: E402
@@ -66,8 +67,9 @@ def test_a_teacher_piece_holding_a_line_break_keeps_the_kd_corpus_aligned(newlin
 
 
 def test_the_students_tokenizer_from_such_a_teacher_decodes_to_one_line(newline_marian):
+    from mt_runtime.subword import SubwordTokenizer
+
     from model.hf_tokenizer import teacher_tokenizers
-    from model.subword import SubwordTokenizer
 
     tok = SubwordTokenizer(*teacher_tokenizers(newline_marian))
     vocab = json.loads((newline_marian / "vocab.json").read_text())

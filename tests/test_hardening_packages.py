@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from mt_runtime.shortlist import build_shortlist
+from mt_runtime.translator import PackageError, Translator
 
-from model.runtime import PackageError, Translator
-from model.shortlist import build_shortlist
-from model.subword import SubwordTokenizer
+from model.subword_training import train_subword
 from model.transformer import Transformer, TransformerConfig
 from pipeline.export.package_builder import build_package
 
@@ -34,7 +34,7 @@ def package(tmp_path_factory, data_dir) -> Path:
     """An int8 package with a shortlist, from a small untrained model (3 s)."""
     folder = tmp_path_factory.mktemp("package")
     en, fr = multi30k_head(data_dir, "en", 200), multi30k_head(data_dir, "fr", 200)
-    tokenizer = SubwordTokenizer.train(en + fr, vocab_size=200)
+    tokenizer = train_subword(en + fr, vocab_size=200)
     tokenizer.save(folder / "tokenizer.json")
     table, _ = build_shortlist(
         list(zip(tokenizer.encode(en), tokenizer.encode(fr))),

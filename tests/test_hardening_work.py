@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from model.subword import SubwordTokenizer
+from model.subword_training import train_subword
 from model.transformer import Transformer, TransformerConfig
 from pipeline.commands import read_recipe
 from pipeline.corpora.distilled import (
@@ -140,7 +140,7 @@ def test_yaml_aliases_within_the_bound_and_recursive_ones(tmp_path):
 @pytest.fixture(scope="module")
 def encoded_inputs(tmp_path_factory, data_dir):
     en, fr = multi30k_head(data_dir, "en", 300), multi30k_head(data_dir, "fr", 300)
-    return SubwordTokenizer.train(en + fr, vocab_size=300), list(zip(en, fr))
+    return train_subword(en + fr, vocab_size=300), list(zip(en, fr))
 
 
 def _damage(folder: Path, how: str) -> None:

@@ -100,8 +100,9 @@ def wordy_marian(marian, tmp_path_factory):
     """The tiny Marian with its output layer biased to a dozen whole French words: it writes
     sequences of them, which re-encode to the ids it wrote (a random model's pieces rarely do, and
     the KD corpus keeps the teacher's distributions only where they line up with the student's encoding)."""
+    from mt_runtime.subword import SubwordTokenizer
+
     from model.hf_tokenizer import teacher_tokenizers
-    from model.subword import SubwordTokenizer
 
     folder = tmp_path_factory.mktemp("wordy") / "opus-mt-wordy"
     shutil.copytree(marian, folder)
@@ -233,8 +234,9 @@ def test_an_imported_teacher_is_not_also_trained(marian, tmp_path):
 
 
 def test_the_teachers_vocabulary_splits_text_as_marian_does(marian, data_dir):
+    from mt_runtime.subword import SubwordTokenizer
+
     from model.hf_tokenizer import teacher_tokenizers
-    from model.subword import SubwordTokenizer
 
     ours = SubwordTokenizer(*teacher_tokenizers(marian))
     theirs = transformers.AutoTokenizer.from_pretrained(str(marian))
@@ -268,8 +270,8 @@ def test_a_student_on_the_teachers_vocabulary_learns_from_its_distributions(word
     teacher's distributions for word-level distillation and the student starts from its embedding."""
     import numpy as np
     import torch
+    from mt_runtime.subword import TARGET_FILE, SubwordTokenizer
 
-    from model.subword import TARGET_FILE, SubwordTokenizer
     from model.torch_decoder import TorchTranslator
     from pipeline.corpora.distilled import TopKStore
     from pipeline.corpora.splits import read_split
@@ -327,7 +329,7 @@ def test_a_student_on_the_teachers_vocabulary_learns_from_its_distributions(word
 
     # What follows the student is unchanged with the teacher's special ids (pad last, </s> first):
     # the torch-free packages translate as the student does, and CTranslate2 converts it.
-    from model.runtime import Translator
+    from mt_runtime.translator import Translator
 
     expected = translator.translate(src[:8], beam=1)
     assert Translator(arts["export.student"].path / "fp32", threads=1).translate(src[:8], beam=1) == expected
@@ -353,10 +355,10 @@ def test_the_teachers_vocabulary_needs_an_imported_teacher_and_its_distributions
 def test_a_fast_tokenizer_converts_with_its_ids(tmp_path, data_dir):
     """A checkpoint whose tokenizer transformers builds in `tokenizers` (T5, NLLB, BART, ...): one
     tokenizer for both sides, the same ids, <s> added where the vocabulary lacks it."""
+    from mt_runtime.subword import SubwordTokenizer
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     from model.hf_tokenizer import UnconvertibleTokenizer, teacher_tokenizers
-    from model.subword import SubwordTokenizer
 
     with gzip.open(data_dir / "multi30k" / "val.en.gz", "rt") as f:
         lines = [s.strip() for _, s in zip(range(300), f)]

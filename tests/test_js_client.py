@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from mt_runtime.shortlist import build_shortlist
+from mt_runtime.translator import Translator
 
-from model.runtime import Translator
-from model.shortlist import build_shortlist
-from model.subword import SubwordTokenizer
+from model.subword_training import train_subword
 from model.transformer import Transformer, TransformerConfig
 from pipeline.export.package_builder import build_package
 
@@ -132,7 +132,7 @@ def packages(tmp_path_factory, data_dir):
     torch.set_num_threads(1)
     try:
         en, fr = multi30k_head(data_dir, "en", 240), multi30k_head(data_dir, "fr", 200)
-        tokenizer = SubwordTokenizer.train(en[:200] + fr, vocab_size=600)
+        tokenizer = train_subword(en[:200] + fr, vocab_size=600)
         tokenizer.save(folder / "tokenizer.json")
         assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id) == (0, 1, 2)
         sources, targets = tokenizer.encode(en[:200]), tokenizer.encode(fr)

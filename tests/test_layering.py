@@ -1,4 +1,5 @@
-"""The house's rules, read from the imports (lazy ones inside functions included): model/ stands on
+"""The house's rules, read from the imports (lazy ones inside functions included): mt_runtime (the
+runtime's own distribution) imports nothing of this repository but itself; model/ stands on
 its own; pipeline/'s subpackages are layers, each importing only the layers below it; a stage is a
 thin layer over library modules, so no stage reaches another stage or the machinery that
 schedules it; and nothing imports in a circle."""
@@ -9,7 +10,7 @@ import ast
 import subprocess
 import sys
 
-from pipeline.engine.code_digest import PROJECT_ROOT, import_statements, stage_code
+from pipeline.engine.code_digest import PACKAGES, PROJECT_ROOT, import_statements, stage_code
 from pipeline.stages import BY_KIND, STAGES
 
 # pipeline/'s subpackages, lowest first: a module may import its own subpackage and those ranked
@@ -19,11 +20,14 @@ MACHINERY = {"pipeline/engine/graph.py", "pipeline/engine/runner.py", "pipeline/
 
 
 def _modules() -> dict[str, str]:
-    """module name -> path, for every module of model/ and pipeline/."""
+    """module name -> path, for every module of model/, pipeline/ and mt_runtime."""
     out = {}
-    for path in sorted([*PROJECT_ROOT.glob("model/**/*.py"), *PROJECT_ROOT.glob("pipeline/**/*.py")]):
-        parts = list(path.relative_to(PROJECT_ROOT).with_suffix("").parts)
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for top, folder in PACKAGES.items():
+        for path in sorted((PROJECT_ROOT / folder).glob("**/*.py")):
+            parts = [top, *path.relative_to(PROJECT_ROOT / folder).with_suffix("").parts]
+            if top == "model" and parts[1] == "runtime":
+                continue  # mt_runtime's folder
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
 
@@ -45,16 +49,22 @@ def _graph() -> dict[str, set[str]]:
 
 def _layer(module: str) -> tuple[str, int]:
     parts = module.split(".")
-    if parts[0] == "model":
-        return "model", 0
+    if parts[0] in ("mt_runtime", "model"):
+        return parts[0], {"mt_runtime": -1, "model": 0}[parts[0]]
     sub = parts[1] if len(parts) > 1 else ""
     return sub, LAYERS.get(sub, 7)  # pipeline/__init__ and __main__: the top
 
 
-def test_model_never_imports_pipeline():
-    for name, imported in _graph().items():
+def test_model_never_imports_pipeline_and_the_runtime_only_itself():
+    graph = _graph()
+    assert len([m for m in graph if m.startswith("mt_runtime.")]) >= 9
+    for name, imported in graph.items():
         if name.startswith("model"):
-            assert all(m.startswith("model") for m in imported), f"{name} imports {sorted(imported)}"
+            assert all(m.split(".")[0] in ("model", "mt_runtime") for m in imported), (
+                f"{name} imports {sorted(imported)}"
+            )
+        if name.startswith("mt_runtime"):
+            assert all(m.startswith("mt_runtime") for m in imported), f"{name} imports {sorted(imported)}"
 
 
 def test_every_subpackage_imports_only_the_layers_below_it():
@@ -103,13 +113,27 @@ def test_code_a_stage_runs_in_a_child_process_is_in_its_fingerprint():
     # The benchmark measures in fresh processes (python -m pipeline.measure.speed): the runtime it
     # times is code the stage runs, so a change to it must rebuild the benchmark.
     reached = set(stage_code(BY_KIND["benchmark"].build))
-    assert {"pipeline/measure/speed.py", "model/runtime.py", "pipeline/measure/translators.py"} <= reached
+    assert {
+        "pipeline/measure/speed.py",
+        "model/runtime/mt_runtime/translator.py",
+        "pipeline/measure/translators.py",
+    } <= reached
 
 
-def test_the_package_layout_is_standard_library_only():
-    # model/layout.py names a package's files and graph I/O for the writer and the runtime; it
-    # ships in every package and will move with the runtime into a distribution of its own.
-    tree = ast.parse((PROJECT_ROOT / "model" / "layout.py").read_text(encoding="utf-8"))
+def _third_party(path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    imported |= {
+        n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level
+    }
+    return imported - set(sys.stdlib_module_names) - {"__future__"}
+
+
+def test_the_runtime_needs_only_its_declared_dependencies():
+    # mt-runtime's pyproject declares onnxruntime, tokenizers and NumPy (aiohttp: the serve extra);
+    # layout.py, which the writer imports too, the standard library alone.
+    folder = PROJECT_ROOT / PACKAGES["mt_runtime"]
+    for path in folder.glob("*.py"):
+        allowed = {"numpy", "onnxruntime", "tokenizers"} | ({"aiohttp"} if path.name == "serve.py" else set())
+        assert _third_party(path) <= allowed, (path.name, _third_party(path))
+    assert _third_party(folder / "layout.py") == set()

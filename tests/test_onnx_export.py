@@ -15,6 +15,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from mt_runtime.search import GenerationConfig, beam_search, greedy_search
+from mt_runtime.translator import GraphSearch, OnnxDecoder, PackageError, Translator
 
 from model.onnx_export import (
     DecoderGraph,
@@ -28,14 +30,14 @@ from model.onnx_export import (
 )
 from model.onnx_passes import derive_graphs
 from model.onnx_passes.external import EXTERNAL_MIN_BYTES
-from model.runtime import GraphSearch, OnnxDecoder, PackageError, Translator
-from model.search import GenerationConfig, beam_search, greedy_search
 from model.torch_decoder import TorchDecoder, TorchTranslator
 from model.transformer import Transformer, TransformerConfig
 from pipeline.corpora.splits import read_split
 from pipeline.engine.errors import IntegrityError
 from pipeline.export.packages import copy_packages
 from pipeline.measure.translators import load_translator
+
+from .conftest import REPO
 
 NO_PRUNE = "prune=null"  # the smoke student is then the final model: node export.student
 
@@ -141,7 +143,7 @@ def test_greedy_and_beam_identical_to_pytorch(exported):
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused_attention", "standard_ops"])
 def test_generate_graph_search_matches_python_search(tmp_path, fused):
-    """generate.onnx (onnxruntime's BeamSearch op around our two graphs) against model/search.py
+    """generate.onnx (onnxruntime's BeamSearch op around our two graphs) against mt_runtime/search.py
     on a model whose layers all have different head counts (the op's first cache has the heads
     of the first cross-attention layer: 1 here, 2 and 3 in the self-attention layers)."""
     model = tiny_uneven(pre_ln=False)
@@ -201,9 +203,10 @@ def test_export_stage_parity_and_packages(export_artifact):
         "tokenizer.json",
         "generation.json",
         "MODEL_CARD.md",
-        "mt_runtime/runtime.py",
-        "mt_runtime/search.py",
     } <= set(package["files"])
+    # The runtime is named, not copied (format 2): mt-runtime's minor series.
+    assert package["format"] == "mt-onnx-package/2" and package["runtime"] == "mt-runtime>=0.2,<0.3"
+    assert not any(name.endswith(".py") for name in package["files"])
     # generate.onnx: the search inside onnxruntime, greedy token-for-token ours, no copy of the weights
     graph = m["parity"]["fp32"]["graph_search"]
     assert graph["greedy_identical"] == "20/20" and graph["greedy_sentences_per_s"] > 0
@@ -254,15 +257,19 @@ def test_a_generate_graph_that_does_not_load_falls_back_to_the_step_graphs(expor
 
 
 def test_runtime_runs_without_torch(export_artifact, tmp_path):
-    """The copied package alone, in a process where importing torch fails."""
+    """The copied package and mt-runtime alone (model/runtime/), in a process where importing
+    torch, onnx or anything of the pipeline fails."""
     _, arts = export_artifact
     [dest] = copy_packages(arts["export.student"], tmp_path / "shipped", "fp32")
     src, _ = read_split(arts["data"].path, "valid")
     expected = load_translator(arts["student"].path).translate(src[:5], beam=2)
     script = (
         "import sys, json\n"
-        "sys.modules['torch'] = None  # any import of torch now raises ImportError\n"
-        f"sys.path.insert(0, {str(dest)!r})\n"
+        "for name in ('torch', 'onnx', 'model', 'pipeline'):\n"
+        "    sys.modules[name] = None  # any import of it now raises ImportError\n"
+        f"sys.path.insert(0, {str(REPO / 'model' / 'runtime')!r})\n"
+        "import mt_runtime\n"
+        f"assert mt_runtime.__file__.startswith({str(REPO / 'model' / 'runtime')!r}), mt_runtime.__file__\n"
         "from mt_runtime import Translator\n"
         f"t = Translator({str(dest)!r}, threads=1)\n"
         f"print(json.dumps(t.translate(json.loads(sys.argv[1]), beam=2)))\n"
@@ -282,7 +289,7 @@ def test_runtime_runs_without_torch(export_artifact, tmp_path):
 
 def test_model_runtime_module_does_not_import_torch():
     done = subprocess.run(
-        [sys.executable, "-c", "import sys; sys.modules['torch'] = None; import model.runtime"],
+        [sys.executable, "-c", "import sys; sys.modules['torch'] = None; import mt_runtime.translator"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -14,11 +14,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from mt_runtime.search import beam_search, greedy_search
+from mt_runtime.translator import Translator
 
 from model.onnx_passes.top_k import chunked_top_k
-from model.runtime import Translator
-from model.search import beam_search, greedy_search
-from model.subword import SubwordTokenizer
+from model.subword_training import train_subword
 from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, TransformerConfig
 from pipeline.export.float_graphs import float32_graphs, variant_graphs
@@ -33,7 +33,7 @@ from .conftest import multi30k_head
 def built(tmp_path_factory, data_dir):
     folder = tmp_path_factory.mktemp("build")
     en, fr = multi30k_head(data_dir, "en"), multi30k_head(data_dir, "fr")
-    tokenizer = SubwordTokenizer.train(en[:300] + fr[:300], vocab_size=200)
+    tokenizer = train_subword(en[:300] + fr[:300], vocab_size=200)
     tokenizer.save(folder / "tokenizer.json")
     torch.manual_seed(3)
     cfg = TransformerConfig(

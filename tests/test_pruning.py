@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from mt_runtime.search import GenerationConfig, beam_search, greedy_search
 
 from model import pruning
-from model.search import GenerationConfig, beam_search, greedy_search
 from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, TransformerConfig, load_model, save_model
 

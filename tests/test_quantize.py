@@ -11,8 +11,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from mt_runtime.layout import DECODER_BATCH, GENERATE
+from mt_runtime.search import GenerationConfig, beam_search, greedy_search
+from mt_runtime.translator import GraphSearch, OnnxDecoder, Translator
 
-from model.layout import DECODER_BATCH, GENERATE
 from model.onnx_passes import derive_graphs
 from model.onnx_passes.external import EXTERNAL_MIN_BYTES
 from model.onnx_quantize import (
@@ -24,8 +26,6 @@ from model.onnx_quantize import (
     quantize_static,
     weight_nodes,
 )
-from model.runtime import GraphSearch, OnnxDecoder, Translator
-from model.search import GenerationConfig, beam_search, greedy_search
 from model.transformer import Transformer, TransformerConfig
 from pipeline.corpora.splits import read_split
 from pipeline.engine.errors import StageFailed
@@ -417,7 +417,7 @@ def test_quantize_stage_writes_guarded_packages(quantized):
 @pytest.mark.parametrize("form", ["rows", "static"])
 def test_int8_search_graphs_run_the_step_graphs_numbers(tiny, tmp_path, form):
     """generate.onnx and decoder_batch.onnx run decoder.onnx's own int8 nodes: the op (one
-    sentence) finds exactly what model/search.py finds over the step graphs, greedy and beam, and
+    sentence) finds exactly what mt_runtime/search.py finds over the step graphs, greedy and beam, and
     decoder_batch.onnx's top k are decoder.onnx's log-probabilities to the bit."""
     model, paths, _ = tiny
     folder = tmp_path / form

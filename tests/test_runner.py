@@ -157,7 +157,7 @@ def test_a_code_change_makes_what_runs_that_code_stale_and_names_the_file(tmp_pa
     assert before["tokenizer"]["state"] == "cached"
 
     # Comments, blank lines and docstrings are not code: nothing to rebuild.
-    tokenizer_py = code / "model" / "subword.py"
+    tokenizer_py = code / "model" / "runtime" / "mt_runtime" / "subword.py"
     source = tokenizer_py.read_text()
     tokenizer_py.write_text(source.replace('"""', '"""Reworded. ', 1) + "\n\n# a new comment\n")
     assert {n: r["id"] for n, r in _status(store, code).items()} == {n: r["id"] for n, r in before.items()}
@@ -166,7 +166,7 @@ def test_a_code_change_makes_what_runs_that_code_stale_and_names_the_file(tmp_pa
     after = _status(store, code)
     assert after["data"]["state"] == "cached" and after["data"]["id"] == before["data"]["id"]
     assert after["tokenizer"]["state"] == "stale"
-    assert after["tokenizer"]["reason"] == "code changed: model/subword.py"
+    assert after["tokenizer"]["reason"] == "code changed: model/runtime/mt_runtime/subword.py"
 
     # The int8 code alone: quantize and what is built from it get new ids, nothing upstream does.
     tokenizer_py.write_text(source)

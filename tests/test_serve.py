@@ -20,16 +20,15 @@ import threading
 import time
 
 import pytest
+from mt_runtime.translator import Translator
 
-from model.runtime import Translator
 from pipeline.export.package_builder import build_package
 
 from .conftest import REPO, tiny_model
 
 aiohttp = pytest.importorskip("aiohttp")
 from aiohttp.test_utils import TestClient, TestServer  # noqa: E402
-
-from model.serve import Limits, Service, Settings, make_app, parse_request  # noqa: E402
+from mt_runtime.serve import Limits, Service, Settings, make_app, parse_request  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -242,11 +241,11 @@ def test_alive_but_not_ready_while_loading(package):
 
 # ---------------------------------------------------------------------------------- the command
 class Command:
-    """`python -m model.serve serve PACKAGE --port 0 ...` with its log read as it comes."""
+    """`python -m mt_runtime.serve serve PACKAGE --port 0 ...` with its log read as it comes."""
 
     def __init__(self, *args: str):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "model.serve", "serve", *args, "--port", "0"],
+            [sys.executable, "-m", "mt_runtime.serve", "serve", *args, "--port", "0"],
             cwd=REPO,
             stderr=subprocess.PIPE,
             text=True,
@@ -390,7 +389,7 @@ def test_sigint_when_idle_and_a_package_that_fails_to_load(package, tmp_path, co
 
 
 def test_command_line_refuses_bad_combinations(package, capsys):
-    from model.serve import _parser, settings_from
+    from mt_runtime.serve import _parser, settings_from
 
     folder, _ = package
     for argv, message in (

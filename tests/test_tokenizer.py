@@ -12,12 +12,13 @@ from .conftest import REPO, _data_dir
 
 TRAIN = """
 import gzip, sys
-from model.subword import SubwordTokenizer
+from mt_runtime.subword import SubwordTokenizer
+from model.subword_training import train_subword
 lines = []
 for lang in ("en", "fr"):
     with gzip.open(sys.argv[1] + f"/train.{lang}.gz", "rt", encoding="utf-8") as f:
         lines += [next(f).strip() for _ in range(3000)]
-SubwordTokenizer.train(lines, 1000, sys.argv[3]).save(sys.argv[2])
+train_subword(lines, 1000, sys.argv[3]).save(sys.argv[2])
 """
 
 

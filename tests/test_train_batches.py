@@ -9,10 +9,11 @@ import threading
 import numpy as np
 import pytest
 import torch
+from mt_runtime.search import GenerationConfig, greedy_search
+from mt_runtime.subword import SubwordTokenizer
 from safetensors.torch import load_file
 
-from model.search import GenerationConfig, greedy_search
-from model.subword import SubwordTokenizer
+from model.subword_training import train_subword
 from model.torch_decoder import TorchDecoder
 from model.torch_greedy import greedy_on_device
 from model.transformer import Transformer, TransformerConfig, load_model
@@ -38,7 +39,7 @@ def taught(data_dir, tmp_path_factory):
         gzip.open(data_dir / "multi30k" / "train.fr.gz", "rt") as fr,
     ):
         pairs = [(s.strip(), t.strip()) for _, s, t in zip(range(300), en, fr)]
-    tok = SubwordTokenizer.train([s for s, _ in pairs] + [t for _, t in pairs], 300)
+    tok = train_subword([s for s, _ in pairs] + [t for _, t in pairs], 300)
     lengths = [len(t) + 1 for t in tok.encode_target([t for _, t in pairs[:200]])]
     rng = np.random.default_rng(0)
     writer = TopKWriter(folder, lengths, 3, np.int16)
@@ -274,7 +275,7 @@ class _Recording:
 
 def test_greedy_search_on_the_device_finds_the_host_searchs_words(smoke):
     """The smoke teacher's greedy translations of the validation sentences: the loop on the
-    device (ended rows dropped every few steps) gives model/search.py's words."""
+    device (ended rows dropped every few steps) gives mt_runtime/search.py's words."""
     _, arts = smoke.build("teacher")
     model = load_model(arts["teacher"].path).eval()
     tok = SubwordTokenizer.load(arts["teacher"].path / "tokenizer.json")

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from mt_runtime.subword import SubwordTokenizer
 from safetensors.torch import load_file
 
-from model.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
 from pipeline.corpora.encoded import Corpus, encode_corpus
 from pipeline.corpora.splits import read_split

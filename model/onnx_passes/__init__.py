@@ -1,7 +1,7 @@
 """ONNX graph passes: each module edits a graph for one job and checks what it expects of its input
 (edit.expect). `derive_graphs` makes a package's derived graphs from its two step graphs the way
 CTranslate2's converters make a model: load, validate, then for each graph of the table below
-compose its passes, and save; it returns the layout record (file -> role, model/layout.py).
+compose its passes, and save; it returns the layout record (file -> role, mt_runtime/layout.py).
 
     generate.onnx         beam_search (+ sentence_words, output_vocabulary's check)   float32
     generate_batch.onnx   beam_search + output_vocabulary                 int8 with a shortlist
@@ -25,9 +25,7 @@ from typing import Callable
 
 import numpy as np
 import onnx
-from onnx import TensorProto
-
-from ..layout import (
+from mt_runtime.layout import (
     CACHE_INDEX,
     DECODER,
     DECODER_BATCH,
@@ -47,7 +45,9 @@ from ..layout import (
     past_k,
     past_v,
 )
-from ..shortlist import Shortlist
+from mt_runtime.shortlist import Shortlist
+from onnx import TensorProto
+
 from .batch_words import shortlist_selector
 from .beam_search import decoder_subgraph, encoder_subgraph, search_model
 from .edit import compact_names, expect, shape
@@ -72,7 +72,7 @@ class Source:
         self.shortlist = shortlist and (folder / SHORTLIST_FILE).is_file()
 
     def validate(self) -> None:
-        """What every pass starts from: the step graphs' I/O (model/layout.py)."""
+        """What every pass starts from: the step graphs' I/O (mt_runtime/layout.py)."""
         per_layer = [f(i) for i in range(self.layers) for f in (cross_k, cross_v)]
         expect(self.encoder.graph, ENCODER, [SRC_IDS], per_layer)
         expect(
@@ -157,7 +157,7 @@ DERIVED: tuple[tuple[str, Callable[[Source], onnx.ModelProto | None]], ...] = (
 
 def derive_graphs(folder: Path, generation: dict, shortlist: bool = False) -> dict[str, str]:
     """Write the derived graphs of the package folder holding encoder.onnx and decoder.onnx (and
-    with `shortlist`, its shortlist.npz, model/shortlist.py); `generation`: its generation.json.
+    with `shortlist`, its shortlist.npz, mt_runtime/shortlist.py); `generation`: its generation.json.
     Returns {file: role} of the graphs written: none for float16 graphs."""
     source = Source(Path(folder), generation, shortlist)
     source.validate()

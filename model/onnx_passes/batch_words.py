@@ -1,4 +1,4 @@
-"""A batch's word list (model/shortlist.py) in the step graphs for many rows: the output projection
+"""A batch's word list (mt_runtime/shortlist.py) in the step graphs for many rows: the output projection
 as an If over the list's columns or the whole vocabulary, and shortlist.onnx, which makes those
 columns once per batch."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import copy
 
 import onnx
+from mt_runtime.layout import DECODER, LOG_PROBS, SHORTLISTED, WORDS
 from onnx import TensorProto, helper
 
-from ..layout import DECODER, LOG_PROBS, SHORTLISTED, WORDS
 from .edit import compact_names, expect, prune_dead_nodes, replace_node
 from .external import share_weights
 from .projection import per_word_inputs, per_word_slots, value_type, vocabulary_projection

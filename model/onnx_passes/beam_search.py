@@ -7,9 +7,7 @@ import copy
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
-
-from ..layout import (
+from mt_runtime.layout import (
     CACHE_INDEX,
     INPUT_IDS,
     LENGTH_PENALTY,
@@ -28,6 +26,8 @@ from ..layout import (
     present_k,
     present_v,
 )
+from onnx import TensorProto, helper, numpy_helper
+
 from .cache import drop_cache_reorder
 from .edit import expect, prune_dead_nodes, rename, shape
 from .projection import VOCABULARY_WORDS

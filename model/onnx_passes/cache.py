@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import onnx
+from mt_runtime.layout import CACHE_INDEX
 
-from ..layout import CACHE_INDEX
 from .edit import rename
 
 

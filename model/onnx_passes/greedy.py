@@ -4,8 +4,8 @@ logits out (no softmax; the loop takes the argmax)."""
 from __future__ import annotations
 
 import onnx
+from mt_runtime.layout import CACHE_INDEX, LOG_PROBS, LOGITS
 
-from ..layout import CACHE_INDEX, LOG_PROBS, LOGITS
 from .cache import drop_cache_reorder
 from .edit import compact_names, expect, prune_dead_nodes, rename
 from .many_rows import many_rows_copy

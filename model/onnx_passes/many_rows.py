@@ -7,9 +7,9 @@ import copy
 
 import numpy as np
 import onnx
+from mt_runtime.layout import CACHE_INDEX, DECODER, GROUP, LOG_PROBS, NORMALIZE, SRC_MASK, TOP_IDS, TOP_K, TOP_LOG_PROBS
 from onnx import TensorProto, helper, numpy_helper
 
-from ..layout import CACHE_INDEX, DECODER, GROUP, LOG_PROBS, NORMALIZE, SRC_MASK, TOP_IDS, TOP_K, TOP_LOG_PROBS
 from .batch_words import shortlist_projection
 from .edit import compact_names, expect, shape
 from .external import share_weights

@@ -8,10 +8,10 @@ import copy
 
 import numpy as np
 import onnx
+from mt_runtime.layout import INPUT_IDS
+from mt_runtime.shortlist import Shortlist
 from onnx import helper, numpy_helper
 
-from ..layout import INPUT_IDS
-from ..shortlist import Shortlist
 from .edit import expect
 from .projection import VOCABULARY_WORDS, int8_of_constants, onto_words
 

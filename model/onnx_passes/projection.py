@@ -4,13 +4,13 @@ with one entry per word, and pointing those at a list of words."""
 from __future__ import annotations
 
 import onnx
+from mt_runtime.layout import LOG_PROBS, SHORTLIST_SCALE, SHORTLIST_WEIGHT
 from onnx import TensorProto, helper
 
-from ..layout import LOG_PROBS, SHORTLIST_SCALE, SHORTLIST_WEIGHT
 from .edit import computed_from_constants
 
 # The output projection's inputs that have one entry per word, by op and input slot, under the
-# names the step graphs take them by when a batch's words are shortlisted (model/shortlist.py).
+# names the step graphs take them by when a batch's words are shortlisted (mt_runtime/shortlist.py).
 PER_WORD_SLOTS = {"MatMulIntegerToFloat": {1: SHORTLIST_WEIGHT, 3: SHORTLIST_SCALE}}
 VOCABULARY_WORDS = "vocabulary/words"  # the output vocabulary's word ids, by place
 

@@ -7,10 +7,10 @@ import copy
 
 import numpy as np
 import onnx
+from mt_runtime.layout import INPUT_IDS
+from mt_runtime.shortlist import Shortlist, sentence_width
 from onnx import TensorProto, helper, numpy_helper
 
-from ..layout import INPUT_IDS
-from ..shortlist import Shortlist, sentence_width
 from .edit import constant_nodes, expect, prune_dead_nodes, replace_node, shape
 from .projection import int8_of_constants, per_word_slots
 
@@ -22,7 +22,7 @@ def special_ids(generation: dict) -> list[int]:
 
 
 def sentence_word_list(dec: onnx.GraphProto, shortlist: Shortlist, generation: dict):
-    """Restrict the op's vocabulary to a per-call word list (model/shortlist.py): the main graph
+    """Restrict the op's vocabulary to a per-call word list (mt_runtime/shortlist.py): the main graph
     makes the list from the sources and the output projection's columns for it; the decoder maps
     the op's token (a position in the list) to its word and projects onto the list only; the
     op's sequences are mapped back after it. The list is Shortlist.sentence_words' (PAD, BOS,

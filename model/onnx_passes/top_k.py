@@ -7,9 +7,9 @@ import copy
 
 import numpy as np
 import onnx
+from mt_runtime.layout import NORMALIZE, TOP_IDS, TOP_K, TOP_LOG_PROBS
 from onnx import TensorProto, helper, numpy_helper
 
-from ..layout import NORMALIZE, TOP_IDS, TOP_K, TOP_LOG_PROBS
 from .projection import VOCABULARY_WORDS
 
 
@@ -25,7 +25,7 @@ def chunked_top_k(values: str, vocab, p: str) -> list[onnx.NodeProto]:
     """Nodes from `values` [rows, vocab] to {p}/values, {p}/ids: its top_k entries per row, best
     first, as onnxruntime's TopK gives them. The row is cut into chunks of ~64; the k best entries
     lie in the k chunks of highest maximum (a chunk outside those has k larger entries elsewhere),
-    so TopK runs over the chunk maxima and then over those k chunks only, as model/search.py's
+    so TopK runs over the chunk maxima and then over those k chunks only, as mt_runtime/search.py's
     top_k_indices does. [128, 8000] rows, one thread: 434 against 600 us for TopK over whole rows
     (`/tmp/w/topk_micro.py 128 8000 8 64`). Plain TopK where no chunk width divides the vocabulary;
     with ties, ids may differ, values do not."""

@@ -4,7 +4,7 @@ Every input line gives exactly one output line: empty lines stay empty, invalid 
 replaced (with a warning), control characters are dropped, over-long lines are truncated to the
 model's limit with a warning. Whatever the tokenizer's decoder emits, an output line holds no
 line break (\n, \r, U+2028 and the others str.splitlines() splits on become spaces:
-model/lines.py).
+mt_runtime/lines.py).
 
 Input is read in bounded pieces: a line longer than --max-line-bytes (DEFAULT_MAX_LINE_BYTES,
 16 KiB: far more than the model's max_positions tokens) is cut to its first that many bytes (at
@@ -25,9 +25,8 @@ import warnings
 from pathlib import Path
 from typing import BinaryIO, Iterator, TextIO
 
+from mt_runtime.lines import one_line
 from rich.progress import Progress, TextColumn
-
-from model.lines import one_line
 
 from ..corpora.splits import DEFAULT_MAX_LINE_BYTES, normalize
 from ..engine.context import console

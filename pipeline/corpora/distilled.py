@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from model.files import reason
+from mt_runtime.files import reason
 
 from ..engine.errors import IntegrityError, StageFailed
 from .splits import LineIndex, check_aligned, split_lines

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
-
-from model.files import UnsafeFile, read_bounded, reason
+from mt_runtime.files import UnsafeFile, read_bounded, reason
 
 from ..engine.errors import PipelineError
 from ..engine.store import file_record, listed_file_problems, write_json_atomic

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from model.files import UnsafeFile, open_regular
+from mt_runtime.files import UnsafeFile, open_regular
 
 from ..engine.errors import DataError
 

@@ -1,5 +1,6 @@
 """What code a stage runs, as digests: the stage's module and every module of this project
-(model/, pipeline/) it imports, directly or through others, lazily inside functions included.
+(model/, pipeline/, mt-runtime's model/runtime/mt_runtime/) it imports, directly or through
+others, lazily inside functions included.
 
 The digests enter each stage's fingerprint, so a change to a file a stage runs rebuilds that
 stage and what follows, without anyone remembering to bump a number (as DVC hashes a stage's
@@ -18,7 +19,8 @@ from functools import lru_cache
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("model", "pipeline")
+# Each top-level package of this repository and its folder: mt_runtime is its own distribution.
+PACKAGES = {"model": "model", "pipeline": "pipeline", "mt_runtime": "model/runtime/mt_runtime"}
 # How a stage is called, not what it computes: its context (paths, log, progress), the error
 # types, the store's artifact handles, the recipe schema's toolkit and the declaration types and
 # planner (what they produce, a node's config and inputs, enters the fingerprint itself). Left
@@ -77,9 +79,10 @@ def _file_facts(path: Path, module: str) -> tuple[str, tuple[str, ...]]:
 
 
 def _module_file(name: str, root: Path) -> Path | None:
-    if name.split(".")[0] not in PACKAGES:
+    top, *rest = name.split(".")
+    if top not in PACKAGES:
         return None
-    base = root.joinpath(*name.split("."))
+    base = root.joinpath(PACKAGES[top], *rest)
     for path in (base.with_suffix(".py"), base / "__init__.py"):
         if path.is_file():
             return path

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Annotated, Any, Iterable, get_args, get_origin
 
 import yaml
+from mt_runtime.files import UnsafeFile, read_bounded
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
-
-from model.files import UnsafeFile, read_bounded
 
 from .errors import RecipeError
 

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from model.files import listed_file_faults, read_bounded, sha256_file, walk
+from mt_runtime.files import listed_file_faults, read_bounded, sha256_file, walk
 
 from .errors import IntegrityError, PipelineError, StoreLockedError, UserInputError
 
@@ -38,6 +38,7 @@ FORMAT = 1
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists file names and digests: far below this
 _ID_RE = re.compile(r"^[a-z][a-z0-9_.]*-[0-9a-f]{16}$")
 _TRACKED_PACKAGES = (
+    "mt-runtime",
     "torch",
     "onnx",
     "onnxruntime",
@@ -617,7 +618,7 @@ def verify_folder(path: Path, manifest: dict, trusted: dict | None = None) -> li
     """Problems found in the folder at `path` against `manifest` (empty when every file it lists is
     a regular file inside the folder with the listed size and sha256, and nothing else is there).
 
-    What the folder may hold is model/files.py's rule: regular files and folders only, no link,
+    What the folder may hold is mt_runtime/files.py's rule: regular files and folders only, no link,
     device or fifo, reached without following a link. `trusted`, when given, is the file list the
     user already holds for this id (the store's copy): each file must also match its digest there,
     so a folder that rewrote its own manifest still fails."""

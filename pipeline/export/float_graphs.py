@@ -14,10 +14,10 @@ import shutil
 from pathlib import Path
 
 import onnx
+from mt_runtime.search import GenerationConfig
 
 from model.onnx_export import export_onnx, optimize_onnx, positions_as_formula, tie_decoder_embedding, to_fp16
 from model.onnx_passes.edit import unfuse_skip_layer_norm
-from model.search import GenerationConfig
 from model.transformer import Transformer, TransformerConfig
 
 FLOAT_PRECISIONS = ("fp32", "fp16")

@@ -33,7 +33,7 @@ def build_package(
     calibration: list[list[int]] | None = None,
 ) -> dict:
     """Export `model` at `precision` into a package folder at `dest`; intermediate graphs go
-    under `work`; `shortlist`: a shortlist.npz to ship (model/shortlist.py); `calibration`:
+    under `work`; `shortlist`: a shortlist.npz to ship (mt_runtime/shortlist.py); `calibration`:
     int8_static's sources (token ids + EOS), decoded greedily by the float32 graphs to record the
     activations its scales are calibrated on (minmax). Returns the package.json written."""
     if precision not in PRECISIONS:
@@ -66,9 +66,8 @@ def build_package(
 def _recorded_feeds(graphs: dict[str, Path], sources: list[list[int]], generation: dict) -> dict[str, list[dict]]:
     """The float32 graphs' inputs while they decode `sources` greedily, 16 at a time."""
     import onnxruntime as ort
-
-    from model.runtime import OnnxDecoder
-    from model.search import GenerationConfig, greedy_search
+    from mt_runtime.search import GenerationConfig, greedy_search
+    from mt_runtime.translator import OnnxDecoder
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1

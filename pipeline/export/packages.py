@@ -10,7 +10,7 @@
     decoder_greedy.onnx          CPU packages: decoder_batch.onnx for greedy steps, no cache reorder
     shortlist.npz, shortlist.onnx  int8 packages where the export made one: the words each source word
                                  may become, and the output projection restricted to a batch's
-                                 (model/shortlist.py); float32 packages carry shortlist.npz only
+                                 (mt_runtime/shortlist.py); float32 packages carry shortlist.npz only
 
 One sentence, one translation: on the CPU every graph of a package runs decoder.onnx's own nodes
 (int8 products exact in int32, each row's activations quantized by that row alone or by a fixed
@@ -20,9 +20,9 @@ evaluate stage checks every test sentence alone against its batched translation)
 packages make no such promise: cuBLAS picks its kernels by shape.
     tokenizer.json               the subword tokenizer (HF tokenizers)
     generation.json              beam, length penalty, length limits, special ids, max positions
-    mt_runtime/                  the torch-free runtime (onnxruntime + tokenizers + numpy)
     MODEL_CARD.md                what it is, its figures, its graph I/O, how to run it
-    package.json                 what it is and every other file's sha256 (written last)
+    package.json                 what it is, the format version (mt_runtime/layout.py), the runtime it
+                                 needs (mt-runtime, by version) and every other file's sha256 (written last)
 
 Torch-free, so `pipeline export-package` never imports torch.
 """
@@ -34,42 +34,33 @@ import os
 import shutil
 from pathlib import Path
 
-from model.files import PackageError, UnsafeFile, open_regular, sha256_file, verify_package, walk
-from model.layout import (
+import mt_runtime
+from mt_runtime.files import PackageError, UnsafeFile, open_regular, sha256_file, verify_package, walk
+from mt_runtime.layout import (
     DECODER,
     ENCODER,
+    FORMAT,
     GENERATION,
     GRAPH_FILES,
     MODEL_CARD,
     PACKAGE_JSON,
-    RUNTIME_DIR,
     SHORTLIST_FILE,
     SHORTLISTED,
     TOKENIZER,
 )
+
 from model.onnx_passes import DERIVED, derive_graphs
 from model.onnx_passes.edit import graph_nodes
 
 from ..engine.errors import IntegrityError, UserInputError
 from ..engine.store import Artifact, now_iso
 
-MODEL_DIR = Path(__file__).resolve().parents[2] / "model"
-RUNTIME_FILES = (
-    "runtime.py",
-    "search.py",
-    "subword.py",
-    "lines.py",
-    "files.py",
-    "shortlist.py",
-    "package_checks.py",
-    "layout.py",
-)
-FORMAT = "mt-onnx-package/2"  # docs/package-format.md
-_INIT = '''"""Torch-free runtime for this package: `from mt_runtime import Translator`."""
-from .runtime import PackageError, Translator, verify_package
 
-__all__ = ["Translator", "PackageError", "verify_package"]
-'''
+def runtime_requirement() -> str:
+    """The runtime a package is written for, as a pip requirement: this mt-runtime's minor series
+    (a 0.x minor may change what it reads; the format's major says what it can)."""
+    major, minor, *_ = mt_runtime.__version__.split(".")
+    return f"mt-runtime>={major}.{minor},<{major}.{int(minor) + 1}"
 
 
 def write_package(
@@ -85,7 +76,7 @@ def write_package(
     """Assemble a package folder from two graphs. `about` says what it is (variant, source model,
     precision, ...); `figures` are the measured numbers the card shows (or `set_figures` later,
     once the package has been measured); `shortlist`: a shortlist.npz for batches
-    (model/shortlist.py). Returns package.json."""
+    (mt_runtime/shortlist.py). Returns package.json."""
     dest.mkdir(parents=True, exist_ok=True)
     sources = [(encoder, ENCODER), (decoder, DECODER), (tokenizer, TOKENIZER)]
     for src, name in sources + ([(shortlist, SHORTLIST_FILE)] if shortlist is not None else []):
@@ -97,11 +88,6 @@ def write_package(
     for name, _ in DERIVED:
         (dest / name).unlink(missing_ok=True)
     derive_graphs(dest, generation, shortlist=shortlist is not None)
-    runtime = dest / RUNTIME_DIR
-    runtime.mkdir(exist_ok=True)
-    for name in RUNTIME_FILES:
-        shutil.copyfile(MODEL_DIR / name, runtime / name)
-    (runtime / "__init__.py").write_text(_INIT, encoding="utf-8")
     return _write_card_and_manifest(dest, about, figures or {}, generation)
 
 
@@ -113,7 +99,7 @@ def set_figures(dest: Path, figures: dict) -> dict:
     return _write_card_and_manifest(dest, about, figures, generation, known=meta["files"])
 
 
-_MANIFEST_OWN = ("format", "created", "figures", "opset", "files", "onnx_bytes")  # the rest is `about`
+_MANIFEST_OWN = ("format", "runtime", "created", "figures", "opset", "files", "onnx_bytes")  # the rest is `about`
 
 
 def _write_card_and_manifest(
@@ -136,6 +122,7 @@ def _write_card_and_manifest(
             files[rel] = {"sha256": sha256_file(dest / rel), "bytes": (dest / rel).stat().st_size}
     meta = {
         "format": FORMAT,
+        "runtime": runtime_requirement(),
         "created": now_iso(),
         **about,
         "figures": figures,
@@ -276,6 +263,7 @@ over those; ids in and out are word ids all the same.
 
 def model_card(about: dict, figures: dict, io: dict, generation: dict) -> str:
     layers = about.get("model", {})
+    about_runtime = runtime_requirement()
     figure_lines = "\n".join(f"- {k.replace('_', ' ')}: {v}" for k, v in figures.items()) or "- not measured yet"
     n_layers = len([v for v in io["decoder"]["inputs"] if v["name"].startswith("past_k_")])
     return f"""# {about.get("title", "Transformer translation model")} ({about.get("variant")})
@@ -297,15 +285,17 @@ def model_card(about: dict, figures: dict, io: dict, generation: dict) -> str:
 
 {figure_lines}
 
-## Run it (five lines; needs only `pip install "onnxruntime>=1.24.1" tokenizers numpy`)
+## Run it (needs only mt-runtime: `{about_runtime}`, torch-free)
 
 ```python
-import sys
-sys.path.insert(0, "path/to/this/folder")      # the folder holding this card
 from mt_runtime import Translator
 translator = Translator("path/to/this/folder")  # device="cuda" for onnxruntime-gpu; threads=N
 print(translator.translate(["A man is riding a bicycle."], beam=4))
 ```
+
+or serve it: `mt-runtime serve path/to/this/folder --port 8080` (the runtime's `serve` extra).
+The format (mt-onnx-package, this package's version in `package.json`) is specified in the
+pipeline's docs/package-format.md, for clients in other languages.
 
 `Translator` checks every file against `package.json` (sha256) and refuses a modified package.
 {_generate_section(io, generation)}
@@ -374,7 +364,7 @@ def packages_in(artifact: Artifact) -> list[str]:
 
 def copy_packages(artifact: Artifact, dest: Path, package: str | None = None) -> list[Path]:
     """Copy package folders of an export or quantize artifact to dest/<package>/ after checking
-    them: the artifact against its manifest (model/files.py's rule: regular files only, no link,
+    them: the artifact against its manifest (mt_runtime/files.py's rule: regular files only, no link,
     device or fifo), each package as its runtime will (package.json's digests, and every graph's
     external data inside the package). Only the files the manifest lists are copied, each read
     without following a link. Returns the folders written."""

@@ -211,7 +211,7 @@ def time_breakdown(translator, sample: list[str], sync) -> dict | None:
         return None
     graph_search = getattr(translator, "graph_search", None)
     if graph_search:
-        from model.runtime import PackageSearch
+        from mt_runtime.translator import PackageSearch
 
         # generate.onnx is one opaque call too: its total, then the same sentences through the
         # step graphs and the Python loop, whose parts can be timed.
@@ -262,7 +262,8 @@ def time_breakdown(translator, sample: list[str], sync) -> dict | None:
 
 def score_test_set(translator, spec: dict, batch: int) -> dict:
     """BLEU / chrF of this translator on a whole test set (for runtimes no evaluate stage covers)."""
-    from model.lines import one_line
+    from mt_runtime.lines import one_line
+
     from pipeline.corpora.splits import misaligned
     from pipeline.measure.scoring import score
 
@@ -322,7 +323,7 @@ def batching_tokenizer(job: dict, engine=None):
     """What sorts the sentences into batches: the job's tokenizer file (our package's, so that
     both sides, together or each alone, get the same batches), else the engine's own."""
     if job.get("tokenizer"):
-        from model.subword import SubwordTokenizer
+        from mt_runtime.subword import SubwordTokenizer
 
         return SubwordTokenizer.load(job["tokenizer"])
     return getattr(engine, "tokenizer", None)

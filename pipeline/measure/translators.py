@@ -2,7 +2,7 @@
 
 A translator has `translate(sentences, beam=, length_penalty=, batch_tokens=, on_batch=)`, plus
 `runtime`. PyTorch models are artifact folders with model.safetensors; ONNX packages are folders
-with package.json, encoder.onnx and decoder.onnx (see model/runtime.py).
+with package.json, encoder.onnx and decoder.onnx (see mt_runtime/translator.py).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def load_translator(folder: Path, package: str | None = None, device: str = "cpu
         except ModelConfigError as exc:
             raise UserInputError(str(exc)) from None
     if is_onnx_package(folder):
-        from model.runtime import PackageError, Translator
+        from mt_runtime.translator import PackageError, Translator
 
         # A package failing its checks (its files against package.json, or what they hold) is a
         # check that failed, exit 1, as `artifacts verify` on a damaged artifact.

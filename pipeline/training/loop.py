@@ -26,10 +26,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from mt_runtime.files import reason
+from mt_runtime.search import GenerationConfig, greedy_search
 from safetensors.torch import load_file, save_file
 
-from model.files import reason
-from model.search import GenerationConfig, greedy_search
 from model.torch_decoder import TorchDecoder
 from model.torch_greedy import greedy_on_device
 from model.transformer import Transformer
@@ -271,7 +271,7 @@ def greedy_hypotheses(
 ) -> list[list[int]]:
     """Greedy translations (ids) of `sources` (ids + EOS), in batches of similar lengths. On CUDA
     the search runs on the device and the host looks at it every few steps (torch_greedy); on the
-    CPU, model/search.py's over TorchDecoder. The same words either way. `on_chunk(n)` after each batch."""
+    CPU, mt_runtime/search.py's over TorchDecoder. The same words either way. `on_chunk(n)` after each batch."""
     device = torch.device(device)
     on_device = device.type == "cuda" if on_device is None else on_device
     cfg = model.cfg

@@ -143,7 +143,7 @@ def new_row(v: Variant) -> dict:
 
 def variant_rows(ctx: StageContext, cfg: BenchmarkNode, has_cuda: bool) -> list[dict]:
     rows = []
-    onnx_ready = importlib.util.find_spec("model.runtime") is not None
+    onnx_ready = importlib.util.find_spec("mt_runtime.translator") is not None
     inputs: BenchmarkInputs = ctx.inputs
     for v in cfg.variants:
         rows.append(new_row(v))
@@ -174,7 +174,7 @@ def skip_reason(row: dict, cfg: BenchmarkNode, has_cuda: bool, onnx_ready: bool)
     if row["device"] == "cuda" and not has_cuda:
         return "no CUDA device on this machine"
     if row["runtime"] == "onnxruntime" and not onnx_ready:
-        return "the ONNX runtime (model/runtime.py) is not available in this checkout"
+        return "the ONNX runtime (mt_runtime/translator.py) is not available in this checkout"
     return None
 
 

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
+from mt_runtime.files import UnsafeFile, open_regular
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
-
-from model.files import UnsafeFile, open_regular
 
 from ...engine.errors import UserInputError
 from ...engine.recipe import PositiveInt, Strict

@@ -2,7 +2,7 @@
 
 It takes "a translator", not a torch module, so the same code scores every variant: PyTorch
 models and ONNX packages (fp32, fp16, int8) alike. Hypotheses are kept in the artifact, one a
-line, line-aligned with the test set's sources and references (model/lines.py). An ONNX package
+line, line-aligned with the test set's sources and references (mt_runtime/lines.py). An ONNX package
 also translates every sentence alone, and the stage records how many come out as in the batches
 (`alone_identical`): a package promises the same translation for a sentence in any batch, so the
 BLEU scored on batches is also the BLEU of single requests.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 
-from model.lines import one_line
+from mt_runtime.lines import one_line
 
 from ...corpora.splits import read_split
 from ...engine.context import StageContext
@@ -68,7 +68,7 @@ def run(ctx: StageContext) -> dict:
         "variant": cfg.variant,
         "runtime": translator.runtime,
         "device": cfg.device,
-        # model/search.py's loop, or "graph": onnxruntime's BeamSearch op (generate.onnx)
+        # mt_runtime/search.py's loop, or "graph": onnxruntime's BeamSearch op (generate.onnx)
         "search": getattr(translator, "search", "python"),
         "model_artifact": model.id,
         "bleu": head["bleu"],

@@ -26,7 +26,7 @@ class ParityConfig(Strict):
 
 class ShortlistConfig(Strict):
     # Every batch may produce the `frequent` most frequent target words, and for each of its
-    # source words the `per_word` target words most above their base rate beside it (model/shortlist.py).
+    # source words the `per_word` target words most above their base rate beside it (mt_runtime/shortlist.py).
     frequent: Annotated[int, Field(ge=1, le=1_000_000)] = 300
     per_word: Annotated[int, Field(ge=1, le=10_000)] = 50
     max_pairs: Annotated[int, Field(ge=1, le=100_000_000)] = 2_000_000  # the first training pairs counted

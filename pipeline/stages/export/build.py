@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import torch
+from mt_runtime.layout import SHORTLIST_FILE
+from mt_runtime.search import prepare_sources, search
+from mt_runtime.shortlist import build_shortlist
+from mt_runtime.subword import SubwordTokenizer
+from mt_runtime.translator import Translator
 
-from model.layout import SHORTLIST_FILE
 from model.onnx_export import DecoderGraph, EncoderGraph, decoder_input_names, example_inputs
-from model.runtime import Translator
-from model.search import prepare_sources, search
-from model.shortlist import build_shortlist
-from model.subword import SubwordTokenizer
 from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, load_model
 

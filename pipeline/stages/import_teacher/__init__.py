@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.files import UnsafeFile
+from mt_runtime.files import UnsafeFile
+
 from model.hf_checkpoint import UnsafeCheckpoint, file_digests
 
 from ...engine.errors import RecipeError, UserInputError

@@ -7,7 +7,7 @@ An artifact of its own, so changing only the student re-uses it. Work is done in
 chunks saved as they finish, so a killed run resumes where it stopped; under torchrun
 (`--nproc N`) the chunks are shared out across processes and merged in order. Nothing is held
 whole: sources are read by line offset, and the merge writes as it reads. Every translation is
-written on one line whatever the teacher's pieces hold (model/lines.py), and the two files are
+written on one line whatever the teacher's pieces hold (mt_runtime/lines.py), and the two files are
 counted once written: kd.src and kd.tgt are line-aligned or the stage fails.
 """
 
@@ -19,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from model.lines import one_line
+from mt_runtime.lines import one_line
 
 from ...corpora.distilled import TOP_K_FILE, TopKWriter, chunk_problem, load_top_k, write_top_k
 from ...corpora.encoded import ENCODE_BLOCK
@@ -71,8 +71,9 @@ def translate_job(job: dict, log, progress, rank: int = 0, device: str | None = 
     # where that gives back the ids the teacher wrote.
     student_side = translator.tokenizer
     if job.get("top_k") and is_imported_teacher(Path(job["teacher"])):
+        from mt_runtime.subword import SubwordTokenizer
+
         from model.hf_tokenizer import teacher_tokenizers
-        from model.subword import SubwordTokenizer
 
         student_side = SubwordTokenizer(*teacher_tokenizers(Path(job["teacher"]) / "checkpoint"))
     chunks_dir = work / "chunks"

@@ -26,10 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from mt_runtime.search import GenerationConfig, greedy_search
+from mt_runtime.subword import SubwordTokenizer
 
 from model import pruning
-from model.search import GenerationConfig, greedy_search
-from model.subword import SubwordTokenizer, copy_tokenizer
+from model.subword_training import copy_tokenizer
 from model.torch_decoder import TorchDecoder
 from model.transformer import Transformer, load_model, save_model
 
@@ -409,8 +410,7 @@ def onnx_decoders(models: dict[str, Transformer], folder: Path) -> dict:
     """Each model's fp32 step graphs (made as the export stage makes them), in one-thread
     onnxruntime sessions: the graphs alone, no package around them (nothing here ships)."""
     import onnxruntime as ort
-
-    from model.runtime import OnnxDecoder
+    from mt_runtime.translator import OnnxDecoder
 
     from ...export.float_graphs import float32_graphs, variant_graphs
 

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Callable
 
 import onnxruntime as ort
+from mt_runtime.layout import DECODER_BATCH, DECODER_GREEDY, SHORTLIST_FILE
+from mt_runtime.search import greedy_search, prepare_sources, translate_sentences
+from mt_runtime.translator import GraphSearch, OnnxDecoder, PackageSearch, Translator
 
-from model.layout import DECODER_BATCH, DECODER_GREEDY, SHORTLIST_FILE
 from model.onnx_passes import derive_graphs
 from model.onnx_quantize import RecordingDecoder, node_groups, quantize_rows, quantize_static
-from model.runtime import GraphSearch, OnnxDecoder, PackageSearch, Translator
-from model.search import greedy_search, prepare_sources, translate_sentences
 
 from ...corpora.splits import read_split
 from ...engine.context import StageContext

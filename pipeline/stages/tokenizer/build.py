@@ -5,7 +5,9 @@ from __future__ import annotations
 import itertools
 import random
 
-from model.subword import SubwordTokenizer
+from mt_runtime.subword import SubwordTokenizer
+
+from model.subword_training import train_subword
 
 from ...corpora.splits import read_split, reservoir_sample, split_lines
 from ...engine.context import StageContext
@@ -34,7 +36,7 @@ def run(ctx: StageContext) -> dict:
     if cfg.max_sentences is not None and total > cfg.max_sentences:
         sentences, total = reservoir_sample(sentences, cfg.max_sentences, random.Random(0)), cfg.max_sentences
     ctx.log(f"training a {cfg.kind} tokenizer ({cfg.vocab_size} pieces) on {total} sentences")
-    tok = SubwordTokenizer.train(sentences, cfg.vocab_size, cfg.kind, count=total)
+    tok = train_subword(sentences, cfg.vocab_size, cfg.kind, count=total)
     tok.save(ctx.out / "tokenizer.json")
     return {"vocab_size": tok.vocab_size, "kind": cfg.kind, "special_ids": tok.special_ids(), **_scores(tok, data)}
 

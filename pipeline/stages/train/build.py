@@ -11,8 +11,9 @@ import json
 from pathlib import Path
 
 import torch
+from mt_runtime.subword import SubwordTokenizer
 
-from model.subword import SubwordTokenizer, copy_tokenizer
+from model.subword_training import copy_tokenizer
 from model.transformer import Transformer, TransformerConfig, load_model, save_model
 
 from ...corpora.distilled import encoded_training_set, training_pairs

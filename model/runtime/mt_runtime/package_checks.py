@@ -1,6 +1,6 @@
 """What the runtime checks in a package's content before it translates with it.
 
-A package's digests (model/files.py's verify_package) say that its files are the ones its
+A package's digests (mt_runtime/files.py's verify_package) say that its files are the ones its
 package.json lists; they say nothing about whether whoever wrote package.json made sense. So
 every value the runtime reads from a package is checked against what the graphs can do, before
 the search runs with it, and a value that is wrong is one PackageError line naming the file and
@@ -13,7 +13,7 @@ the field:
   produce is inside the graphs' vocabulary (int8 graphs look a token up with
   GatherBlockQuantized, which returns whatever memory an out-of-range id points at).
 
-The shortlist's own checks are in model/shortlist.py. Shipped inside every package
+The shortlist's own checks are in mt_runtime/shortlist.py. Shipped inside every package
 (mt_runtime/), beside runtime.py: NumPy, tokenizers and the standard library only.
 """
 

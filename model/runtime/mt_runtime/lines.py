@@ -5,7 +5,7 @@ A vocabulary piece may hold any character, a line break too (a teacher's, say), 
 tokenizer's decoder emits goes through `one_line` before it is written: every character
 str.splitlines() ends a line at (\\n, \\r, \\v, \\f, \\x1c-\\x1e, U+0085, U+2028, U+2029) becomes a
 space (\\r\\n two spaces). Standard library only: this file ships inside every package as
-mt_runtime/lines.py (model/subword.py decodes through it).
+mt_runtime/lines.py (mt_runtime/subword.py decodes through it).
 """
 
 from __future__ import annotations

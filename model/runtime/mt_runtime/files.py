@@ -25,11 +25,12 @@ import hashlib
 import json
 import os
 import stat
+import warnings
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
-from .layout import PACKAGE_JSON, REQUIRED
+from .layout import FORMAT, FORMAT_MAJOR, PACKAGE_JSON, READS, REQUIRED, format_version
 
 _KINDS = (
     (stat.S_ISLNK, "a symbolic link"),
@@ -370,6 +371,32 @@ def listed_file_faults(folder: str | Path, files: dict) -> Iterator[tuple[str, s
         yield rel, "ok" if digest == meta.get("sha256") else "content", digest
 
 
+def check_format(folder: Path, meta: object) -> int:
+    """The package's format major, if this runtime reads it (docs/package-format.md); PackageError
+    with one line otherwise. A version 1 package loads with a warning."""
+    from ._version import __version__
+
+    found = meta.get("format") if isinstance(meta, dict) else None
+    try:
+        major, _ = format_version(found)
+    except ValueError as exc:
+        raise PackageError(f"{folder / PACKAGE_JSON}: {exc}") from None
+    if major > FORMAT_MAJOR:
+        raise PackageError(
+            f"{folder}: package format {found} is newer than mt-runtime {__version__} reads ({FORMAT}): "
+            "upgrade mt-runtime (the package's package.json names the version it needs under `runtime`)"
+        )
+    if major not in READS:
+        raise PackageError(f"{folder}: package format {found} is not one mt-runtime {__version__} reads; re-export it")
+    if major < FORMAT_MAJOR:
+        warnings.warn(
+            f"{folder}: package format {found}: it loads, but its int8 graphs may translate a sentence "
+            f"differently alone and in a batch; re-export it (pipeline run) for {FORMAT}",
+            stacklevel=4,
+        )
+    return major
+
+
 def verify_package(folder: str | Path) -> dict:
     """Check a package folder before anything in it is opened by onnxruntime: nothing but folders
     and regular files in it (the rule above), every file package.json lists there with its size
@@ -382,6 +409,7 @@ def verify_package(folder: str | Path) -> dict:
         raise PackageError(f"{folder}: not a package (no {PACKAGE_JSON})") from None
     except (UnsafeFile, OSError, ValueError) as exc:  # JSON and UTF-8 errors are ValueErrors
         raise PackageError(f"{folder / PACKAGE_JSON}: unreadable ({exc})") from None
+    check_format(folder, meta)
     files = meta.get("files") if isinstance(meta, dict) else None
     if not isinstance(files, dict):
         raise PackageError(f"{folder / PACKAGE_JSON}: no file list")

@@ -1,7 +1,7 @@
 """Greedy and beam search, in NumPy, over any incremental decoder.
 
 One implementation serves every runtime: PyTorch (model/torch_decoder.py) and ONNX Runtime
-(model/runtime.py) only have to provide `encode` and `step`. This file imports NumPy alone,
+(mt_runtime/translator.py) only have to provide `encode` and `step`. This file imports NumPy alone,
 so the shipped runtime stays free of torch.
 """
 

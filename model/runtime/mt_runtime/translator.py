@@ -6,14 +6,14 @@ subword.py), so it imports its siblings relatively and nothing else from this re
 A package folder holds encoder.onnx, decoder.onnx (graph I/O: see model/onnx_export.py and the
 package's MODEL_CARD.md), tokenizer.json, generation.json and package.json, which lists every
 file with its sha256. Translator refuses a package whose files differ from that list, that holds
-anything but regular files, or whose graphs name external data outside it (model/files.py),
+anything but regular files, or whose graphs name external data outside it (mt_runtime/files.py),
 before onnxruntime opens a graph.
 
 Packages for the CPU also hold generate.onnx: the same two graphs inside onnxruntime's BeamSearch
 op (model/onnx_passes/), so that a whole batch is translated by one onnxruntime call instead
 of one call per token plus a NumPy search loop (int8 packages with a shortlist run a greedy call
 of one sentence there over the sentence's word list). On the CPU, Translator uses it when it is
-there (search="auto"); search="python" uses the step graphs and model/search.py instead.
+there (search="auto"); search="python" uses the step graphs and mt_runtime/search.py instead.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ _ARRAY_TYPES = {**_DTYPES, "tensor(int8)": np.int8, "tensor(bool)": np.bool_}
 
 
 class OnnxDecoder:
-    """The two graphs as an IncrementalDecoder (model/search.py): encode once, then step.
+    """The two graphs as an IncrementalDecoder (mt_runtime/search.py): encode once, then step.
 
     On the CPU, arrays go in and out as NumPy. On CUDA, I/O binding keeps the encoder's
     cross-attention keys/values and the growing self-attention cache on the device between
@@ -102,7 +102,7 @@ class OnnxDecoder:
             self.can_group = any(i.name == GROUP for i in self.many_rows.get_inputs())
         self.group = 1  # rows per sentence in the feed's cross_* and src_mask (see encode)
         self._setup_shortlist(shortlist)
-        if device == "cpu":  # `keep` (model/search.py) only where rows are NumPy arrays to slice
+        if device == "cpu":  # `keep` (mt_runtime/search.py) only where rows are NumPy arrays to slice
             self.keep = self._keep
         self.device, self.device_id = device, device_id
         self.cross_names = [o.name for o in encoder.get_outputs()]
@@ -143,7 +143,7 @@ class OnnxDecoder:
         self.batch_sources, self.words, self.shortlist_feed, self.masked = src, None, None, None
 
     def _setup_shortlist(self, shortlist) -> None:
-        """A package's lexical shortlist (model/shortlist.py) and the special ids, used by
+        """A package's lexical shortlist (mt_runtime/shortlist.py) and the special ids, used by
         decoder_batch.onnx and decoder_greedy.onnx where both take it, on greedy steps (see
         _projection_feed); `use_shortlist` turns it off (the whole vocabulary)."""
         self.shortlist = self.selector = self.words = self.shortlist_feed = self.masked = None
@@ -320,8 +320,8 @@ class GraphSearch:
         for i, s in enumerate(src):
             ids[i, : len(s)] = s
         # Tokens including the start token, so max_len(...) - 1 generated tokens at most, as in
-        # model/search.py. The op takes one limit for the whole batch (the longest sentence's);
-        # each output is cut to its own limit below (for greedy that is exactly model/search.py).
+        # mt_runtime/search.py. The op takes one limit for the whole batch (the longest sentence's);
+        # each output is cut to its own limit below (for greedy that is exactly mt_runtime/search.py).
         limit = max(gen.max_len(len(s)) for s in src)
         one = self.many_rows is None or len(src) * gen.beam == 1
         sequences = (self.session if one else self.many_rows).run(
@@ -343,7 +343,7 @@ class GraphSearch:
 
 class PackageSearch:
     """What translates a batch of a package on the CPU: generate.onnx (one onnxruntime call) for
-    one sentence; for several, where the package has decoder_batch.onnx, model/search.py's loop
+    one sentence; for several, where the package has decoder_batch.onnx, mt_runtime/search.py's loop
     over it, which reads each step's top k words instead of the whole distribution, runs int8
     matrices with the kernel for many rows and drops finished sentences: at batch 32 it was the
     faster (docs/decisions.md, issue 31). mode "graph" sends every batch to generate.onnx."""
@@ -365,8 +365,8 @@ class PackageSearch:
 class Translator:
     """Text in, text out, with an ONNX package. Same interface as the PyTorch translator.
 
-    A package is checked before use: its files against package.json (model/files.py), then what
-    they hold against the graphs (model/package_checks.py, _check_content), each failure one
+    A package is checked before use: its files against package.json (mt_runtime/files.py), then what
+    they hold against the graphs (mt_runtime/package_checks.py, _check_content), each failure one
     PackageError line naming the file and the field."""
 
     runtime = "onnxruntime"
@@ -452,7 +452,7 @@ class Translator:
         self.search, self.batch_search = self.searcher.one, self.searcher.many  # one sentence, several
 
     def _check_content(self, decoder: ort.InferenceSession) -> tuple[SubwordTokenizer, GenerationConfig]:
-        """The tokenizer and generation.json, checked against the graphs (model/package_checks.py)
+        """The tokenizer and generation.json, checked against the graphs (mt_runtime/package_checks.py)
         before anything runs with them."""
         self.vocab = package_checks.vocabulary(decoder.get_outputs(), self.folder / DECODER)
         positions = package_checks.position_rows([self.folder / ENCODER, self.folder / DECODER])

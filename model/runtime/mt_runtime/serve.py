@@ -45,7 +45,7 @@ except ImportError:  # the `serve` extra is not installed: main() says so in one
     web = None
 
 from .layout import PACKAGE_JSON
-from .runtime import Translator
+from .translator import Translator
 
 log = logging.getLogger("mt_runtime.serve")
 
@@ -638,7 +638,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if web is None:
-        sys.exit("mt-runtime: serving needs aiohttp: pip install 'aiohttp>=3.9' (the `serve` extra)")
+        sys.exit("mt-runtime: serving needs aiohttp: pip install 'mt-runtime[serve]' (or 'aiohttp>=3.9,<4')")
     settings = settings_from(args, args.subparser)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s mt-runtime %(message)s")
     logging.getLogger("aiohttp.server").addFilter(_NoParseTracebacks())
