@@ -26,9 +26,9 @@ def sentence_word_list(dec: onnx.GraphProto, shortlist: Shortlist, generation: d
     makes the list from the sources and the output projection's columns for it; the decoder maps
     the op's token (a position in the list) to its word and projects onto the list only; the
     op's sequences are mapped back after it. The list is Shortlist.sentence_words' (PAD, BOS,
-    EOS, the frequent words, the sentence's candidates; runtime.py masks a batch's rows to the
-    same lists), filled up to sentence_width with other words that the projection's mask
-    (-inf) keeps from being chosen: the op needs a fixed vocabulary size when it loads.
+    EOS, the frequent words, the sentence's candidates; translator.py masks a batch's rows to the
+    same lists), filled up to sentence_width with PAD, which the projection's mask (-inf) keeps
+    from being chosen: the op needs a fixed vocabulary size when it loads.
 
     Why: at one row the output projection over 8000 words was a quarter of a student's greedy
     step, and the op's log-softmax and top k run over whatever vocabulary the decoder gives it.
@@ -49,29 +49,28 @@ def sentence_word_list(dec: onnx.GraphProto, shortlist: Shortlist, generation: d
     table = np.full((vocab, per_word), specials[0], np.int16 if vocab < 2**15 else np.int32)
     for s in np.nonzero(counts)[0]:
         table[s, : counts[s]] = shortlist.words[shortlist.offsets[s] : shortlist.offsets[s + 1]]
-    # A word's class: base + 1 if a candidate of the sources. The frequent words 2 or 3 (first),
-    # candidates 1, the others 0 (filling); the special ids far below: they are put first apart.
-    base = np.zeros(vocab, np.float32)
-    base[shortlist.always] = 2.0
-    base[specials] = -10.0
+    # A word is a candidate to list where the sources' table rows name it and it is neither special
+    # nor frequent (those are listed anyway, first): `eligible` 1, else 0.
+    eligible = np.ones(vocab, np.float32)
+    eligible[shortlist.always] = 0.0
+    eligible[specials] = 0.0
+    frequent = np.setdiff1d(np.asarray(shortlist.always, np.int64), specials)  # sorted: id order
     p, make = "shortlist", helper.make_node
-    classes = ((1.5, 9.0), (0.5, 1.5), (-0.5, 0.5))  # rank bounds: frequent, candidate, other
     const = {
         "table": table,
-        "base": base,
+        "eligible": eligible,
         "nowhere": np.zeros(vocab, np.float32),
-        **{
-            f"{side}{cls}": np.array(bound, np.float32)
-            for cls, bounds in enumerate(classes)
-            for side, bound in zip(("low", "high"), bounds)
-        },
+        "frequent": frequent.reshape(1, -1),
+        # The list's filling: PAD, masked out of the projection (-inf), so never chosen; which word
+        # fills does not change a number (the op's log-softmax adds exp(-inf) = 0).
+        "filling": np.full((1, width), specials[0], np.int64),
         "specials": np.array(specials, np.int64),
         "others": np.array([width - 3], np.int64),
         "flat": np.array([-1], np.int64),
         "one": np.array(1.0, np.float32),
         "start": np.array([0], np.int64),
         "places": np.arange(width, dtype=np.int64),
-        "listed_base": np.array(3, np.int64),
+        "listed_base": np.array(3 + len(frequent), np.int64),
         "zero": np.array(0.0, np.float32),
         "never": np.array(-np.inf, np.float32),
     }
@@ -95,22 +94,14 @@ def sentence_word_list(dec: onnx.GraphProto, shortlist: Shortlist, generation: d
             axis=0,
             name=f"{p}/is_candidate",
         ),
-        make("Add", [f"{p}/is_candidate", f"{p}/base"], [f"{p}/rank"], name=f"{p}/rank"),
-    ]
-    # The ids class by class (frequent, candidate, other), each in id order: a stable partition
-    # with NonZero, at a third of the cost of TopK over the vocabulary; where a long sentence's
-    # candidates do not all fit, the lower ids (the more frequent subwords) stay.
-    for cls in range(len(classes)):
-        before += [
-            make("Greater", [f"{p}/rank", f"{p}/low{cls}"], [f"{p}/above{cls}"]),
-            make("Less", [f"{p}/rank", f"{p}/high{cls}"], [f"{p}/below{cls}"]),
-            make("And", [f"{p}/above{cls}", f"{p}/below{cls}"], [f"{p}/in{cls}"]),
-            make("NonZero", [f"{p}/in{cls}"], [f"{p}/class{cls}"]),
-        ]
-    before += [
+        make("Mul", [f"{p}/is_candidate", f"{p}/eligible"], [f"{p}/listable"], name=f"{p}/listable"),
+        # The candidates in id order (NonZero: a stable partition, at a third of TopK's cost over
+        # the vocabulary); where a long sentence's do not all fit, the lower ids (the more frequent
+        # subwords) stay.
+        make("NonZero", [f"{p}/listable"], [f"{p}/candidate_ids"], name=f"{p}/candidate_ids"),
         make(
             "Concat",
-            [f"{p}/class{cls}" for cls in range(len(classes))],
+            [f"{p}/frequent", f"{p}/candidate_ids", f"{p}/filling"],
             [f"{p}/ranked_ids"],
             axis=1,
             name=f"{p}/ranked_ids",
@@ -121,15 +112,17 @@ def sentence_word_list(dec: onnx.GraphProto, shortlist: Shortlist, generation: d
         make("Cast", [f"{p}/words"], [f"{p}/words32"], to=TensorProto.INT32, name=f"{p}/words32"),
         # The list's real words (specials, frequent, candidates) come first; the filling after
         # them is masked out of the projection: -inf, never chosen.
-        make("Shape", [f"{p}/class0"], [f"{p}/frequent_shape"], start=1, name=f"{p}/frequent_shape"),
-        make("Shape", [f"{p}/class1"], [f"{p}/candidate_shape"], start=1, name=f"{p}/candidate_shape"),
-        make("Add", [f"{p}/frequent_shape", f"{p}/candidate_shape"], [f"{p}/listed_words"], name=f"{p}/listed_words"),
-        make("Add", [f"{p}/listed_words", f"{p}/listed_base"], [f"{p}/listed"], name=f"{p}/listed"),
+        make("Shape", [f"{p}/candidate_ids"], [f"{p}/candidate_shape"], start=1, name=f"{p}/candidate_shape"),
+        make("Add", [f"{p}/candidate_shape", f"{p}/listed_base"], [f"{p}/listed"], name=f"{p}/listed"),
         make("Less", [f"{p}/places", f"{p}/listed"], [f"{p}/real"], name=f"{p}/real"),
         make("Where", [f"{p}/real", f"{p}/zero", f"{p}/never"], [f"{p}/mask"], name=f"{p}/mask"),
-        # The list's columns of the int8 projection and their scales, once per call.
+        # The list's columns of the int8 projection and their scales, once per call: the [d, vocab]
+        # weight transposed once (folded at load) so that the words are whole rows to gather, then
+        # back; a Gather on axis 1 copies byte by byte (337 of 1,600 us a sentence, student int8).
         *columns.node,
-        make("Gather", [weight, f"{p}/words"], [f"{p}/weight"], axis=1, name=f"{p}/weight"),
+        make("Transpose", [weight], [f"{p}/by_word"], perm=[1, 0], name=f"{p}/by_word"),
+        make("Gather", [f"{p}/by_word", f"{p}/words"], [f"{p}/rows"], axis=0, name=f"{p}/rows"),
+        make("Transpose", [f"{p}/rows"], [f"{p}/weight"], perm=[1, 0], name=f"{p}/weight"),
         make("Gather", [scales, f"{p}/words"], [f"{p}/scales"], axis=0, name=f"{p}/scales"),
     ]
     after = [make("Gather", [f"{p}/words32", LISTED_SEQUENCES], [f"{p}/translation"], axis=0, name=f"{p}/translation")]
