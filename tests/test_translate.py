@@ -104,3 +104,20 @@ def test_evaluate_stage_checks_a_package_gives_each_sentence_its_batched_transla
         and lines[3].endswith("one BLEU for every batch size")
     )
     assert lines[4] == "- pruned_onnx: test, beam 4 39/40: the BLEU is that of the batches"
+
+
+def test_an_artifacts_default_package_is_the_faster_int8(tmp_path):
+    """Without --package, an artifact's int8_static goes first (docs/results.md: the faster int8
+    at every point), then int8_dynamic, fp32, fp16; a folder that is itself a model is itself."""
+    from pipeline.commands.translate import resolve_model
+    from pipeline.engine.store import Store
+
+    folder = tmp_path / "quantize"
+    for name in ("fp32", "int8_dynamic", "int8_static"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "package.json").write_text("{}")
+    store = Store(tmp_path / "store")
+    assert resolve_model(store, str(folder), None) == (folder, "int8_static")
+    (folder / "int8_static" / "package.json").unlink()
+    assert resolve_model(store, str(folder), None) == (folder, "int8_dynamic")
+    assert resolve_model(store, str(folder / "fp32"), None) == (folder / "fp32", None)

@@ -291,7 +291,10 @@ def translate(
     batch_size: Annotated[int, typer.Option(min=1, help="Sentences per batch.")] = 32,
     package: Annotated[
         Optional[str],
-        typer.Option(help="Package inside an export/quantize artifact (fp32, fp16, int8_dynamic, int8_static)."),
+        typer.Option(
+            help="Package inside an export/quantize artifact (fp32, fp16, int8_dynamic, int8_static; "
+            "default: int8_static, else int8_dynamic, fp32, fp16)."
+        ),
     ] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     threads: Annotated[Optional[int], typer.Option(min=1, help="Intra-op threads.")] = None,
