@@ -43,26 +43,13 @@ def multi30k_head(data_dir: Path, lang: str, n: int = 300) -> list[str]:
         return [next(f).strip() for _ in range(n)]
 
 
-def tiny_model(data_dir: Path, folder: Path):
-    """A tiny random Transformer with a pruned model's less common paths (uneven heads, a
-    factorised table, pre-LN), sharper than its init so that outputs end before their limits as
-    trained ones do, with folder/tokenizer.json and folder/shortlist.npz made from the first 200
-    Multi30k pairs: (model, tokenizer, the 200 English sentences, the pairs as token ids)."""
-    import torch
-    from mt_runtime.shortlist import build_shortlist
+def pruned_shape_config(vocab_size: int):
+    """A tiny Transformer with a pruned model's less common paths: uneven heads and FFN widths per
+    layer, a factorised token table, pre-LN."""
+    from model.transformer import TransformerConfig
 
-    from model.subword_training import train_subword
-    from model.transformer import Transformer, TransformerConfig
-
-    en, fr = multi30k_head(data_dir, "en", 200), multi30k_head(data_dir, "fr", 200)
-    tokenizer = train_subword(en + fr, vocab_size=300)
-    tokenizer.save(folder / "tokenizer.json")
-    pairs = list(zip(tokenizer.encode(en), tokenizer.encode(fr)))
-    table, _ = build_shortlist(pairs, tokenizer.vocab_size, frequent=30, per_word=6, always=[0, 1, 2, 3])
-    table.save(folder / "shortlist.npz")
-    torch.manual_seed(3)
-    cfg = TransformerConfig(
-        vocab_size=tokenizer.vocab_size,
+    return TransformerConfig(
+        vocab_size=vocab_size,
         d_model=48,
         head_dim=8,
         enc_heads=[6, 3],
@@ -75,7 +62,45 @@ def tiny_model(data_dir: Path, folder: Path):
         max_positions=64,
         dropout=0.0,
     )
-    model = Transformer(cfg).eval()
+
+
+def one_layer_config(vocab_size: int, head_dim: int = 4, **rest):
+    """The smallest model the tests train or export: one layer each side, d_model 16, 2 heads;
+    `rest` sets the other fields (max_positions, dropout, ...)."""
+    from model.transformer import TransformerConfig
+
+    return TransformerConfig(
+        vocab_size=vocab_size,
+        d_model=16,
+        head_dim=head_dim,
+        enc_heads=[2],
+        dec_self_heads=[2],
+        dec_cross_heads=[2],
+        enc_ffn=[32],
+        dec_ffn=[32],
+        **rest,
+    )
+
+
+def tiny_model(data_dir: Path, folder: Path):
+    """A tiny random Transformer with a pruned model's less common paths (uneven heads, a
+    factorised table, pre-LN), sharper than its init so that outputs end before their limits as
+    trained ones do, with folder/tokenizer.json and folder/shortlist.npz made from the first 200
+    Multi30k pairs: (model, tokenizer, the 200 English sentences, the pairs as token ids)."""
+    import torch
+    from mt_runtime.shortlist import build_shortlist
+
+    from model.subword_training import train_subword
+    from model.transformer import Transformer
+
+    en, fr = multi30k_head(data_dir, "en", 200), multi30k_head(data_dir, "fr", 200)
+    tokenizer = train_subword(en + fr, vocab_size=300)
+    tokenizer.save(folder / "tokenizer.json")
+    pairs = list(zip(tokenizer.encode(en), tokenizer.encode(fr)))
+    table, _ = build_shortlist(pairs, tokenizer.vocab_size, frequent=30, per_word=6, always=[0, 1, 2, 3])
+    table.save(folder / "shortlist.npz")
+    torch.manual_seed(3)
+    model = Transformer(pruned_shape_config(tokenizer.vocab_size)).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(1.6)

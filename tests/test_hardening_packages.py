@@ -21,10 +21,10 @@ from mt_runtime.shortlist import build_shortlist
 from mt_runtime.translator import PackageError, Translator
 
 from model.subword_training import train_subword
-from model.transformer import Transformer, TransformerConfig
+from model.transformer import Transformer
 from pipeline.export.package_builder import build_package
 
-from .conftest import REPO, multi30k_head, run_with_peak_rss
+from .conftest import REPO, multi30k_head, one_layer_config, run_with_peak_rss
 
 POSITIONS = 32  # the test model's position table: what generation.json's max_positions may reach
 
@@ -45,18 +45,7 @@ def package(tmp_path_factory, data_dir) -> Path:
     )
     table.save(folder / "shortlist.npz")
     torch.manual_seed(0)
-    cfg = TransformerConfig(
-        vocab_size=tokenizer.vocab_size,
-        d_model=16,
-        head_dim=8,
-        enc_heads=[2],
-        dec_self_heads=[2],
-        dec_cross_heads=[2],
-        enc_ffn=[32],
-        dec_ffn=[32],
-        max_positions=POSITIONS,
-        dropout=0.0,
-    )
+    cfg = one_layer_config(tokenizer.vocab_size, head_dim=8, max_positions=POSITIONS, dropout=0.0)
     build_package(
         Transformer(cfg).eval(),
         "int8_dynamic",

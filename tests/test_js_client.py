@@ -25,10 +25,10 @@ from mt_runtime.shortlist import build_shortlist
 from mt_runtime.translator import Translator
 
 from model.subword_training import train_subword
-from model.transformer import Transformer, TransformerConfig
+from model.transformer import Transformer
 from pipeline.export.package_builder import build_package
 
-from .conftest import REPO, multi30k_head
+from .conftest import REPO, multi30k_head, pruned_shape_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*longer than the model's.*:UserWarning")
 
@@ -142,21 +142,7 @@ def packages(tmp_path_factory, data_dir):
         table.save(folder / "shortlist.npz")
         torch.manual_seed(3)
         # The invariance test's shape (uneven heads, a factorised table, pre-LN), trained briefly.
-        cfg = TransformerConfig(
-            vocab_size=tokenizer.vocab_size,
-            d_model=48,
-            head_dim=8,
-            enc_heads=[6, 3],
-            dec_self_heads=[2, 6],
-            dec_cross_heads=[6, 1],
-            enc_ffn=[96, 64],
-            dec_ffn=[64, 96],
-            embed_dim=32,
-            pre_ln=True,
-            max_positions=64,
-            dropout=0.0,
-        )
-        model = Transformer(cfg)
+        model = Transformer(pruned_shape_config(tokenizer.vocab_size))
         _train(model, [s[:40] for s in sources], [t[:40] for t in targets], steps=200)
         calibration = [s[:63] + [tokenizer.eos_id] for s in tokenizer.encode(en[100:140])]
         # A shortlist listing 580 of the 600 words: its output vocabulary would be every word

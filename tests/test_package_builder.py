@@ -26,7 +26,7 @@ from pipeline.export.package_builder import build_package
 from pipeline.export.packages import set_figures
 from pipeline.measure.timing import interleaved
 
-from .conftest import multi30k_head
+from .conftest import multi30k_head, one_layer_config
 
 
 @pytest.fixture(scope="module")
@@ -176,19 +176,7 @@ def test_each_precision_is_what_its_name_says(built):
 
 def test_variant_graphs_leave_the_float32_graphs_as_they_were(tmp_path):
     torch.manual_seed(0)
-    model = Transformer(
-        TransformerConfig(
-            vocab_size=50,
-            d_model=16,
-            head_dim=8,
-            enc_heads=[2],
-            dec_self_heads=[2],
-            dec_cross_heads=[2],
-            enc_ffn=[32],
-            dec_ffn=[32],
-            max_positions=32,
-        )
-    ).eval()
+    model = Transformer(one_layer_config(50, head_dim=8, max_positions=32)).eval()
     graphs, done = float32_graphs(model, tmp_path)
     assert done["tied_embedding"]
 

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from model.subword_training import train_subword
 from model.torch_decoder import TorchDecoder
 from model.torch_greedy import greedy_on_device
-from model.transformer import Transformer, TransformerConfig, load_model
+from model.transformer import Transformer, load_model
 from pipeline.corpora.distilled import TopKStore, TopKWriter
 from pipeline.corpora.encoded import encode_corpus, encode_to_disk, make_batches
 from pipeline.corpora.splits import read_split
@@ -25,6 +25,8 @@ from pipeline.training.batches import BatchFeed, prepare_batch
 from pipeline.training.loop import Trainer, ValidationSet, collate, collate_soft, greedy_hypotheses
 from pipeline.training.settings import TrainConfig
 from pipeline.training.speed_probe import SpeedChoice
+
+from .conftest import one_layer_config
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 SWITCHES = SpeedChoice(bf16=False, attention="math", fused_optimizer=True, threads=1, isa="test")
@@ -101,18 +103,7 @@ def test_a_prepared_batch_holds_what_the_rows_one_by_one_give(taught):
 
 def test_the_model_scores_kept_positions_as_it_scores_a_mask():
     """keep (positions made on the host) gives the boolean mask's logits and gradients, bit for bit."""
-    cfg = TransformerConfig(
-        vocab_size=50,
-        d_model=16,
-        head_dim=4,
-        enc_heads=[2],
-        dec_self_heads=[2],
-        dec_cross_heads=[2],
-        enc_ffn=[32],
-        dec_ffn=[32],
-        max_positions=32,
-        dropout=0.0,
-    )
+    cfg = one_layer_config(50, max_positions=32, dropout=0.0)
     torch.manual_seed(0)
     model = Transformer(cfg)
     src, tin = torch.randint(3, 50, (4, 7)), torch.randint(3, 50, (4, 9))
@@ -175,18 +166,7 @@ def test_an_error_in_the_loader_thread_is_raised_once_as_itself():
 
 def _trainer(taught, work, steps, **kwargs):
     tok, corpus = taught
-    cfg = TransformerConfig(
-        vocab_size=tok.vocab_size,
-        d_model=16,
-        head_dim=4,
-        enc_heads=[2],
-        dec_self_heads=[2],
-        dec_cross_heads=[2],
-        enc_ffn=[32],
-        dec_ffn=[32],
-        max_positions=64,
-        dropout=0.1,
-    )
+    cfg = one_layer_config(tok.vocab_size, max_positions=64, dropout=0.1)
     torch.manual_seed(0)
     tc = TrainConfig(
         lr=3e-3, warmup_steps=5, batch_tokens=400, max_epochs=None, max_steps=steps, valid_bleu_sentences=5, seed=7

@@ -10,7 +10,7 @@ import torch
 from mt_runtime.subword import SubwordTokenizer
 from safetensors.torch import load_file
 
-from model.transformer import Transformer, TransformerConfig
+from model.transformer import Transformer
 from pipeline.corpora.encoded import Corpus, encode_corpus
 from pipeline.corpora.splits import read_split
 from pipeline.engine.context import progress_bar
@@ -25,7 +25,7 @@ from pipeline.training.loop import (
 from pipeline.training.settings import TrainConfig
 from pipeline.training.speed_probe import SpeedChoice
 
-from .conftest import SMOKE, cli
+from .conftest import SMOKE, cli, one_layer_config
 
 
 def test_inverse_sqrt_schedule():
@@ -109,17 +109,7 @@ def _setup(smoke):
     train = encode_corpus(tok, src[:200], tgt[:200], 64)
     valid_corpus = encode_corpus(tok, vsrc, vtgt, 64, drop_long=False)
     valid = ValidationSet(valid_corpus, valid_corpus.src.rows(5), vtgt[:5])
-    cfg = TransformerConfig(
-        vocab_size=tok.vocab_size,
-        d_model=16,
-        head_dim=4,
-        enc_heads=[2],
-        dec_self_heads=[2],
-        dec_cross_heads=[2],
-        enc_ffn=[32],
-        dec_ffn=[32],
-        max_positions=64,
-    )
+    cfg = one_layer_config(tok.vocab_size, max_positions=64)
     return tok, train, valid, cfg
 
 
