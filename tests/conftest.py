@@ -13,6 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = REPO / "recipes" / "smoke.yaml"
+# A subprocess's PYTHONPATH: this checkout's pipeline and its mt_runtime (not an installed copy's).
+SOURCE_PATH = f"{REPO}:{REPO / 'model' / 'runtime'}"
 
 
 def _data_dir() -> Path:
@@ -193,13 +195,18 @@ else:
 
 
 def run_with_peak_rss(
-    target: str, *args: str, env: dict | None = None, timeout: float = 600
+    target: str, *args: str, env: dict | None = None, timeout: float = 600, input: bytes | None = None
 ) -> tuple[int, float, str, str]:
-    """Run a module (`pipeline.commands.cli`) or a script path in a fresh process: (exit code, its peak
-    RSS in MB, stdout, stderr without the report line)."""
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    """Run a module (`pipeline.commands.cli`) or a script path in a fresh process, `input` on its
+    stdin: (exit code, its peak RSS in MB, stdout, stderr without the report line)."""
+    full_env = {**os.environ, "PYTHONPATH": SOURCE_PATH, **(env or {})}
     done = subprocess.run(
-        [sys.executable, "-c", _PEAK_SHIM, target, *args], capture_output=True, env=full_env, cwd=REPO, timeout=timeout
+        [sys.executable, "-c", _PEAK_SHIM, target, *args],
+        capture_output=True,
+        env=full_env,
+        cwd=REPO,
+        timeout=timeout,
+        input=input,
     )
     err = done.stderr.decode(errors="replace")
     peaks = [line for line in err.splitlines() if line.startswith("PEAK_RSS_KB ")]

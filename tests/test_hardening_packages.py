@@ -24,7 +24,7 @@ from model.subword_training import train_subword
 from model.transformer import Transformer
 from pipeline.export.package_builder import build_package
 
-from .conftest import REPO, multi30k_head, one_layer_config, run_with_peak_rss
+from .conftest import REPO, SOURCE_PATH, multi30k_head, one_layer_config, run_with_peak_rss
 
 POSITIONS = 32  # the test model's position table: what generation.json's max_positions may reach
 
@@ -72,7 +72,7 @@ def _resign(folder: Path, rel: str, data: bytes) -> None:
 
 
 def _cli(*args: str, input: bytes | None = b"", shell: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+    env = {**os.environ, "PYTHONPATH": SOURCE_PATH, "COLUMNS": "200"}
     cmd = [sys.executable, "-m", "pipeline.commands.cli", *args]
     if shell is not None:  # redirections Python cannot express: `<&-`, `>&-`, `> /dev/full`
         cmd = ["bash", "-c", " ".join(f"'{a}'" for a in cmd) + " " + shell]
@@ -241,7 +241,7 @@ def test_closed_pipes_end_quietly(package, tmp_path):
             stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env={**os.environ, "PYTHONPATH": SOURCE_PATH},
         )
         assert proc.stdout.readline()
         proc.stdout.close()
