@@ -103,6 +103,10 @@ def _fast(checkpoint: Path) -> Tokenizer:
     _check_special_names({"pad": hf.pad_token, "eos": hf.eos_token, "unk": hf.unk_token})
     tok = Tokenizer.from_str(hf.backend_tokenizer.to_str())
     tok.post_processor = None  # the pipeline adds EOS (and the decoder's BOS) itself
+    # It pads and cuts sentences itself too: a package's tokenizer has neither setting (the
+    # runtime refuses padding and ignores truncation: mt_runtime/package_checks.py).
+    tok.no_padding()
+    tok.no_truncation()
     return _with_specials(tok)
 
 

@@ -400,7 +400,8 @@ def check_format(folder: Path, meta: object) -> int:
 def verify_package(folder: str | Path) -> dict:
     """Check a package folder before anything in it is opened by onnxruntime: nothing but folders
     and regular files in it (the rule above), every file package.json lists there with its size
-    and sha256, and every external-data location of every listed graph inside the folder.
+    and sha256, and every external-data location of every listed graph inside the folder and
+    listed (so checked) itself.
     Returns package.json's content; PackageError with one line otherwise."""
     folder = Path(folder)
     try:
@@ -433,7 +434,15 @@ def verify_package(folder: str | Path) -> dict:
     for rel in sorted(files):
         if rel.endswith(".onnx"):
             try:
-                check_external_data(folder / rel)
+                locations = check_external_data(folder / rel)
             except UnsafeFile as exc:
                 raise PackageError(f"{exc}; refusing to load the package") from None
+            # A file a graph reads must be one whose digest was just checked: otherwise anything
+            # could be put there after export (the weights) and the package would still verify.
+            unlisted = [location for location in locations if location not in files]
+            if unlisted:
+                raise PackageError(
+                    f"{folder / rel}: reads external data {unlisted[0]!r}, which {PACKAGE_JSON} does not list "
+                    "(nothing checks its content); refusing to load the package"
+                )
     return meta

@@ -277,6 +277,9 @@ GRAPHS = (
     ),
 )
 GRAPH_FILES = tuple(g.file for g in GRAPHS)
+# Inputs a reader does without where a graph lacks them, beside those only some packages have
+# (`where`): decoder_batch.onnx's `group` and `normalize`, which packages written before them lack.
+LATER_INPUTS = {DECODER_BATCH: (GROUP, NORMALIZE)}
 ROLES = {g.file: g.role for g in GRAPHS}
 BY_FILE = {g.file: g for g in GRAPHS}
 

@@ -9,7 +9,13 @@ the field:
 - generation.json: every field present, of its type (an integer is not a boolean, a float or a
   string; numbers are finite), in range; the special ids are the tokenizer's own; max_positions
   is at least 2 and at most the rows of the graphs' position table (read from their bytes);
-- tokenizer.json: at most MAX_TOKENIZER_BYTES, loads, has the special pieces, and every id it can
+- tokenizer.json: what it would cost, before `tokenizers` builds it (a 30 MB file took 975 MB to
+  build and refuse): at most TOKENIZER_BASE_BYTES + TOKENIZER_BYTES_PER_WORD bytes a word of the
+  graphs' vocabulary (and MAX_TOKENIZER_BYTES), and no more vocabulary pieces, merges or added
+  tokens than the graphs have words; no `padding` (the runtime pads itself: a tokenizer's padding
+  would pad a source before its EOS, and `Fixed` 300000000 allocated gigabytes a line), and its
+  `truncation` ignored (the runtime cuts a source to max_positions - 1 ids itself; a stride would
+  multiply a line's encodings). Then it loads, has the special pieces, and every id it can
   produce is inside the graphs' vocabulary (int8 graphs look a token up with
   GatherBlockQuantized, which returns whatever memory an out-of-range id points at).
 
@@ -34,6 +40,11 @@ from .subword import SPECIALS, SubwordTokenizer
 
 MAX_GENERATION_BYTES = 1 << 20
 MAX_TOKENIZER_BYTES = 64 << 20  # NLLB's 256k pieces are 17 MB
+# A tokenizer's bytes for graphs of V words: at most BASE + PER_WORD x V. Ours are 55 bytes a word
+# (pretty-printed Unigram), NLLB's BPE 66 with its merges; BASE leaves room for a normalizer's
+# character map (SentencePiece's nmt_nfkc is 240 KB in base64).
+TOKENIZER_BASE_BYTES = 2 << 20
+TOKENIZER_BYTES_PER_WORD = 256
 MAX_POSITIONS = 65536  # model/sizes.py's MAX_DIM: where a graph's own table cannot be found
 MAX_BEAM = 256
 MAX_LENGTH_PENALTY = 100.0
@@ -47,16 +58,14 @@ _FLOAT, _FLOAT16 = 1, 10  # onnx.TensorProto.DataType
 def load_tokenizer(path: Path, vocab: int) -> SubwordTokenizer:
     """The package's tokenizer.json (and nothing beside it: a tokenizer.target.json is for
     training), checked as the module says, for graphs of `vocab` words."""
-    try:
-        text = read_bounded(path, MAX_TOKENIZER_BYTES, follow_links=False).decode("utf-8")
-    except (UnsafeFile, OSError, UnicodeDecodeError) as exc:
-        raise PackageError(f"{path}: unreadable ({exc})") from None
+    text = _tokenizer_text(path, vocab)
     try:
         tokenizer = Tokenizer.from_str(text)
     except BaseException as exc:  # tokenizers' errors are plain Exceptions, its panics BaseExceptions
         if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
             raise
         raise PackageError(f"{path}: not a tokenizer ({reason(exc)})") from None
+    tokenizer.no_truncation()
     ids = [tokenizer.token_to_id(piece) for piece in SPECIALS]
     if None in ids:
         raise PackageError(
@@ -68,6 +77,45 @@ def load_tokenizer(path: Path, vocab: int) -> SubwordTokenizer:
     if highest >= vocab:
         raise PackageError(f"{path}: holds id {highest}, beyond the graphs' vocabulary of {vocab} words")
     return SubwordTokenizer(tokenizer)
+
+
+def _tokenizer_text(path: Path, vocab: int) -> str:
+    """tokenizer.json's text, once its size and its counts are within what graphs of `vocab` words
+    need (the module's first checks): read and parsed by the standard library, which costs a few
+    times the bytes, where `tokenizers` cost thirty."""
+    limit = min(MAX_TOKENIZER_BYTES, TOKENIZER_BASE_BYTES + TOKENIZER_BYTES_PER_WORD * vocab)
+    try:
+        text = read_bounded(path, limit, follow_links=False).decode("utf-8")
+    except UnsafeFile as exc:
+        if not str(exc).endswith(f"larger than {limit} bytes"):
+            raise PackageError(f"{path}: unreadable ({exc})") from None
+        raise PackageError(
+            f"{path}: larger than {limit} bytes, the most for graphs of {vocab} words "
+            f"({TOKENIZER_BASE_BYTES >> 20} MiB + {TOKENIZER_BYTES_PER_WORD} bytes a word)"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PackageError(f"{path}: unreadable ({exc})") from None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise PackageError(f"{path}: not a tokenizer (not JSON: {reason(exc)})") from None
+    model = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(model, dict):
+        raise PackageError(f"{path}: not a tokenizer (no `model` object)")
+    for field, items in (
+        ("model.vocab", model.get("vocab")),
+        ("model.merges", model.get("merges")),
+        ("added_tokens", data.get("added_tokens")),
+    ):
+        if isinstance(items, (list, dict)) and len(items) > vocab:
+            raise PackageError(
+                f"{path}: {field} holds {len(items)} entries, more than the graphs' vocabulary of {vocab} words"
+            )
+    if data.get("padding") is not None:
+        raise PackageError(
+            f"{path}: padding: must be null (the runtime pads sources itself), got {_kind(data['padding'])}"
+        )
+    return text
 
 
 def load_generation(path: Path, tokenizer: SubwordTokenizer, vocab: int, positions: int) -> GenerationConfig:

@@ -25,6 +25,12 @@ from .files import reason
 
 MAX_WORDS = 1 << 26  # bounds what a file may claim, before anything is allocated from it
 MAX_BYTES = 1 << 28  # all the arrays of a shortlist file together (256 MiB)
+# Candidates a source word may have (the default recipe gives 50), so `words` holds at most
+# vocab_size x MAX_PER_WORD: a 234 KB file of 60M entries for one word took a server past 2 GB.
+MAX_PER_WORD = 256
+# Source-word candidates a batch's word lists are gathered from at a time (a request of many long
+# sentences would otherwise gather tokens x per_word of them at once).
+PICKS = 1 << 20
 
 
 class ShortlistError(ValueError):
@@ -46,14 +52,24 @@ class Shortlist:
         present = np.zeros(self.vocab_size, dtype=bool)
         present[ids[(ids >= 0) & (ids < self.vocab_size)]] = True
         ids = np.flatnonzero(present)
-        starts, ends = self.offsets[ids], self.offsets[ids + 1]
-        counts = ends - starts
-        # The candidates of every source word at once: a ragged gather without a Python loop.
-        picked = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
-        listed = np.zeros(self.vocab_size, dtype=bool)
-        listed[self.always] = True
-        listed[self.words[picked]] = True
-        return np.flatnonzero(listed).astype(np.int64)
+        listed = np.zeros((1, self.vocab_size), dtype=bool)
+        listed[0, self.always] = True
+        self._mark(listed, np.zeros(len(ids), np.int64), ids)
+        return np.flatnonzero(listed[0]).astype(np.int64)
+
+    def _mark(self, table: np.ndarray, rows: np.ndarray, ids: np.ndarray) -> None:
+        """table[row, w] = True for every candidate w of every (row, source id) pair; a ragged
+        gather without a Python loop per word, PICKS candidates at a time (a word has at most
+        MAX_PER_WORD), so what one call allocates does not grow with the batch."""
+        counts = self.offsets[ids + 1] - self.offsets[ids]
+        ends = np.cumsum(counts)
+        start = 0
+        while start < len(ids):
+            stop = max(start + 1, int(np.searchsorted(ends, ends[start] - counts[start] + PICKS, side="right")))
+            n = counts[start:stop]
+            picked = np.repeat(self.offsets[ids[start:stop]] - np.cumsum(n) + n, n) + np.arange(n.sum())
+            table[np.repeat(rows[start:stop], n), self.words[picked]] = True
+            start = stop
 
     def sentence_words(self, src: Iterable[int], specials: Iterable[int], width: int) -> np.ndarray:
         """The words a sentence's greedy search chooses from (the package format's rule): the
@@ -64,13 +80,11 @@ class Shortlist:
         specials = np.asarray(list(specials), dtype=np.int64)
         ids = np.fromiter(src, dtype=np.int64)
         ids = np.unique(ids[(ids >= 0) & (ids < self.vocab_size)])
-        starts, ends = self.offsets[ids], self.offsets[ids + 1]
-        counts = ends - starts
-        picked = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
         frequent = np.zeros(self.vocab_size, dtype=bool)
         frequent[self.always] = True
-        candidate = np.zeros(self.vocab_size, dtype=bool)
-        candidate[self.words[picked]] = True
+        marked = np.zeros((1, self.vocab_size), dtype=bool)
+        self._mark(marked, np.zeros(len(ids), np.int64), ids)
+        candidate = marked[0]
         frequent[specials] = candidate[specials] = False
         candidate &= ~frequent
         rest = np.concatenate([np.flatnonzero(frequent), np.flatnonzero(candidate)])[: width - len(specials)]
@@ -82,7 +96,7 @@ class Shortlist:
         """(the sorted union of the sentences' sentence_words, bool [sentences, union]: the
         words each sentence may choose): a batch's greedy steps project onto the union once and
         mask each row to its own sentence's words, so no sentence's output depends on the others.
-        The (sentence, candidate) pairs of the whole batch at once: a sentence_words call each
+        The (sentence, candidate) pairs of the whole batch at once (PICKS at a time): a sentence_words call each
         took a millisecond per batch of 32, 7% of a student's greedy batch."""
         specials = np.asarray(list(specials), dtype=np.int64)
         common = np.zeros(self.vocab_size, dtype=bool)  # every sentence's: specials and frequent words
@@ -91,11 +105,10 @@ class Shortlist:
         ids = np.fromiter((t for s in sources for t in s), dtype=np.int64, count=int(lengths.sum()))
         rows = np.repeat(np.arange(len(sources)), lengths)
         inside = (ids >= 0) & (ids < self.vocab_size)
-        ids, rows = ids[inside], rows[inside]  # a word twice in a sentence: its candidates set twice, no matter
-        counts = self.offsets[ids + 1] - self.offsets[ids]
-        picked = np.repeat(self.offsets[ids] - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        # Each (sentence, word) pair once: a word 200 times in a sentence gathers its candidates once.
+        pairs = np.unique(rows[inside] * self.vocab_size + ids[inside])
         candidate = np.zeros((len(sources), self.vocab_size), dtype=bool)
-        candidate[np.repeat(rows, counts), self.words[picked]] = True
+        self._mark(candidate, pairs // self.vocab_size, pairs % self.vocab_size)
         candidate[:, common] = False
         frequent = common.copy()
         frequent[specials] = False
@@ -120,13 +133,17 @@ class Shortlist:
     @classmethod
     def load(cls, path: Path, vocab_size: int) -> Shortlist:
         """Read and check a shortlist for a model of `vocab_size` words: no pickles, every array's
-        size checked from its header against the vocabulary and MAX_BYTES before it is read, every
-        id in range."""
+        size checked from its header against the vocabulary (at most MAX_PER_WORD candidates a
+        word) and MAX_BYTES before it is read, every id in range."""
         arrays = _read_arrays(Path(path), vocab_size)
         always, offsets, words = arrays["always"], arrays["offsets"], arrays["words"]
         problem = None
-        if offsets[0] != 0 or offsets[-1] != len(words) or np.any(np.diff(offsets) < 0):
+        per_word = np.diff(offsets)
+        if offsets[0] != 0 or offsets[-1] != len(words) or np.any(per_word < 0):
             problem = "offsets out of order"
+        elif per_word.max(initial=0) > MAX_PER_WORD:
+            word = int(per_word.argmax())
+            problem = f"source word {word} has {per_word[word]} candidates, more than {MAX_PER_WORD}"
         elif any(len(a) and (a.min() < 0 or a.max() >= vocab_size) for a in (always, words)):
             problem = "word ids outside the vocabulary"
         if problem:
@@ -157,7 +174,7 @@ def _read_arrays(path: Path, vocab_size: int) -> dict[str, np.ndarray]:
         "vocab_size": lambda shape: shape == (),
         "always": lambda shape: len(shape) == 1 and shape[0] <= vocab_size,
         "offsets": lambda shape: shape == (vocab_size + 1,),
-        "words": lambda shape: len(shape) == 1 and shape[0] <= MAX_WORDS,
+        "words": lambda shape: len(shape) == 1 and shape[0] <= min(MAX_WORDS, vocab_size * MAX_PER_WORD),
     }
     try:
         if path.stat().st_size > MAX_BYTES + (1 << 20):
@@ -182,6 +199,7 @@ def _read_arrays(path: Path, vocab_size: int) -> dict[str, np.ndarray]:
                 if not fits(shape):
                     raise ShortlistError(
                         f"{path}: {name}: shape {shape} does not fit a vocabulary of {vocab_size} words"
+                        + (f" ({MAX_PER_WORD} candidates a word at most)" if name == "words" else "")
                     )
                 size = math.prod(shape) * dtype.itemsize
                 if info.file_size != header + size:

@@ -6,8 +6,9 @@ subword.py), so it imports its siblings relatively and nothing else from this re
 A package folder holds encoder.onnx, decoder.onnx (graph I/O: see model/onnx_export.py and the
 package's MODEL_CARD.md), tokenizer.json, generation.json and package.json, which lists every
 file with its sha256. Translator refuses a package whose files differ from that list, that holds
-anything but regular files, or whose graphs name external data outside it (mt_runtime/files.py),
-before onnxruntime opens a graph.
+anything but regular files, or whose graphs read external data outside it or not in the list
+(mt_runtime/files.py), before onnxruntime opens a graph; and a graph whose inputs and outputs are
+not the format's as it opens it (mt_runtime/graph_checks.py).
 
 Packages for the CPU also hold generate.onnx: the same two graphs inside onnxruntime's BeamSearch
 op (model/onnx_passes/), so that a whole batch is translated by one onnxruntime call instead
@@ -26,8 +27,8 @@ from typing import Sequence
 import numpy as np
 import onnxruntime as ort
 
-from . import package_checks
-from .files import PACKAGE_JSON, PackageError, sha256_file, verify_package  # noqa: F401 (re-exported)
+from . import graph_checks, package_checks
+from .files import PACKAGE_JSON, PackageError, reason, sha256_file, verify_package  # noqa: F401 (re-exported)
 from .layout import (
     CACHE_INDEX,
     DECODER,
@@ -304,14 +305,19 @@ class GraphSearch:
         self.extra = {} if shortlist or not listed else {SHORTLISTED: np.array([False])}
 
     @classmethod
-    def load(cls, folder: Path, options: ort.SessionOptions, listed=None, shortlist: bool = True) -> GraphSearch | None:
+    def load(
+        cls, folder: Path, options: ort.SessionOptions, listed=None, shortlist: bool = True, layers: int | None = None
+    ) -> GraphSearch | None:
         """The folder's generate graphs on the CPU, or None where it has none. `listed`: the files
-        the package lists (verified); a graph it does not list is never opened."""
-        sessions = [
-            ort.InferenceSession(str(folder / name), options, providers=["CPUExecutionProvider"])
-            for name in cls.FILES
-            if (folder / name).is_file() and (listed is None or name in listed)
-        ]
+        the package lists (verified); a graph it does not list is never opened. With `layers`, each
+        is checked against the format's layout (mt_runtime/graph_checks.py)."""
+        sessions = []
+        for name in cls.FILES:
+            if (folder / name).is_file() and (listed is None or name in listed):
+                session = ort.InferenceSession(str(folder / name), options, providers=["CPUExecutionProvider"])
+                if layers is not None:
+                    graph_checks.check_graph(folder / name, session.get_inputs(), session.get_outputs(), layers)
+                sessions.append(session)
         return cls(*sessions, shortlist=shortlist) if sessions else None
 
     def __call__(self, src: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
@@ -399,8 +405,8 @@ class Translator:
             providers = [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
         elif device != "cpu":
             raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-        encoder = ort.InferenceSession(str(self.folder / ENCODER), options, providers=providers)
-        decoder = ort.InferenceSession(str(self.folder / DECODER), options, providers=providers)
+        encoder = self._open(ENCODER, options, providers)
+        decoder = self._open(DECODER, options, providers)
         # What really loaded: a CUDA provider that is listed but cannot start falls back to the CPU.
         self.providers = decoder.get_providers()
         self.device = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
@@ -409,9 +415,7 @@ class Translator:
         self.tokenizer, self.generation = self._check_content(decoder)
         listed = self.package["files"]
         many_rows, greedy = (
-            ort.InferenceSession(str(self.folder / name), options, providers=["CPUExecutionProvider"])
-            if self.device == "cpu" and name in listed
-            else None
+            self._open(name, options) if self.device == "cpu" and name in listed else None
             for name in (DECODER_BATCH, DECODER_GREEDY)
         )
         lexical = None
@@ -422,7 +426,7 @@ class Translator:
                 raise PackageError(str(exc)) from None
             lexical = (
                 table,
-                ort.InferenceSession(str(self.folder / SHORTLIST_GRAPH), options, providers=["CPUExecutionProvider"]),
+                self._open(SHORTLIST_GRAPH, options),
                 (self.generation.pad_id, self.generation.bos_id, self.generation.eos_id),
             )
         self.decoder = OnnxDecoder(
@@ -439,7 +443,9 @@ class Translator:
         self.graph_search = None
         if has_graph and search != "python":
             try:
-                self.graph_search = GraphSearch.load(self.folder, options, listed, shortlist)
+                self.graph_search = GraphSearch.load(self.folder, options, listed, shortlist, self.layers)
+            except PackageError:  # a graph that is not the format's: the package is wrong, not this onnxruntime
+                raise
             except Exception as exc:  # e.g. a minimal onnxruntime build without the contrib ops
                 if search == "graph":
                     raise PackageError(f"{self.folder}: generate.onnx does not load: {exc}") from exc
@@ -450,6 +456,19 @@ class Translator:
                 )
         self.searcher = PackageSearch(self.decoder, self.graph_search, search)
         self.search, self.batch_search = self.searcher.one, self.searcher.many  # one sentence, several
+
+    def _open(self, name: str, options: ort.SessionOptions, providers=("CPUExecutionProvider",)):
+        """A session on the package's graph `name`, its inputs and outputs checked against the
+        format's layout (mt_runtime/graph_checks.py; the encoder first: it tells the layer count)."""
+        path = self.folder / name
+        try:
+            session = ort.InferenceSession(str(path), options, providers=list(providers))
+        except Exception as exc:  # onnxruntime's errors: a file it cannot read as a graph
+            raise PackageError(f"{path}: onnxruntime cannot load it ({reason(exc)})") from None
+        if name == ENCODER:
+            self.layers = graph_checks.decoder_layers(session.get_outputs(), path)
+        graph_checks.check_graph(path, session.get_inputs(), session.get_outputs(), self.layers)
+        return session
 
     def _check_content(self, decoder: ort.InferenceSession) -> tuple[SubwordTokenizer, GenerationConfig]:
         """The tokenizer and generation.json, checked against the graphs (mt_runtime/package_checks.py)

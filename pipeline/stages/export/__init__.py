@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
+from mt_runtime.shortlist import MAX_PER_WORD
 from pydantic import Field
 
 from ...engine.recipe import PositiveFloat, PositiveInt, Strict, dump_config
@@ -26,9 +27,10 @@ class ParityConfig(Strict):
 
 class ShortlistConfig(Strict):
     # Every batch may produce the `frequent` most frequent target words, and for each of its
-    # source words the `per_word` target words most above their base rate beside it (mt_runtime/shortlist.py).
+    # source words the `per_word` target words most above their base rate beside it (mt_runtime/shortlist.py,
+    # whose runtime refuses more than MAX_PER_WORD a word).
     frequent: Annotated[int, Field(ge=1, le=1_000_000)] = 300
-    per_word: Annotated[int, Field(ge=1, le=10_000)] = 50
+    per_word: Annotated[int, Field(ge=1, le=MAX_PER_WORD)] = 50
     max_pairs: Annotated[int, Field(ge=1, le=100_000_000)] = 2_000_000  # the first training pairs counted
 
 
