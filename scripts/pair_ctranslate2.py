@@ -12,7 +12,7 @@ faster; for greedy batches also the package without its shortlist ("whole"), whe
 batch 1 over the first 64 sentences.
 
 Several thread counts (`--threads 1,2`) or --separate: the benchmark stage's `versus`
-(pipeline.measure.speed), every timing in a fresh process, every point on all the sentences: per
+(pipeline.measure.process), every timing in a fresh process, every point on all the sentences: per
 thread count one process holding both, taking turns, and with --separate one process per side
 holding it alone (`--separate-rounds`, default --rounds); one row per thread count and point,
 then each side at its own best thread count. This script is docs/results.md's independent timing.
@@ -24,7 +24,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from pipeline.measure.speed import best_vs_best, run_process, separate_points, take_turns
+from pipeline.measure.jobs import AloneJob, Engine, VersusJob
+from pipeline.measure.process import run_process
+from pipeline.measure.versus import best_vs_best, separate_points, take_turns
 from pipeline.report.rows import best_lines
 
 
@@ -89,41 +91,26 @@ def in_this_process(args, sample: list[str], threads: int, points: list[list[int
 
 def in_processes(args, sample: list[str], threads: list[int], points: list[list[int]]) -> None:
     """Each timing in a fresh process, as the benchmark stage makes them."""
-    sides = {
-        "ctranslate2": {"runtime": "ctranslate2", "folder": str(args.ctranslate2)},
-        "ours": {"runtime": "onnxruntime", "folder": str(args.package)},
-    }
-    common = {"sentences": sample, "points": points, "tokenizer": str(args.package / "tokenizer.json")}
+    sides = {"ctranslate2": ("ctranslate2", str(args.ctranslate2)), "ours": ("onnxruntime", str(args.package))}
+    tokenizer = str(args.package / "tokenizer.json")
 
-    def engine(side: str, n: int) -> dict:
-        return {**sides[side], "device": "cpu", "compute_type": args.compute_type, "threads": n}
+    def engine(side: str, n: int) -> Engine:
+        runtime, folder = sides[side]
+        return Engine(runtime, "cpu", args.compute_type, folder, n)
 
     rounds = args.separate_rounds or args.rounds
+
+    def alone_job(side: str, n: int) -> AloneJob:
+        return AloneJob(engine(side, n), n, sample, points, rounds, tokenizer)
+
     together, alone = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in threads:
-            together[str(n)] = run_process(
-                Path(tmp),
-                f"versus-t{n}",
-                {
-                    **common,
-                    "kind": "versus",
-                    "threads": n,
-                    "rounds": args.rounds,
-                    "ours": engine("ours", n),
-                    "theirs": engine("ctranslate2", n),
-                },
-                n,
-            )
+            job = VersusJob(engine("ours", n), engine("ctranslate2", n), n, sample, points, args.rounds, tokenizer)
+            together[str(n)] = run_process(Path(tmp), f"versus-t{n}", job, n)
             if args.separate:
                 alone[str(n)] = {
-                    side: run_process(
-                        Path(tmp),
-                        f"alone-{side}-t{n}",
-                        {**common, "kind": "alone", "threads": n, "rounds": rounds, "engine": engine(side, n)},
-                        n,
-                    )
-                    for side in sides
+                    side: run_process(Path(tmp), f"alone-{side}-t{n}", alone_job(side, n), n) for side in sides
                 }
     print(
         f"{len(sample)} sentences; taking turns in one process, {args.rounds} rounds"

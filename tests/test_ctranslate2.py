@@ -128,22 +128,16 @@ def test_ours_and_ctranslate2_are_timed_in_one_process_point_by_point(tmp_path, 
     """benchmark.versus: our package and the converted model, same weights, same threads, taking
     turns batch by batch at every (batch, beam); one verdict per point, from the rounds' ratios."""
     from pipeline.export.package_builder import build_package
-    from pipeline.measure.speed import measure_versus
+    from pipeline.measure.jobs import Engine, VersusJob
+    from pipeline.measure.versus import measure_versus
 
     sentences, tokenizer = corpus
     model, folder = tiny_model(tmp_path, tokenizer)
     build_package(model, "fp32", tmp_path / "fp32", tokenizer=folder / "tokenizer.json", work=tmp_path / "work")
     export_ctranslate2(folder, tmp_path / "ct2", "float32")
-    engine = {"device": "cpu", "compute_type": "float32", "threads": 1}
-    job = {
-        "kind": "versus",
-        "threads": 1,
-        "sentences": sentences[:10],
-        "points": [[1, 1], [4, 2]],
-        "rounds": 2,
-        "ours": {**engine, "runtime": "onnxruntime", "folder": str(tmp_path / "fp32")},
-        "theirs": {**engine, "runtime": "ctranslate2", "folder": str(tmp_path / "ct2")},
-    }
+    ours = Engine("onnxruntime", "cpu", "float32", str(tmp_path / "fp32"), 1)
+    theirs = Engine("ctranslate2", "cpu", "float32", str(tmp_path / "ct2"), 1)
+    job = VersusJob(ours, theirs, 1, sentences[:10], [[1, 1], [4, 2]], 2, None)
     result = measure_versus(job)
     assert result["search"] == {"one_sentence": "graph", "batches": "python"} and result["sentences"] == 10
     greedy, beam = result["points"]
@@ -168,9 +162,9 @@ def test_each_side_is_also_timed_alone_in_a_process_of_its_own(tmp_path, corpus)
     import os
     import statistics
 
-    import pipeline.stages.benchmark.build as bench
     from pipeline.export.package_builder import build_package
-    from pipeline.stages.benchmark import BenchmarkNode
+    from pipeline.measure.peers import versus_ctranslate2
+    from pipeline.measure.rows import BenchmarkRow
 
     from .conftest import QuietContext
 
@@ -178,15 +172,14 @@ def test_each_side_is_also_timed_alone_in_a_process_of_its_own(tmp_path, corpus)
     model, folder = tiny_model(tmp_path, tokenizer)
     build_package(model, "fp32", tmp_path / "fp32", tokenizer=folder / "tokenizer.json", work=tmp_path / "work")
     export_ctranslate2(folder, tmp_path / "ct2", "float32")
-    common = {"device": "cpu", "compute_type": "float32", "skipped": None, "source": "student", "threads": 1}
-    ours = {**common, "name": "student_onnx", "runtime": "onnxruntime", "folder": str(tmp_path / "fp32")}
-    peer = {**common, "name": "ctranslate2_student_float32", "runtime": "ctranslate2", "folder": str(tmp_path / "ct2")}
-    cfg = BenchmarkNode(
-        final_model="student", versus={"batches": [1, 4], "beams": [1], "rounds": 2, "separate_rounds": 3}
-    )
-    bench.versus_ctranslate2(QuietContext(tmp_path / "jobs"), [ours, peer], sentences[:10], cfg, [1])
+    common = {"device": "cpu", "compute_type": "float32", "source": "student", "threads": 1}
+    ours = BenchmarkRow("student_onnx", "student", "onnxruntime", folder=str(tmp_path / "fp32"), **common)
+    peer = BenchmarkRow("ctranslate2_student_float32", "student", "ctranslate2", folder=str(tmp_path / "ct2"), **common)
+    points = [[1, 1], [4, 1]]
+    ctx = QuietContext(tmp_path / "jobs")
+    by_row = versus_ctranslate2(ctx, [ours, peer], sentences[:10], "student", points, 2, 3, [1])
 
-    versus = ours["versus"]
+    versus = by_row["student_onnx"]
     together, alone = versus["by_threads"]["1"], versus["separate"]["by_threads"]["1"]
     assert versus["separate"]["rounds"] == 3 and together["rounds"] == 2
     mine, theirs = alone["ours"], alone["ctranslate2"]

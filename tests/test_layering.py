@@ -15,7 +15,7 @@ from pipeline.stages import BY_KIND, STAGES
 
 # pipeline/'s subpackages, lowest first: a module may import its own subpackage and those ranked
 # below it (docs/architecture.md draws them).
-LAYERS = {"engine": 1, "corpora": 2, "measure": 3, "export": 3, "report": 3, "training": 4, "stages": 5, "commands": 6}
+LAYERS = {"engine": 1, "corpora": 2, "measure": 3, "export": 3, "report": 4, "training": 4, "stages": 5, "commands": 6}
 MACHINERY = {"pipeline/engine/graph.py", "pipeline/engine/runner.py", "pipeline/stages/__init__.py"}
 
 
@@ -110,10 +110,13 @@ def test_the_registry_imports_no_torch():
 
 
 def test_code_a_stage_runs_in_a_child_process_is_in_its_fingerprint():
-    # The benchmark measures in fresh processes (python -m pipeline.measure.speed): the runtime it
+    # The benchmark measures in fresh processes (python -m pipeline.measure.process): the runtime it
     # times is code the stage runs, so a change to it must rebuild the benchmark.
     reached = set(stage_code(BY_KIND["benchmark"].build))
     assert {
+        "pipeline/measure/process.py",
+        "pipeline/measure/latency.py",
+        "pipeline/measure/versus.py",
         "pipeline/measure/speed.py",
         "model/runtime/mt_runtime/translator.py",
         "pipeline/measure/translators.py",
@@ -137,3 +140,18 @@ def test_the_runtime_needs_only_its_declared_dependencies():
         allowed = {"numpy", "onnxruntime", "tokenizers"} | ({"aiohttp"} if path.name == "serve.py" else set())
         assert _third_party(path) <= allowed, (path.name, _third_party(path))
     assert _third_party(folder / "layout.py") == set()
+
+
+def test_no_test_reaches_into_the_benchmark_or_report_stages_build():
+    # Their logic is library code (pipeline/measure/, pipeline/report/); a test that needs a name
+    # from a stage's build.py says that name is in the wrong place.
+    found = []
+    for path in sorted((PROJECT_ROOT / "tests").glob("test_*.py")):
+        for base, names in import_statements(path.read_text(encoding="utf-8"), f"tests.{path.stem}", False):
+            targets = [base, *(f"{base}.{n}" for n in names)]
+            found += [
+                f"{path.name}: {t}"
+                for t in targets
+                if t in {f"pipeline.stages.{k}.build" for k in ("benchmark", "report")}
+            ]
+    assert not found, found

@@ -79,7 +79,7 @@ def test_evaluate_stage_checks_a_package_gives_each_sentence_its_batched_transla
     """An ONNX package is scored on batches and every sentence is translated again alone: each comes
     out the same (the package format's promise), so one BLEU holds for every batch size; the
     report says so per row. A torch model is not checked (not a shipped path)."""
-    from pipeline.stages.report.build import alone_lines
+    from pipeline.report.markdown import alone_lines
 
     for variant in ("int8_dynamic", "int8_static"):
         _, arts = smoke.build(f"evaluate.{variant}")

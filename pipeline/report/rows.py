@@ -1,9 +1,10 @@
 """A report row: one model on one runtime, device and thread count, with its quality and speed.
 
-The benchmark stage measures the speed part, the report stage (pipeline/stages/report/build.py) joins
-the quality part and the ratios, and `pipeline report` (pipeline/commands/report_view.py) shows and
-compares rows. report.json is an interface others script against: keys may be added, never
-renamed; the required ones below are checked before a report is written.
+The benchmark stage measures the speed part (pipeline/measure/rows.py), the report stage joins
+the quality part and the ratios (pipeline/report/table.py), and `pipeline report`
+(pipeline/commands/report_view.py) shows and compares rows. report.json is an interface others
+script against: keys may be added, never renamed; the required ones below are checked before a
+report is written.
 """
 
 # No `from __future__ import annotations` here: TypedDict must see NotRequired itself, not a string.
