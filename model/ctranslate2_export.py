@@ -247,6 +247,17 @@ class PeerTranslator:
         unk = self.tokenizer.unk_id
         return [[self.vocab.get(t, unk) for t in r.hypotheses[0][:limit]] for r, limit in zip(results, limits)]
 
+    def describe(self) -> dict:
+        import ctranslate2
+
+        return {
+            "runtime": self.runtime,
+            "device": self.device,
+            "threads": self.threads,
+            "compute_type": self.compute_type,
+            "ctranslate2": ctranslate2.__version__,
+        }
+
     def translate(
         self,
         sentences: Sequence[str],

@@ -98,8 +98,14 @@ class _ImportedTranslator:
     distributions over its own outputs for word-level distillation."""
 
     hf = None  # the checkpoint's transformers tokenizer
+    runtime = ""
     device = "cpu"
+    threads: int | None = None
     _teacher_forced_model = None
+
+    def describe(self) -> dict:
+        """How it runs (mt_runtime/registry.py's TextTranslator): the checkpoint's own search."""
+        return {"runtime": self.runtime, "device": self.device, "threads": self.threads}
 
     def translate(
         self,
@@ -194,7 +200,7 @@ class HFTranslator(_ImportedTranslator):
         if threads:
             torch.set_num_threads(threads)
         checkpoint_config(checkpoint)
-        self.checkpoint, self.device = Path(checkpoint), device
+        self.checkpoint, self.device, self.threads = Path(checkpoint), device, threads
         self.hf = from_pretrained(transformers.AutoTokenizer, checkpoint)
         self.tokenizer = TokenCounter(self.hf)
         self.model = self._teacher_forced_model = (
@@ -308,7 +314,7 @@ class ImportedCT2Translator(_ImportedTranslator):
 
         transformers = require_transformers()
         config = checkpoint_config(checkpoint)
-        self.checkpoint, self.device = Path(checkpoint), device
+        self.checkpoint, self.device, self.threads = Path(checkpoint), device, threads
         self.hf = from_pretrained(transformers.AutoTokenizer, checkpoint)
         self.tokenizer = TokenCounter(self.hf)
         self.translator = ctranslate2.Translator(

@@ -78,7 +78,7 @@ class TorchTranslator:
             torch.set_num_threads(threads)
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
-        self.device = device
+        self.device, self.threads = device, threads
         self.decoder = TorchDecoder(self.model, device)
 
     @classmethod
@@ -114,6 +114,16 @@ class TorchTranslator:
             max_batch=max_batch,
             on_batch=on_batch,
         )
+
+    def describe(self) -> dict:
+        """How it runs (mt_runtime/registry.py's TextTranslator); its search is always
+        mt_runtime/search.py's loop, so it names none (ONNX packages name theirs)."""
+        return {
+            "runtime": self.runtime,
+            "device": str(self.device),
+            "threads": self.threads,
+            "torch": torch.__version__,
+        }
 
     def translate_nbest(
         self,

@@ -384,3 +384,27 @@ def test_a_fast_tokenizer_converts_with_its_ids(tmp_path, data_dir):
     hf.save_pretrained(tmp_path / "odd")
     with pytest.raises(UnconvertibleTokenizer, match="pad '\\[PAD\\]'"):
         teacher_tokenizers(tmp_path / "odd")
+
+
+def test_the_registry_opens_an_imported_teacher_and_its_ctranslate2_conversion(marian, tmp_path):
+    """The imported kinds (mt_runtime/registry.py, registered by pipeline/measure/translators.py):
+    an import_teacher artifact's folder (hf_import.json + checkpoint/) opens in transformers, the
+    benchmark's CTranslate2 conversion of it (model.bin + hf/) in CTranslate2."""
+    pytest.importorskip("ctranslate2")
+    from model.hf_translator import convert_for_serving
+    from pipeline.measure.translators import kind_of, open_model
+
+    imported = tmp_path / "import_teacher"
+    shutil.copytree(marian, imported / "checkpoint")
+    (imported / "hf_import.json").write_text("{}", encoding="utf-8")
+    converted = convert_for_serving(imported / "checkpoint", tmp_path / "teacher-float32")
+    sentences = ["A man is riding a bike.", "Two dogs play in the snow."]
+    outputs = {}
+    kinds = ((imported, "hf-import", "transformers"), (converted, "ctranslate2-hf", "ctranslate2"))
+    for folder, kind, runtime in kinds:
+        assert kind_of(folder).name == kind
+        translator = open_model(folder, threads=1)
+        assert translator.runtime == translator.describe()["runtime"] == runtime and translator.device == "cpu"
+        outputs[kind] = translator.translate(sentences, beam=1)
+    for out in outputs.values():  # a random model: the two engines' texts agree only mostly
+        assert len(out) == 2 and all(out)

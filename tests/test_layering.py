@@ -15,7 +15,17 @@ from pipeline.stages import BY_KIND, STAGES
 
 # pipeline/'s subpackages, lowest first: a module may import its own subpackage and those ranked
 # below it (docs/architecture.md draws them).
-LAYERS = {"engine": 1, "corpora": 2, "measure": 3, "export": 3, "report": 4, "training": 4, "stages": 5, "commands": 6}
+LAYERS = {
+    "engine": 1,
+    "corpora": 2,
+    "measure": 3,
+    "export": 3,
+    "report": 4,
+    "training": 4,
+    "quantize": 4,
+    "stages": 5,
+    "commands": 6,
+}
 MACHINERY = {"pipeline/engine/graph.py", "pipeline/engine/runner.py", "pipeline/stages/__init__.py"}
 
 

@@ -35,7 +35,7 @@ from model.transformer import Transformer, TransformerConfig
 from pipeline.corpora.splits import read_split
 from pipeline.engine.errors import IntegrityError
 from pipeline.export.packages import copy_packages
-from pipeline.measure.translators import load_translator
+from pipeline.measure.translators import open_model
 
 from .conftest import REPO
 
@@ -228,8 +228,8 @@ def test_export_stage_parity_and_packages(export_artifact):
 def test_onnx_translator_matches_torch_translator(export_artifact):
     _, arts = export_artifact
     src, _ = read_split(arts["data"].path, "valid")
-    onnx = load_translator(arts["export.student"].path, "fp32", threads=1)
-    torch_t = load_translator(arts["student"].path)
+    onnx = open_model(arts["export.student"].path / "fp32", threads=1)
+    torch_t = open_model(arts["student"].path)
     assert onnx.runtime == "onnxruntime" and isinstance(torch_t, TorchTranslator)
     assert onnx.search == "graph"
     steps = Translator(arts["export.student"].path / "fp32", threads=1, search="python")
@@ -262,7 +262,7 @@ def test_runtime_runs_without_torch(export_artifact, tmp_path):
     _, arts = export_artifact
     [dest] = copy_packages(arts["export.student"], tmp_path / "shipped", "fp32")
     src, _ = read_split(arts["data"].path, "valid")
-    expected = load_translator(arts["student"].path).translate(src[:5], beam=2)
+    expected = open_model(arts["student"].path).translate(src[:5], beam=2)
     script = (
         "import sys, json\n"
         "for name in ('torch', 'onnx', 'model', 'pipeline'):\n"
@@ -309,7 +309,7 @@ def test_package_with_a_flipped_byte_is_refused(export_artifact, tmp_path):
     with pytest.raises(PackageError, match="decoder.onnx"):
         Translator(package)
     with pytest.raises(IntegrityError, match="decoder.onnx"):
-        load_translator(package)
+        open_model(package)
 
 
 def test_cuda_request_falls_back_to_cpu_without_a_gpu(export_artifact):

@@ -30,8 +30,8 @@ from model.transformer import Transformer, TransformerConfig
 from pipeline.corpora.splits import read_split
 from pipeline.engine.errors import StageFailed
 from pipeline.export.float_graphs import float32_graphs, variant_graphs
-from pipeline.measure.translators import load_translator
-from pipeline.stages.quantize.build import guarded_search
+from pipeline.measure.translators import open_model
+from pipeline.quantize.guard import guarded_search
 
 NO_PRUNE = "prune=null"
 
@@ -406,7 +406,7 @@ def test_quantize_stage_writes_guarded_packages(quantized):
         assert report["latency_ratio"] > 0 and report["latency_search"] == "graph"
         assert package["variant"] == variant and package["float_groups"] == report["float_groups"]
         assert "weight groups kept in float" in (art.path / variant / "MODEL_CARD.md").read_text()
-        translator = load_translator(art.path, variant)
+        translator = open_model(art.path / variant)
         assert translator.runtime == "onnxruntime"
         out = translator.translate(src[:8], beam=2)
         assert len(out) == 8 and all(isinstance(s, str) for s in out)

@@ -170,7 +170,7 @@ def test_a_code_change_makes_what_runs_that_code_stale_and_names_the_file(tmp_pa
 
     # The int8 code alone: quantize and what is built from it get new ids, nothing upstream does.
     tokenizer_py.write_text(source)
-    quantize_py = code / "model" / "onnx_quantize.py"
+    quantize_py = code / "model" / "onnx_quantize" / "rows.py"
     quantize_py.write_text(quantize_py.read_text() + "\nQUANTIZE_CHANGED = True\n")
     moved = {n for n, r in _status(store, code).items() if r["id"] != before[n]["id"]}
     assert moved == {"quantize", "evaluate.int8_dynamic", "evaluate.int8_static", "benchmark", "report"}

@@ -117,7 +117,7 @@ def test_an_artifacts_default_package_is_the_faster_int8(tmp_path):
         (folder / name).mkdir(parents=True)
         (folder / name / "package.json").write_text("{}")
     store = Store(tmp_path / "store")
-    assert resolve_model(store, str(folder), None) == (folder, "int8_static")
+    assert resolve_model(store, str(folder), None) == folder / "int8_static"
     (folder / "int8_static" / "package.json").unlink()
-    assert resolve_model(store, str(folder), None) == (folder, "int8_dynamic")
-    assert resolve_model(store, str(folder / "fp32"), None) == (folder / "fp32", None)
+    assert resolve_model(store, str(folder), None) == folder / "int8_dynamic"
+    assert resolve_model(store, str(folder / "fp32"), None) == folder / "fp32"

@@ -33,7 +33,7 @@ from ..engine.context import console
 from ..engine.errors import IntegrityError, OutputError, ReaderGone, UserInputError
 from ..engine.machine import usable_cores
 from ..engine.store import MANIFEST, Store
-from ..measure.translators import is_onnx_package, is_torch_model, load_translator
+from ..measure.translators import kind_of, open_model
 
 # An artifact's package when none is named: int8_static first, the faster int8 at every point
 # measured against CTranslate2 with the same BLEU (docs/results.md, issue 52).
@@ -41,7 +41,9 @@ DEFAULT_PACKAGES = ("int8_static", "int8_dynamic", "fp32", "fp16")
 _SKIP_CHUNK = 1 << 16
 
 
-def resolve_model(store: Store, ref: str, package: str | None) -> tuple[Path, str | None]:
+def resolve_model(store: Store, ref: str, package: str | None) -> Path:
+    """The model folder `ref` names (a folder, or an artifact and the package in it), its
+    artifact verified. What makes a folder a model is the registry's (mt_runtime/registry.py)."""
     path = Path(ref)
     if not path.is_dir():
         path = store.resolve(ref).path
@@ -53,20 +55,20 @@ def resolve_model(store: Store, ref: str, package: str | None) -> tuple[Path, st
                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
             )
     if package:
-        if not (is_onnx_package(path / package) or is_torch_model(path / package)):
+        if kind_of(path / package) is None:
             raise UserInputError(f"{path}: has no package {package!r} (has: {', '.join(_packages(path)) or 'none'})")
-        return path, package
-    if is_torch_model(path) or is_onnx_package(path):
-        return path, None
+        return path / package
+    if kind_of(path) is not None:
+        return path
     found = _packages(path)
     for name in DEFAULT_PACKAGES:
         if name in found:
-            return path, name
+            return path / name
     raise UserInputError(f"{ref}: not a model (no model.safetensors, no encoder.onnx, no packages inside)")
 
 
 def _packages(path: Path) -> list[str]:
-    return sorted(p.name for p in path.iterdir() if p.is_dir() and (is_onnx_package(p) or is_torch_model(p)))
+    return sorted(p.name for p in path.iterdir() if p.is_dir() and kind_of(p) is not None)
 
 
 def bounded_lines(stdin: BinaryIO, max_bytes: int) -> Iterator[tuple[bytes, bool]]:
@@ -118,8 +120,7 @@ def translate_stream(
         raise UserInputError("standard output is closed: nowhere to write the translations")
     threads = threads or usable_cores()  # all cores by default, as the benchmark's "all" row
     with store.reading():  # `artifacts gc` waits until this is done with the artifact
-        folder, package = resolve_model(store, model, package)
-        translator = load_translator(folder, package, device=device, threads=threads)
+        translator = open_model(resolve_model(store, model, package), device=device, threads=threads)
     stdin = stdin or sys.stdin.buffer
     stdout = stdout or sys.stdout
     block: list[str] = []
@@ -174,12 +175,12 @@ def translate_stream(
             f"[yellow]warning:[/yellow] {bad_lines} input line(s) were not valid UTF-8; invalid bytes were replaced"
         )
     elapsed = time.perf_counter() - wall
-    describe = getattr(translator, "describe", lambda: {})()
+    described = translator.describe()
     how = ", ".join(
         f"{k} {v}"
         for k, v in (
-            ("runtime", getattr(translator, "runtime", None)),
-            ("search", describe.get("batch_search")),
+            ("runtime", translator.runtime),
+            ("search", described.get("batch_search")),
             ("threads", threads),
             ("beam", beam),
             ("batch", batch_size),

@@ -51,35 +51,29 @@ class Skip(Exception):
 
 
 def open_translator(job: dict):
-    """The translator of the job's runtime, on its device, with its thread count."""
+    """The translator of the job's folder (the registry decides by what it holds), on the job's
+    device with its thread count; Skip where the job's runtime cannot run on its device here."""
     runtime, device, threads = job["runtime"], job["device"], job["threads"]
-    folder = Path(job["folder"])
+    folder = Path(job["folder"]) / job["package"] if job.get("package") else Path(job["folder"])
+    options = {}
     if runtime == "ctranslate2":
         import ctranslate2
 
-        from model.ctranslate2_export import PeerTranslator
-
         if device == "cuda" and ctranslate2.get_cuda_device_count() == 0:
             raise Skip("ctranslate2 sees no CUDA device")
-        from model.hf_translator import ImportedCT2Translator, is_serving_folder
-
-        if is_serving_folder(folder):  # an imported teacher, with its own tokenizer
-            return ImportedCT2Translator(
-                folder / "hf", folder, device=device, threads=threads, compute_type=job["compute_type"]
-            )
-        return PeerTranslator(folder, device=device, threads=threads, compute_type=job["compute_type"])
+        options["compute_type"] = job["compute_type"]
     if runtime == "torch":
         import torch
 
         if device == "cuda" and not torch.cuda.is_available():
             raise Skip(f"torch {torch.__version__} has no CUDA here")
-    from pipeline.measure.translators import load_translator
+    from pipeline.measure.translators import open_model
 
-    translator = load_translator(folder, job.get("package"), device=device, threads=threads)
-    if runtime == "onnxruntime" and getattr(translator, "device", device) != device:
+    translator = open_model(folder, device=device, threads=threads, **options)
+    if translator.device != device:
         raise Skip(
-            f"onnxruntime's {device} execution provider did not load "
-            f"(providers: {getattr(translator, 'providers', '?')})"
+            f"{translator.runtime}'s {device} execution provider did not load "
+            f"(providers: {translator.describe().get('providers', '?')})"
         )
     return translator
 

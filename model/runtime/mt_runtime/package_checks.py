@@ -19,8 +19,8 @@ the field:
   produce is inside the graphs' vocabulary (int8 graphs look a token up with
   GatherBlockQuantized, which returns whatever memory an out-of-range id points at).
 
-The shortlist's own checks are in mt_runtime/shortlist.py. Shipped inside every package
-(mt_runtime/), beside runtime.py: NumPy, tokenizers and the standard library only.
+The shortlist's own checks are in mt_runtime/shortlist.py. Part of mt-runtime, the runtime every
+package names (package.json's `runtime`): NumPy, tokenizers and the standard library only.
 """
 
 from __future__ import annotations

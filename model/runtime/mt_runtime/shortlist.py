@@ -8,7 +8,7 @@ source word of the batch its `per_word` best target words by how much more often
 with it than without it (p(t | s) - p(t) over the training pairs). The words outside the list
 cannot be produced; log-probabilities are normalised over the list.
 
-NumPy only: this file ships inside every package (mt_runtime/), beside runtime.py.
+NumPy only: part of mt-runtime, the runtime every package names (package.json's `runtime`).
 """
 
 from __future__ import annotations

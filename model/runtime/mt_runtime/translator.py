@@ -1,7 +1,7 @@
 """Translate with an exported ONNX package: onnxruntime, tokenizers and NumPy only, never torch.
 
-This file is shipped inside every package (as mt_runtime/runtime.py, next to search.py and
-subword.py), so it imports its siblings relatively and nothing else from this repository.
+Part of mt-runtime, the distribution every package names as its runtime (package.json's
+`runtime`): it imports its siblings relatively and nothing else from this repository.
 
 A package folder holds encoder.onnx, decoder.onnx (graph I/O: see model/onnx_export.py and the
 package's MODEL_CARD.md), tokenizer.json, generation.json and package.json, which lists every
@@ -292,14 +292,15 @@ class OnnxDecoder:
 
 class GraphSearch:
     """Search with generate.onnx: one session.run per batch, the loop inside onnxruntime.
-    `many_rows` (generate_batch.onnx, int8 packages) serves calls with batch x beam > 1."""
+    `batch_session` (generate_batch.onnx, int8 packages) serves calls with batch x beam > 1.
+    (OnnxDecoder's `many_rows` is decoder_batch.onnx, a step graph: another file.)"""
 
     FILES = (GENERATE, GENERATE_BATCH)
 
     def __init__(
-        self, session: ort.InferenceSession, many_rows: ort.InferenceSession | None = None, shortlist: bool = True
+        self, session: ort.InferenceSession, batch_session: ort.InferenceSession | None = None, shortlist: bool = True
     ):
-        self.session, self.many_rows = session, many_rows
+        self.session, self.batch_session = session, batch_session
         # A greedy call of one sentence runs over its word list (the package's shortlist) unless told not to.
         listed = SHORTLISTED in {i.name for i in session.get_overridable_initializers()}
         self.extra = {} if shortlist or not listed else {SHORTLISTED: np.array([False])}
@@ -329,8 +330,8 @@ class GraphSearch:
         # mt_runtime/search.py. The op takes one limit for the whole batch (the longest sentence's);
         # each output is cut to its own limit below (for greedy that is exactly mt_runtime/search.py).
         limit = max(gen.max_len(len(s)) for s in src)
-        one = self.many_rows is None or len(src) * gen.beam == 1
-        sequences = (self.session if one else self.many_rows).run(
+        one = self.batch_session is None or len(src) * gen.beam == 1
+        sequences = (self.session if one else self.batch_session).run(
             [SEQUENCES],
             {
                 INPUT_IDS: ids,

@@ -19,7 +19,7 @@ from ...corpora.splits import read_split
 from ...engine.context import StageContext
 from ...engine.errors import StageFailed, UserInputError
 from ...measure.scoring import score
-from ...measure.translators import load_translator
+from ...measure.translators import open_model
 from . import EvaluateInputs, EvaluateNode
 
 
@@ -32,7 +32,7 @@ def run(ctx: StageContext) -> dict:
     unknown = [t for t in test_sets if t not in available]
     if unknown:
         raise UserInputError(f"evaluate.test_sets: {unknown} not produced by the data stage (it has {available})")
-    translator = load_translator(model.path, cfg.package, device=cfg.device)
+    translator = open_model(model.path / cfg.package if cfg.package else model.path, device=cfg.device)
     beams = [cfg.beam] + ([1] if cfg.greedy_too and cfg.beam != 1 else [])
     results: dict = {}
     for test in test_sets:
@@ -68,8 +68,10 @@ def run(ctx: StageContext) -> dict:
         "variant": cfg.variant,
         "runtime": translator.runtime,
         "device": cfg.device,
-        # mt_runtime/search.py's loop, or "graph": onnxruntime's BeamSearch op (generate.onnx)
-        "search": getattr(translator, "search", "python"),
+        # mt_runtime/search.py's loop, or "graph": onnxruntime's BeamSearch op (generate.onnx); only
+        # packages name their search (PyTorch always runs the loop; CTranslate2 and transformers,
+        # which search on their own, have been recorded "python" and still are)
+        "search": translator.describe().get("search", "python"),
         "model_artifact": model.id,
         "bleu": head["bleu"],
         "chrf": head["chrf"],
