@@ -268,6 +268,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--engines", default=",".join((*OURS, PEER)))
     ap.add_argument("--json", type=Path, help="also write every figure here")
+    ap.add_argument("--keep", type=Path, help="build the packages in this folder and keep them (reused if there)")
     args = ap.parse_args()
     if args.worker:
         engine, folder, job = args.worker
@@ -299,9 +300,13 @@ def main() -> None:
     threads = [int(t) for t in args.threads.split(",")]
     peak = {}
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        print(f"{name}: {json.dumps(spec)}, vocab {vocab}; building...", file=sys.stderr, flush=True)
-        folders = build(spec, vocab, work, sources)
+        work = args.keep or Path(tmp)
+        if args.keep and (work / "built.json").is_file():
+            folders = {k: Path(v) for k, v in json.loads((work / "built.json").read_text()).items()}
+        else:
+            print(f"{name}: {json.dumps(spec)}, vocab {vocab}; building...", file=sys.stderr, flush=True)
+            folders = build(spec, vocab, work, sources)
+            (work / "built.json").write_text(json.dumps({k: str(v) for k, v in folders.items()}))
         peak = in_process("peak", ["peak", "-"], {"threads": 1}, work)
         results: dict = {}
         for t in threads:

@@ -15,7 +15,7 @@ from dataclasses import MISSING, dataclass, fields
 
 @dataclass(frozen=True)
 class Engine:
-    """What opens a row's translator (pipeline.measure.speed.open_translator reads these keys)."""
+    """What opens a row's translator (pipeline.measure.speed.translator_for reads these keys)."""
 
     runtime: str  # torch, onnxruntime, ctranslate2
     device: str  # cpu, cuda

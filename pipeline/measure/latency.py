@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from .jobs import LatencyJob, ScoreSpec
-from .speed import gpu_used_mb, open_translator, peak_rss_mb, runtime_versions, synchronizer
+from .speed import gpu_used_mb, peak_rss_mb, runtime_versions, synchronizer, translator_for
 from .timing import percentiles, until_stable
 
 WARMUP_SENTENCES = 3
@@ -33,7 +33,7 @@ def measure(job: LatencyJob) -> dict:
                 gpu_samples.append(used - gpu_base)
 
     t0 = time.perf_counter()
-    translator = open_translator(engine.as_dict())
+    translator = translator_for(engine.as_dict())
     load_s = time.perf_counter() - t0
     sync = synchronizer(engine.runtime, engine.device)
     note_gpu()

@@ -50,9 +50,9 @@ class Skip(Exception):
     """This measurement cannot be made here (e.g. the runtime has no CUDA); the reason is the row's."""
 
 
-def open_translator(job: dict):
-    """The translator of the job's folder (the registry decides by what it holds), on the job's
-    device with its thread count; Skip where the job's runtime cannot run on its device here."""
+def translator_for(job: dict):
+    """A measurement job's translator, opened through the registry (pipeline.measure.translators.open_model)
+    on the job's device with its thread count; Skip where its runtime cannot run on that device here."""
     runtime, device, threads = job["runtime"], job["device"], job["threads"]
     folder = Path(job["folder"]) / job["package"] if job.get("package") else Path(job["folder"])
     options = {}

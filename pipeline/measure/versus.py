@@ -10,7 +10,7 @@ import statistics
 import sys
 
 from .jobs import AloneJob, VersusJob
-from .speed import open_translator
+from .speed import translator_for
 
 
 def take_turns(engines: dict, sample: list[str], batch: int, beam: int, rounds: int, tokenizer=None):
@@ -57,7 +57,7 @@ def measure_versus(job: VersusJob) -> dict:
     is the median of the rounds' own ratios, with their range beside it, and its figures are the
     median round's (median_round)."""
     sample = job.sentences
-    engines = {"ours": open_translator(job.ours.as_dict()), "ctranslate2": open_translator(job.theirs.as_dict())}
+    engines = {"ours": translator_for(job.ours.as_dict()), "ctranslate2": translator_for(job.theirs.as_dict())}
     tokenizer = batching_tokenizer(job, engines["ours"])
     points = []
     for batch, beam in job.points:
@@ -101,7 +101,7 @@ def measure_alone(job: AloneJob) -> dict:
     fresh processes one after the other (separate_points); the machine's drift between them
     is not cancelled as it is when the two take turns."""
     sample = job.sentences
-    translator = open_translator(job.engine.as_dict())
+    translator = translator_for(job.engine.as_dict())
     tokenizer = batching_tokenizer(job, translator)
     points = []
     for batch, beam in job.points:
