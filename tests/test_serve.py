@@ -392,7 +392,8 @@ def test_sigint_when_idle_and_a_package_that_fails_to_load(package, tmp_path, co
 
 
 def test_command_line_refuses_bad_combinations(package, capsys):
-    from mt_runtime.serve import _parser, settings_from
+    from mt_runtime.serve_settings import parser as _parser
+    from mt_runtime.serve_settings import settings_from
 
     folder, _ = package
     for argv, message in (
