@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -241,15 +242,17 @@ def test_alive_but_not_ready_while_loading(package):
 
 # ---------------------------------------------------------------------------------- the command
 class Command:
-    """`python -m mt_runtime.serve serve PACKAGE --port 0 ...` with its log read as it comes."""
+    """`python -m mt_runtime.serve serve PACKAGE --port 0 ...` with its log read as it comes; this
+    checkout's runtime on its path; `nofile`: its descriptor limit."""
 
-    def __init__(self, *args: str):
+    def __init__(self, *args: str, nofile: int | None = None):
         self.process = subprocess.Popen(
             [sys.executable, "-m", "mt_runtime.serve", "serve", *args, "--port", "0"],
             cwd=REPO,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else None,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "model" / "runtime"), str(REPO)])},
         )
         self.lines: list[str] = []
         self.listening = threading.Event()
@@ -280,7 +283,7 @@ class Command:
 def command():
     """Start `Command`s; whatever a failing test leaves running is killed after it."""
     started: list[Command] = []
-    yield lambda *args: started.append(Command(*args)) or started[-1]
+    yield lambda *args, **kw: started.append(Command(*args, **kw)) or started[-1]
     for server in started:
         if server.process.poll() is None:
             server.process.kill()
@@ -389,7 +392,8 @@ def test_sigint_when_idle_and_a_package_that_fails_to_load(package, tmp_path, co
 
 
 def test_command_line_refuses_bad_combinations(package, capsys):
-    from mt_runtime.serve import _parser, settings_from
+    from mt_runtime.serve_settings import parser as _parser
+    from mt_runtime.serve_settings import settings_from
 
     folder, _ = package
     for argv, message in (

@@ -2,8 +2,8 @@
 
 JSON in and out (docs/serving.md): POST /translate {"text": "..."} or {"texts": [...], "beam": 4}
 -> {"translations": [...], "beam": 4}; GET /healthz (the process is alive), GET /readyz (the
-package is loaded and the workers run; 503 while loading or draining), GET /info (the package and
-the limits).
+package is loaded and the workers run; 503 while loading or draining), GET /info (the package by
+name and digest, never its path; the limits and counts).
 
 Requests are cut into sentences that wait in one queue; each worker thread owns a Translator and
 takes up to --batch-size sentences at a time, waiting at most --max-wait-ms after the first of them
@@ -15,7 +15,10 @@ draining.
 
 On SIGTERM or SIGINT the server drains: readiness turns false, new requests get 503, every accepted
 request is answered, then the listener closes and the process exits 0 (1 if --shutdown-timeout
-passed first or a second signal came). The HTTP side is aiohttp (docs/decisions.md, issue 51).
+passed first or a second signal came). The HTTP side is aiohttp (docs/decisions.md, issue 51);
+connections are accepted and watched by serve_limits (a cap, idle/header timeouts, a budget of
+body bytes across all connections that read_body takes from), and every request's Host header is
+checked (issue 57). The command line is serve_settings, the batching serve_workers.
 
 Torch-free: onnxruntime, tokenizers and NumPy through the runtime, and aiohttp (the `serve`
 extra); it imports the runtime relatively, as the runtime's own files do.
@@ -23,20 +26,17 @@ extra); it imports the runtime relatively, as the runtime's own files do.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
-import itertools
+import hashlib
 import json
 import logging
 import os
-import queue
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 try:
     from aiohttp import web
@@ -45,47 +45,39 @@ except ImportError:  # the `serve` extra is not installed: main() says so in one
     web = None
 
 from .layout import PACKAGE_JSON
+from .registry import open_translator
+from .serve_limits import (
+    Budget,
+    Connections,
+    Listener,
+    allowed_hosts,
+    default_max_connections,
+    host_allowed,
+    printable,
+)
+from .serve_settings import Limits, Settings, parser, settings_from
+from .serve_workers import Workers
 from .translator import Translator
+
+__all__ = ["Limits", "Service", "Settings", "main", "make_app", "parse_request", "serve", "settings_from"]
 
 log = logging.getLogger("mt_runtime.serve")
 
 
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    """What one request may hold; beyond it, a 4xx that says which limit."""
-
-    max_bytes: int = 1 << 20  # the body
-    max_texts: int = 64  # sentences in one request
-    max_chars: int = 2000  # characters in one sentence
-    max_beam: int = 8
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    package: Path
-    host: str = "127.0.0.1"
-    port: int = 8080
-    workers: int = 1
-    threads: int = 1  # onnxruntime intra-op threads of each worker's Translator
-    batch_size: int = 32
-    max_wait_ms: float = 5.0
-    queue: int = 256  # sentences accepted and not yet answered
-    limits: Limits = Limits()
-    drain_seconds: float = 0.0  # after SIGTERM, readiness false this long before the listener closes
-    shutdown_timeout: float = 60.0
-    access_log: bool = False
-
-
 class ClientError(Exception):
-    """A request the server will not run: its status, a short code and one line."""
+    """A request the server will not run: its status, a short code and one line; `close` ends
+    the connection with the answer (a body that stopped coming)."""
 
-    def __init__(self, status: int, code: str, message: str, retry_after: int | None = None):
+    def __init__(self, status: int, code: str, message: str, retry_after: int | None = None, close: bool = False):
         super().__init__(message)
-        self.status, self.code, self.retry_after = status, code, retry_after
+        self.status, self.code, self.retry_after, self.close = status, code, retry_after, close
 
     def response(self) -> web.Response:
         headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
-        return _json({"error": str(self), "code": self.code}, self.status, headers)
+        response = _json({"error": str(self), "code": self.code}, self.status, headers)
+        if self.close:
+            response.force_close()
+        return response
 
 
 def _json(body: dict, status: int = 200, headers: dict | None = None) -> web.Response:
@@ -147,109 +139,6 @@ def _kind(value) -> str:
     }.get(type(value), type(value).__name__)
 
 
-# ---------------------------------------------------------------------------------- batching workers
-class _Sentence:
-    __slots__ = ("arrived", "beam", "future", "request", "text")
-
-    def __init__(self, text: str, beam: int, future: asyncio.Future, request: int):
-        self.text, self.beam, self.future, self.request, self.arrived = text, beam, future, request, time.monotonic()
-
-
-class Workers:
-    """Worker threads, each with its own Translator, taking sentences from one queue in batches
-    of up to batch_size. A worker whose previous batch held several requests' sentences (requests
-    come concurrently) gathers until max_wait after the first sentence arrived (one that waited
-    that long already goes at once with what is there); one whose previous batch came from a
-    single request takes what is queued and goes, since waiting would only delay a lone client.
-    Sentences that arrive while every worker is busy make the next batches whatever the wait.
-    Answers go back to the event loop's futures."""
-
-    def __init__(self, make_translator: Callable[[], Translator], workers: int, batch_size: int, max_wait_ms: float):
-        self.make_translator, self.count = make_translator, workers
-        self.batch_size, self.max_wait = batch_size, max_wait_ms / 1000
-        self.queue: queue.SimpleQueue[_Sentence | None] = queue.SimpleQueue()
-        self.threads: list[threading.Thread] = []
-        self.translators: list[Translator] = []
-        self.requests = itertools.count()
-        self.batches = self.sentences = 0  # translated, counted on the event loop
-
-    async def start(self) -> None:
-        """Load a Translator in each worker thread and start them; raises what loading raised."""
-        loop = asyncio.get_running_loop()
-        loaded = [loop.create_future() for _ in range(self.count)]
-        for i in range(self.count):
-            thread = threading.Thread(target=self._run, args=(loop, loaded[i]), name=f"mt-worker-{i}", daemon=True)
-            thread.start()
-            self.threads.append(thread)
-        self.translators = list(await asyncio.gather(*loaded))
-
-    def submit(self, texts: list[str], beam: int) -> list[asyncio.Future]:
-        loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in texts]
-        request = next(self.requests)
-        for text, future in zip(texts, futures):
-            self.queue.put(_Sentence(text, beam, future, request))
-        return futures
-
-    def stop(self, timeout: float = 10.0) -> None:
-        for _ in self.threads:
-            self.queue.put(None)
-        for thread in self.threads:
-            thread.join(timeout)
-
-    def _run(self, loop: asyncio.AbstractEventLoop, loaded: asyncio.Future) -> None:
-        try:
-            translator = self.make_translator()
-            for beam in sorted({1, translator.generation.beam}):  # onnxruntime's first runs allocate
-                translator.translate(["warm up"], beam=beam)
-                translator.translate(["warm", "up"], beam=beam)
-        except Exception as exc:  # noqa: BLE001 (handed to the event loop, which says it in one line)
-            loop.call_soon_threadsafe(_settle, loaded, None, exc)
-            return
-        loop.call_soon_threadsafe(_settle, loaded, translator, None)
-        concurrent = False
-        while (batch := self._gather(concurrent)) is not None:
-            concurrent = len({s.request for s in batch}) > 1
-            batch = [s for s in batch if not s.future.cancelled()]
-            for beam in sorted({s.beam for s in batch}):
-                group = [s for s in batch if s.beam == beam]
-                try:
-                    texts = [s.text for s in group]
-                    out, error = translator.translate(texts, beam=beam, max_batch=self.batch_size), None
-                except Exception as exc:  # noqa: BLE001 (answered as a 500 to the requests of this batch)
-                    out, error = [None] * len(group), exc
-                loop.call_soon_threadsafe(self._answer, [s.future for s in group], out, error)
-
-    def _gather(self, wait: bool) -> list[_Sentence] | None:
-        first = self.queue.get()
-        if first is None:
-            return None
-        batch, deadline = [first], first.arrived + (self.max_wait if wait else 0.0)
-        while len(batch) < self.batch_size:
-            left = deadline - time.monotonic()
-            try:
-                item = self.queue.get(timeout=left) if left > 0 else self.queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is None:  # stopping: leave the sign for this worker's next turn
-                self.queue.put(None)
-                break
-            batch.append(item)
-        return batch
-
-    def _answer(self, futures: list[asyncio.Future], values: list, error: BaseException | None) -> None:
-        """On the event loop: one batch's answers to its futures, and the batch counted."""
-        self.batches += 1
-        self.sentences += len(futures)
-        for future, value in zip(futures, values):
-            _settle(future, value, error)
-
-
-def _settle(future: asyncio.Future, value, error: BaseException | None) -> None:
-    if not future.done():
-        future.set_exception(error) if error is not None else future.set_result(value)
-
-
 # --------------------------------------------------------------------------------------------- service
 class Service:
     """The state the handlers share: loading -> ready -> draining (or failed), the count of
@@ -258,7 +147,7 @@ class Service:
     def __init__(self, settings: Settings, make_translator: Callable[[], Translator] | None = None):
         self.settings, self.limits = settings, settings.limits
         self.workers = Workers(
-            make_translator or (lambda: Translator(settings.package, threads=settings.threads)),
+            make_translator or (lambda: open_translator(settings.package, threads=settings.threads)),
             settings.workers,
             settings.batch_size,
             settings.max_wait_ms,
@@ -268,6 +157,9 @@ class Service:
         self.counts = {"accepted": 0, "answered": 0, "overloaded": 0}  # requests
         self.default_beam = 1
         self.about: dict = {}
+        self.budget = Budget(settings.http.max_inflight_bytes)  # request bodies held, all connections
+        self.hosts = allowed_hosts(settings.host, settings.http.allowed_hosts)
+        self.connections: Connections | None = None  # serve() sets it; not behind aiohttp's test server
 
     async def load(self) -> None:
         try:
@@ -278,8 +170,15 @@ class Service:
         first = self.workers.translators[0]
         self.default_beam = min(first.generation.beam, self.limits.max_beam)
         described = first.describe()
-        self.about = {
-            "package": str(self.settings.package),
+        digest = hashlib.sha256((self.settings.package / PACKAGE_JSON).read_bytes()).hexdigest()
+        self.about = {  # what the package is, never where it lies on this disk
+            "package": {
+                "name": self.settings.package.resolve().name,
+                "variant": described.get("variant"),
+                "src_lang": first.package.get("src_lang"),
+                "tgt_lang": first.package.get("tgt_lang"),
+                "sha256": digest,  # of package.json, which holds every other file's
+            },
             "variant": described.get("variant"),
             "onnxruntime": described.get("onnxruntime"),
             "default_beam": self.default_beam,
@@ -332,13 +231,66 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+async def read_body(request: web.Request, service: Service, hold) -> bytes:
+    """A request's body, read as it comes within --body-timeout, its bytes taken from the
+    budget of bodies held across all connections before they are held: the announced length at
+    once (refused unread when it does not fit), what comes past it (chunked, decompressed) as it
+    comes. A ClientError says which limit it met."""
+    limits, budget = service.limits, service.budget
+    length = request.content_length
+    if length is not None and length > limits.max_bytes:
+        raise ClientError(413, "body_too_large", f"the body has {length} bytes: at most {limits.max_bytes}")
+    chunks, got = [], 0
+    try:
+        try:
+            async with asyncio.timeout(service.settings.http.body_timeout):
+                if length and not hold.take(length):
+                    raise _inflight_full(budget)
+                while chunk := await request.content.readany():
+                    got += len(chunk)
+                    if got > limits.max_bytes:
+                        raise ClientError(413, "body_too_large", f"the body has more than {limits.max_bytes} bytes")
+                    if got > hold.n and not hold.take(got - hold.n):
+                        raise _inflight_full(budget)
+                    chunks.append(chunk)
+        except TimeoutError:
+            message = f"the body did not arrive within {service.settings.http.body_timeout:g} s (--body-timeout)"
+            raise ClientError(408, "body_timeout", message, close=True) from None
+        except ConnectionError:  # the client went away mid-body: nobody reads the answer, nothing to log
+            raise ClientError(400, "incomplete_body", "the connection closed before the body ended") from None
+    except BaseException:
+        chunks.clear()  # now, not when the traceback that holds this frame is collected
+        raise
+    return b"".join(chunks)
+
+
+def _inflight_full(budget: Budget) -> ClientError:
+    return ClientError(
+        503,
+        "inflight_bytes",
+        f"request bodies being received fill the server's budget ({budget.used} of {budget.limit} bytes, "
+        "--max-inflight-bytes): retry later",
+        retry_after=1,
+    )
+
+
 def make_app(service: Service) -> web.Application:
     """The aiohttp application: routes, JSON errors for every 4xx, a line per request if asked."""
 
     @web.middleware
     async def errors(request: web.Request, handler):
         started = time.perf_counter()
+        if service.connections is not None:
+            service.connections.started(request.transport)
         try:
+            host = request.headers.get("Host")
+            if not host_allowed(host, service.hosts):
+                raise ClientError(
+                    421,
+                    "host_not_allowed",
+                    f"the Host header {printable(host or '(none)', 100)!r} is not served here: "
+                    f"{', '.join(sorted(service.hosts))} are (--allowed-host)",
+                )
             response = await handler(request)
         except ClientError as exc:
             response = exc.response()
@@ -349,33 +301,27 @@ def make_app(service: Service) -> web.Application:
                 {k: v for k, v in exc.headers.items() if k == "Allow"},
             )
         except Exception:
-            log.exception("%s %s failed", request.method, request.path)
+            log.exception("%s %s failed", printable(request.method, 20), printable(request.path))
             response = _json({"error": "internal error (logged by the server)", "code": "internal"}, 500)
         if service.state == "draining":
             response.force_close()  # a kept-alive connection ends with this answer
-        if service.settings.access_log:
+        if service.settings.access_log:  # the path as Python escapes it: no control byte reaches the log
             log.info(
                 "%s %s %d %.1f ms",
-                request.method,
-                request.path,
+                printable(request.method, 20),
+                printable(request.path),
                 response.status,
                 (time.perf_counter() - started) * 1000,
             )
+        if service.connections is not None:
+            service.connections.finished(request.transport, request.content)
         return response
 
     async def translate(request: web.Request) -> web.Response:
-        limits = service.limits
-        if request.content_length is not None and request.content_length > limits.max_bytes:
-            raise ClientError(
-                413, "body_too_large", f"the body has {request.content_length} bytes: at most {limits.max_bytes}"
-            )
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise ClientError(413, "body_too_large", f"the body has more than {limits.max_bytes} bytes") from None
-        except ConnectionError:  # the client went away mid-body: nobody reads the answer, nothing to log
-            raise ClientError(400, "incomplete_body", "the connection closed before the body ended") from None
-        texts, beam = parse_request(raw, limits, service.default_beam)
+        with service.budget.hold() as hold:  # given back once the body is parsed
+            raw = await read_body(request, service, hold)
+            texts, beam = parse_request(raw, service.limits, service.default_beam)
+            del raw
         if not texts:
             return _json({"translations": [], "beam": beam})
         try:
@@ -409,6 +355,13 @@ def make_app(service: Service) -> web.Application:
                 "requests": service.counts,
                 "batches": service.workers.batches,
                 "sentences": service.workers.sentences,
+                "http": {
+                    **{k: v for k, v in dataclasses.asdict(s.http).items() if k != "allowed_hosts"},
+                    "max_connections": service.connections.max if service.connections else None,
+                    "inflight_bytes": service.budget.used,
+                    "inflight_refused": service.budget.refused,
+                    "connections": service.connections.describe() if service.connections else None,
+                },
             }
         )
 
@@ -426,25 +379,36 @@ class _NoParseTracebacks(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], HttpProcessingError):
-            record.msg, record.args = f"{record.getMessage()}: {_one_line(record.exc_info[1])}", ()
+            record.msg, record.args = printable(f"{record.getMessage()}: {_one_line(record.exc_info[1])}", 300), ()
             record.exc_info = record.exc_text = None
         return True
 
 
 async def serve(settings: Settings, make_translator: Callable[[], Translator] | None = None) -> int:
     """Listen, load the package, serve until SIGTERM/SIGINT, drain; the exit code."""
-    service = Service(settings, make_translator)
-    runner = web.AppRunner(make_app(service), access_log=None, handle_signals=False, shutdown_timeout=5.0)
+    service, http = Service(settings, make_translator), settings.http
+    runner = web.AppRunner(
+        make_app(service),
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=5.0,
+        keepalive_timeout=http.idle_timeout + http.header_timeout,  # a backstop: the guard's comes first
+        lingering_time=http.body_timeout,  # a body refused unread is read and dropped this long at most
+    )
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
+    # Connections are accepted and watched by serve_limits, not aiohttp's sites (docs/decisions.md).
+    connections = Connections(runner.server, http, http.max_connections or default_max_connections())
     try:
-        await site.start()
+        listener = Listener(settings.host, settings.port, connections)
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror or exc)
         await runner.cleanup()
         return 1
-    host, port = runner.addresses[0][:2]
-    log.info("listening on http://%s:%d, loading %s", host, port, settings.package)
+    service.connections = connections
+    connections.start()
+    listener.start()
+    host, port = listener.address
+    log.info("listening on http://%s:%d, loading %s", f"[{host}]" if ":" in host else host, port, settings.package)
 
     loop = asyncio.get_running_loop()
     signals: list[int] = []
@@ -474,19 +438,23 @@ async def serve(settings: Settings, make_translator: Callable[[], Translator] | 
         elif service.state == "ready":
             log.info(
                 "ready: %d worker(s) x %d onnxruntime thread(s), batches of up to %d sentences gathered "
-                "for up to %g ms, queue %d sentences",
+                "for up to %g ms, queue %d sentences; at most %d connections, %d body bytes held",
                 settings.workers,
                 settings.threads,
                 settings.batch_size,
                 settings.max_wait_ms,
                 settings.queue,
+                connections.max,
+                http.max_inflight_bytes,
             )
 
     loading.add_done_callback(loaded)
     await stop.wait()
     failed = service.state == "failed"
     code = 1 if failed else await _drain(service, settings, signals)
+    listener.close()
     await runner.cleanup()
+    connections.stop()
     if loading.done() and code == 0:
         service.workers.stop()
     for number in (signal.SIGTERM, signal.SIGINT):
@@ -517,129 +485,8 @@ async def _drain(service: Service, settings: Settings, signals: list[int]) -> in
     return 0
 
 
-def cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def _positive(kind):
-    def parse(text: str):
-        value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-        return value
-
-    return parse
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mt-runtime", description="Translate with an ONNX translation package.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    p = commands.add_parser(
-        "serve",
-        help="serve a package over HTTP (JSON; docs/serving.md)",
-        description="Serve a package over HTTP: POST /translate, GET /healthz, /readyz, /info.",
-    )
-    d, limits = Settings(Path()), Limits()
-    p.add_argument("package", type=Path, help="the package folder")
-    p.add_argument("--host", default=d.host, help="address to listen on (default %(default)s; 0.0.0.0 for all)")
-    p.add_argument("--port", type=int, default=d.port, help="port (default %(default)s; 0: any free one, logged)")
-    p.add_argument(
-        "--workers",
-        type=_positive(int),
-        default=None,
-        help="worker threads, each with its own copy of the model (default 1: it served more than "
-        "one a core, docs/serving.md)",
-    )
-    p.add_argument(
-        "--threads",
-        type=_positive(int),
-        default=None,
-        help="onnxruntime threads of each worker (default: the cores but one, divided among the workers)",
-    )
-    p.add_argument(
-        "--batch-size",
-        type=_positive(int),
-        default=d.batch_size,
-        help="most sentences translated together (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-wait-ms",
-        type=float,
-        default=d.max_wait_ms,
-        help="under concurrent requests, how long a batch waits for more sentences after its "
-        "first arrived (default %(default)s)",
-    )
-    p.add_argument(
-        "--queue",
-        type=_positive(int),
-        default=d.queue,
-        help="sentences accepted and not yet answered; beyond it requests get 503 (default %(default)s)",
-    )
-    for field, what in (
-        ("max_texts", "texts in one request"),
-        ("max_chars", "characters in one text"),
-        ("max_bytes", "bytes in one request body"),
-        ("max_beam", "largest beam a request may ask for"),
-    ):
-        p.add_argument(
-            "--" + field.replace("_", "-"),
-            type=_positive(int),
-            default=getattr(limits, field),
-            help=what + " (default %(default)s)",
-        )
-    p.add_argument(
-        "--drain-seconds",
-        type=float,
-        default=d.drain_seconds,
-        help="after SIGTERM, answer /readyz 503 at least this long before closing, so that a load "
-        "balancer stops sending first (default %(default)s)",
-    )
-    p.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=d.shutdown_timeout,
-        help="most seconds to finish accepted requests after SIGTERM (default %(default)s)",
-    )
-    p.add_argument("--access-log", action="store_true", help="log one line per request")
-    p.set_defaults(subparser=p)
-    return parser
-
-
-def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Settings:
-    """The settings the command line asks for; a bad combination exits 2 with one line."""
-    workers = args.workers or 1
-    # A core for the event loop (HTTP, JSON) where there are several: on 2 cores, 1 thread against
-    # 2 gave p99 at 8 clients 29-37 ms against 38-59 ms and 326-375 sentences/s against 272-283
-    # (docs/serving.md).
-    threads = args.threads or max(1, (cores() - 1) // workers if cores() > 1 else 1)
-    if args.max_texts > args.queue:
-        parser.error(f"--max-texts ({args.max_texts}) must not exceed --queue ({args.queue})")
-    if args.max_wait_ms < 0 or args.drain_seconds < 0 or args.shutdown_timeout <= 0:
-        parser.error("--max-wait-ms and --drain-seconds must be 0 or more, --shutdown-timeout above 0")
-    if not (args.package / PACKAGE_JSON).is_file():
-        parser.error(f"{args.package}: not a package folder (no {PACKAGE_JSON})")
-    return Settings(
-        args.package,
-        args.host,
-        args.port,
-        workers,
-        threads,
-        args.batch_size,
-        args.max_wait_ms,
-        args.queue,
-        Limits(args.max_bytes, args.max_texts, args.max_chars, args.max_beam),
-        args.drain_seconds,
-        args.shutdown_timeout,
-        args.access_log,
-    )
-
-
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     if web is None:
         sys.exit("mt-runtime: serving needs aiohttp: pip install 'mt-runtime[serve]' (or 'aiohttp>=3.9,<4')")
     settings = settings_from(args, args.subparser)
