@@ -15,7 +15,7 @@ One module a job (as DVC keeps its lock, rwlock, gc and cache apart): ids (finge
 manifests' constants, Artifact), verify (a folder against its file list), commit (atomic writes,
 tmp/, work/, quarantine/), rebuilds (builds/), pointers (runs/, latest/), gc, locks, and the
 `Store` facade (facade.py) that ties them to one root. The names below are what the rest of the
-project imports from here.
+project imports from here; the store knows no stage and no metric.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from .ids import (
     now_iso,
     safe_name,
     tool_versions,
-    training_cut,
 )
 from .locks import WORK_LOCK, hold_work_dir, work_dir_holder
 from .verify import file_record, listed_file_problems, verify_folder
@@ -62,7 +61,6 @@ __all__ = [
     "now_iso",
     "safe_name",
     "tool_versions",
-    "training_cut",
     "tree_bytes",
     "verify_folder",
     "work_dir_holder",

@@ -71,15 +71,6 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".") or "recipe"
 
 
-def training_cut(metrics: dict) -> str | None:
-    """ "cut by time at step N of M" where a max_minutes cap stopped a training, or one of a
-    pruning's fine-tunes, before its budget: that model is not the one the recipe trains."""
-    cuts = [metrics.get("cut_by_time")]
-    if isinstance(metrics.get("steps"), list):  # pruning: a fine-tune per step
-        cuts += [(step.get("finetune") or {}).get("cut_by_time") for step in metrics["steps"]]
-    return "; ".join(c for c in cuts if c) or None
-
-
 def tool_versions() -> dict[str, str]:
     from importlib import metadata
 
