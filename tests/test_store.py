@@ -108,7 +108,7 @@ def test_disk_full_during_commit_leaves_store_unchanged(tmp_path, monkeypatch):
     with pytest.raises(PipelineError, match="disk full while writing artifact demo-1111"):
         with store.writing(aid) as out:
             (out / "w.bin").write_bytes(b"abc")
-            monkeypatch.setattr("pipeline.engine.store.write_json_atomic", full)
+            monkeypatch.setattr("pipeline.engine.store.commit.write_json_atomic", full)
             store.commit(aid, out, {"stage": "demo"})
     assert not store.exists(aid)
     assert not (store.objects / aid).exists()
@@ -167,3 +167,14 @@ def test_stale_lock_from_dead_process_is_taken_over(tmp_path):
     with store.lock(on_stale=stale.append):
         pass
     assert stale and stale[0]["pid"] == holder.pid
+
+
+def test_no_module_of_the_store_enters_a_stage_code_digest():
+    # The store is how a stage is called, not what it computes (code_digest.PLUMBING_PACKAGES):
+    # an edit to any of its modules must rebuild nothing, though stages import it.
+    from pipeline.engine.code_digest import stage_code
+    from pipeline.stages import STAGES
+
+    reached = {f for s in STAGES for f in (*stage_code(s.declaration), *stage_code(s.build))}
+    assert "pipeline/stages/kd_corpus/build.py" in reached  # imports file_record from the store
+    assert not {f for f in reached if f.startswith("pipeline/engine/store")}

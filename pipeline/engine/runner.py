@@ -27,7 +27,7 @@ from .lockfile import content_digest, write_lock
 from .machine import machine_info, usable_cores
 from .recipe import load_recipe
 from .stage import Stage
-from .store import Store, now_iso, safe_name, tool_versions, training_cut
+from .store import Store, now_iso, safe_name, tool_versions
 from .workers import interrupt_children
 
 
@@ -65,7 +65,7 @@ def node_status(store: Store, plan: Plan) -> list[dict]:
     cut: set[str] = set()  # nodes trained short by a time cap, and what was built from them
     for node in plan.nodes:
         if store.exists(node.id):
-            reason = training_cut(store.get(node.id).metrics)
+            reason = node.spec.cut_reason(store.get(node.id).metrics)
             upstream = sorted({up for up in node.inputs.values() if up in cut})
             if reason or upstream:
                 cut.add(node.name)
@@ -117,6 +117,7 @@ def _diff_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
 class RunResult:
     run_id: str
     records: list[dict] = field(default_factory=list)
+    headline: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node -> its stage's `headline`
     ok: bool = True
     error: str | None = None
 
@@ -142,7 +143,7 @@ def run(
         "nodes": [],
         "status": "running",
     }
-    result = RunResult(run_id)
+    result = RunResult(run_id, headline={n.name: n.spec.headline for n in plan.nodes})
     started = time.monotonic()
 
     def on_wait(holder):
@@ -458,26 +459,10 @@ def summary_table(result: RunResult, total_s: float) -> Table:
         table.add_column(col)
     for rec in result.records:
         metrics = rec.get("metrics") or {}
-        keys = [k for k in metrics if k in _HEADLINE][:4]
+        keys = [k for k in metrics if k in result.headline.get(rec["node"], ())][:4]
         figures = ", ".join(f"{k}={_fmt_value(metrics[k])}" for k in keys)
         table.add_row(rec["node"], rec["id"], rec["action"], _fmt_s(rec.get("duration_s", 0)), figures)
     return table
-
-
-_HEADLINE = (
-    "train_pairs",
-    "vocab_size",
-    "params",
-    "bleu",
-    "chrf",
-    "best_valid_loss",
-    "valid_bleu",
-    "sentences",
-    "heads_removed",
-    "parity_max_abs_diff",
-    "bytes_ratio",
-    "rows",
-)
 
 
 def _fmt_value(value: Any) -> str:

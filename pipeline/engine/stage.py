@@ -5,7 +5,9 @@ A declaration says what the stage is handed (`settings`, a typed model: ctx.sett
 reads (`inputs`, a frozen dataclass of artifacts: ctx.inputs), which recipe sections it owns
 (`sections`), how it plans its nodes from a recipe (`plan`, given a Planner) and where its
 `run(ctx)` is (`build`, a module imported only when one of its nodes is built, so that planning a
-run never imports torch). The engine knows no stage by name: the registry is handed to it.
+run never imports torch), and how its metrics read (`headline`, the figures the run's summary shows;
+`cut`, the metrics that say a time cap cut a training). The engine knows no stage by name, nor any
+stage's metric: the registry is handed to it.
 """
 
 from __future__ import annotations
@@ -111,11 +113,22 @@ class Stage:
     plan: Callable[[Planner], None]  # adds the stage's nodes for a recipe
     build: str  # the module whose run(ctx) builds a node's artifact
     sections: tuple[Section, ...] = ()
+    # Metrics the run's summary shows for a node built (at most four, in the metrics' order).
+    headline: tuple[str, ...] = ()
+    # Metrics that, when set, say a time cap cut a training short ("cut by time at step N of M"):
+    # `status` flags the node and what was built from it. "a.b" is a nested key, "a[].b" the key
+    # in each item of the list a.
+    cut: tuple[str, ...] = ()
 
     @property
     def declaration(self) -> str:
         """The module that declares the stage (the build module's package)."""
         return self.build.rpartition(".")[0]
+
+    def cut_reason(self, metrics: dict) -> str | None:
+        """What cut the training short, from the metrics `cut` names; None when nothing did."""
+        found = [value for path in self.cut for value in _values(metrics, path.split("."))]
+        return "; ".join(v for v in found if isinstance(v, str) and v) or None
 
     def load(self) -> Callable:
         """The stage's run function (importing its code)."""
@@ -126,6 +139,19 @@ class Stage:
                 raise PipelineError(f"stage '{self.kind}' is not implemented yet ({self.summary})") from None
             raise
         return module.run
+
+
+def _values(data: Any, keys: list[str]) -> list[Any]:
+    """The values at a `Stage.cut` path ("a[].b": b in each item of the list a)."""
+    if not keys:
+        return [data]
+    if not isinstance(data, dict):
+        return []
+    key, each = keys[0].removesuffix("[]"), keys[0].endswith("[]")
+    if each:
+        items = data.get(key)
+        return [v for item in items for v in _values(item, keys[1:])] if isinstance(items, list) else []
+    return _values(data[key], keys[1:]) if key in data else []
 
 
 @dataclass

@@ -4,7 +4,6 @@ and how the scores were computed. report.json's row keys: rows.py."""
 
 from __future__ import annotations
 
-from ..engine.store import training_cut
 from ..measure.rows import BenchmarkRow
 from .rows import ReportRow
 
@@ -13,7 +12,8 @@ TEACHER = "teacher"  # the row every ratio is taken against: the teacher in PyTo
 
 def training_summary(metrics: dict) -> dict:
     """How a model artifact was trained, as this machine ran it: steps against the budget, the
-    precision and threads its probe chose, minutes, and a time cap's cut if there was one."""
+    precision and threads its probe chose, minutes, and a time cap's cut if there was one (the
+    metrics the train and prune stages declare as their `cut`)."""
     if isinstance(metrics.get("steps"), list):  # pruning: its fine-tunes
         tunes = [s["finetune"] for s in metrics["steps"] if s.get("finetune")]
         return {
@@ -22,7 +22,7 @@ def training_summary(metrics: dict) -> dict:
             "budget": ", ".join(t.get("budget") or "?" for t in tunes),
             "precision": ", ".join(sorted({t.get("precision") or "?" for t in tunes})),
             "minutes": round(sum(t.get("train_minutes") or 0 for t in tunes), 2),
-            "cut_by_time": training_cut(metrics),
+            "cut_by_time": "; ".join(t["cut_by_time"] for t in tunes if t.get("cut_by_time")) or None,
         }
     if metrics.get("imported"):
         return {
@@ -44,7 +44,7 @@ def training_summary(metrics: dict) -> dict:
         "attention": speed.get("attention"),
         "precision_reason": (speed.get("reasons") or {}).get("bf16"),
         "minutes": metrics.get("train_minutes"),
-        "cut_by_time": training_cut(metrics),
+        "cut_by_time": metrics.get("cut_by_time") or None,
     }
 
 

@@ -234,7 +234,8 @@ class DistillConfig(Strict):
 
 
 # What a training's budget was and whether a time cap cut it short, in words: in its result (the
-# manifest), which `status` and the report read back (pipeline/engine/store.py: training_cut).
+# manifest), which `status` (the train and prune stages declare it as their `cut`) and the report
+# (pipeline/report/table.py) read back.
 def budget_text(max_steps: int | None, max_epochs: int | None, max_minutes: float | None) -> str:
     parts = [f"{max_steps} steps"] if max_steps is not None else []
     if max_epochs is not None:

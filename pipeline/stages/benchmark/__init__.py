@@ -82,4 +82,5 @@ STAGE = Stage(
     plan=plan,
     build="pipeline.stages.benchmark.build",
     sections=(Section("benchmark", BenchmarkConfig),),
+    headline=("rows", "sentences"),
 )

@@ -210,4 +210,5 @@ STAGE = Stage(
     plan=plan,
     build="pipeline.stages.data.build",
     sections=(Section("data", DataConfig, DataConfig()),),
+    headline=("train_pairs",),
 )

@@ -65,4 +65,5 @@ STAGE = Stage(
     plan=plan,
     build="pipeline.stages.evaluate.build",
     sections=(Section("evaluate", EvaluateConfig),),
+    headline=("bleu", "chrf"),
 )

@@ -106,4 +106,5 @@ STAGE = Stage(
     plan=plan,
     build="pipeline.stages.export.build",
     sections=(Section("export", ExportConfig),),
+    headline=("parity_max_abs_diff",),
 )

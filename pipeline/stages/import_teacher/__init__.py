@@ -95,4 +95,5 @@ STAGE = Stage(
     inputs=ImportInputs,
     plan=plan,
     build="pipeline.stages.import_teacher.build",
+    headline=("params", "vocab_size"),
 )

@@ -31,4 +31,5 @@ STAGE = Stage(
     inputs=KDCorpusInputs,
     plan=plan,
     build="pipeline.stages.kd_corpus.build",
+    headline=("sentences",),
 )

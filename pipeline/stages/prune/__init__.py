@@ -91,4 +91,6 @@ STAGE = Stage(
     plan=plan,
     build="pipeline.stages.prune.build",
     sections=(Section("prune", PruneConfig),),
+    headline=("heads_removed", "params"),
+    cut=("steps[].finetune.cut_by_time",),
 )

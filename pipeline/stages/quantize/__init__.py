@@ -64,4 +64,5 @@ STAGE = Stage(
     plan=plan,
     build="pipeline.stages.quantize.build",
     sections=(Section("quantize", QuantizeConfig),),
+    headline=("bleu", "bytes_ratio"),
 )

@@ -57,4 +57,5 @@ STAGE = Stage(
     plan=plan,
     build="pipeline.stages.report.build",
     sections=(Section("report", ReportConfig),),
+    headline=("rows",),
 )

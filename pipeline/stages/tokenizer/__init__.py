@@ -59,4 +59,5 @@ STAGE = Stage(
     plan=plan,
     build="pipeline.stages.tokenizer.build",
     sections=(Section("tokenizer", TokenizerConfig),),
+    headline=("vocab_size",),
 )

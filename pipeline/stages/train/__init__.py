@@ -108,4 +108,6 @@ STAGE = Stage(
     plan=plan,
     build="pipeline.stages.train.build",
     sections=(Section("teacher", TeacherConfig), Section("distill", DistillConfig)),
+    headline=("best_valid_loss", "params", "train_pairs", "valid_bleu"),
+    cut=("cut_by_time",),
 )
