@@ -44,12 +44,19 @@ def content_digest(manifest: dict) -> str:
     ).hexdigest()[:16]
 
 
-def render(recipe_path: str | Path, order: list[str], nodes: dict[str, dict]) -> str:
+def render(recipe_path: str | Path, order: list[str], nodes: dict[str, dict], kept: dict | None = None) -> str:
+    """The lock's text: a row per node of `nodes` (the store's latest pointer), in `order`; a
+    node this store has not built yet keeps its row from `kept` (the lock as it was), so that a
+    run in a fresh store, or one stopped early, does not lose what another build recorded."""
+    kept = kept or {}
     lines = [
         f"# {lock_path(recipe_path).name}: written by `pipeline run {Path(recipe_path).name}`, what each",
         "# artifact was built from; commit it to see in a diff what a change rebuilt.",
     ]
-    for name in [n for n in order if n in nodes]:
+    for name in [n for n in order if n in nodes or n in kept]:
+        if name not in nodes:
+            lines.append(f"{name}: {json.dumps(kept[name], sort_keys=False, separators=(', ', ': '))}")
+            continue
         entry = nodes[name]
         row = {
             "id": entry["id"],
@@ -68,7 +75,7 @@ def write_lock(recipe_path: str | Path, order: list[str], nodes: dict[str, dict]
     path = lock_path(recipe_path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(render(recipe_path, order, nodes), encoding="utf-8")
+        tmp.write_text(render(recipe_path, order, nodes, read_lock(recipe_path)), encoding="utf-8")
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
