@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.errors import MarkupError
 from rich.markup import escape
 from rich.table import Table
 
 from ..corpora.splits import DEFAULT_MAX_LINE_BYTES
 from ..engine.context import console
-from ..engine.errors import OutputError, PipelineError, ReaderGone, RecipeError, UserInputError
+from ..engine.errors import OutputError, PipelineError, ReaderGone, RecipeError, UserInputError, no_room
 from ..engine.store import Store
 
 app = typer.Typer(
@@ -85,8 +86,8 @@ def run(
         _dry_run(plan, st, until)
         return
     console.print(
-        f"recipe [bold]{plan.name}[/bold] ({recipe}), store {st.root}"
-        + (f", overrides: {' '.join(set_)}" if set_ else "")
+        f"recipe [bold]{escape(plan.name)}[/bold] ({escape(str(recipe))}), store {escape(str(st.root))}"
+        + (f", overrides: {escape(' '.join(set_))}" if set_ else "")
     )
     result = run_plan(plan, st, until=until, force=force or [], wait=wait, nproc=nproc)
     console.print(summary_table(result, time.monotonic() - started))
@@ -99,11 +100,11 @@ def _dry_run(plan, st: Store, until: str | None) -> None:
 
     machine = machine_info()
     console.print(
-        f"recipe [bold]{plan.name}[/bold]: estimating on this machine ({machine['cpu']}, {machine['isa']}, "
-        f"{machine['cores']} cores); nothing is built"
+        f"recipe [bold]{escape(plan.name)}[/bold]: estimating on this machine "
+        f"({escape(str(machine['cpu']))}, {machine['isa']}, {machine['cores']} cores); nothing is built"
     )
     selected = select(plan.nodes, until)
-    rows = estimate(plan, st, selected, log=lambda line: console.print(line, style="dim"))
+    rows = estimate(plan, st, selected, log=lambda line: console.print(line, style="dim", markup=False))
     by_name = {n.name: n for n in selected}
     table = Table(title_justify="left")
     for col in ("stage", "estimate", "how"):
@@ -111,7 +112,7 @@ def _dry_run(plan, st: Store, until: str | None) -> None:
     total, unknown, counted = 0.0, [], set()
     for row in rows:
         shown = "–" if row.seconds is None else ("cached" if row.how == "cached" else _minutes(row.seconds))
-        table.add_row(row.node, shown, row.how)
+        table.add_row(row.node, shown, escape(row.how))
         if row.seconds is None:
             unknown.append(row.node)
             continue
@@ -137,7 +138,7 @@ def status(
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object per stage.")] = False,
 ) -> None:
     """Per stage: cached, stale (with the reason) or missing."""
-    from ..engine.runner import node_status
+    from ..engine.runner import choices_text, node_status
     from . import plan_recipe
 
     plan = plan_recipe(recipe, set_ or [])
@@ -147,13 +148,18 @@ def status(
             print(json.dumps(row))
         return
     table = Table(
-        title=f"{plan.name}: {sum(r['state'] == 'cached' for r in rows)}/{len(rows)} cached", title_justify="left"
+        title=f"{escape(plan.name)}: {sum(r['state'] == 'cached' for r in rows)}/{len(rows)} cached",
+        title_justify="left",
     )
-    for col in ("stage", "state", "artifact", "reason"):
+    # Choices: what a build measured on the machine (a training's threads, precision, kernels),
+    # and whether it measured them then or took those the recipe's lock recorded for its id.
+    with_choices = any(row.get("choices") for row in rows)
+    for col in ("stage", "state", "artifact", "reason") + (("choices",) if with_choices else ()):
         table.add_column(col)
     colour = {"cached": "green", "stale": "yellow", "missing": "red"}
     for row in rows:
-        table.add_row(row["node"], f"[{colour[row['state']]}]{row['state']}[/]", row["id"], row["reason"])
+        cells = [row["node"], f"[{colour[row['state']]}]{row['state']}[/]", row["id"], escape(row["reason"])]
+        table.add_row(*cells, *((escape(choices_text(row)),) if with_choices else ()))
     console.print(table)
 
 
@@ -179,13 +185,13 @@ def artifacts_list(
         for row in rows:
             print(json.dumps(row))
         return
-    table = Table(title=f"{len(rows)} artifacts in {st.root}", title_justify="left")
+    table = Table(title=f"{len(rows)} artifacts in {escape(str(st.root))}", title_justify="left")
     for col in ("id", "created", "size", "build time"):
         table.add_column(col)
     for row in rows:
         table.add_row(
-            row["id"],
-            row["created"] or "[red]incomplete[/red]",
+            escape(row["id"]),
+            escape(row["created"]) if row["created"] else "[red]incomplete[/red]",
             _bytes(row["bytes"]),
             f"{row['duration_s']:.1f} s" if row["duration_s"] is not None else "",
         )
@@ -438,6 +444,13 @@ def main() -> None:
     except click_errors as exc:
         exc.show()
         sys.exit(exc.exit_code)
+    except OSError as exc:  # a full disk met outside a stage (the run log, the lock file)
+        if not (full := no_room(exc)):
+            raise
+        _discard_stdout()
+        fail(f"no room to write ({full}); the store is unchanged: free some space and run again", 1)
+    except MarkupError as exc:  # a last guard: text shown as markup that was not meant as markup
+        fail(f"could not show a message ({exc}); this is a bug, please report it", 1)
     if code == 130:  # typer turns KeyboardInterrupt into exit code 130
         interrupted()
     sys.exit(code if isinstance(code, int) else 0)

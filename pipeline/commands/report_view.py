@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..engine.errors import UserInputError
@@ -103,7 +104,7 @@ def report_table(report: dict) -> Table:
     rows: list[ReportRow] = report["rows"]
     b = report.get("benchmark") or {}
     table = Table(
-        title=f"BLEU against latency ({b.get('sentences')} sentences of {b.get('test_set')}, "
+        title=f"BLEU against latency ({b.get('sentences')} sentences of {escape(str(b.get('test_set')))}, "
         f"throughput at batch {b.get('batch_size')})",
         title_justify="left",
     )
@@ -130,7 +131,7 @@ def report_table(report: dict) -> Table:
     for r in rows:
         if r["skipped"]:
             continue  # listed under the table, where the reason has room
-        head = [r["variant"], r["runtime"], r["device"], r["compute_type"]]
+        head = [escape(str(r[k])) for k in ("variant", "runtime", "device", "compute_type")]
         g = r["latency_ms"]["greedy_b1"]
         vs = r.get("vs_teacher") or {}
         table.add_row(
@@ -166,8 +167,8 @@ def steps_table(steps: list[dict]) -> Table:
 
     for s in steps:
         table.add_row(
-            s["step"],
-            f"{s['from']} -> {s['to']}",
+            escape(s["step"]),
+            escape(f"{s['from']} -> {s['to']}"),
             delta(s["bleu"]),
             delta(s["bleu_greedy"]),
             _num(s["greedy_b1_speedup"], "{:.2f}x"),
@@ -294,7 +295,7 @@ def print_comparison(result: dict) -> None:
         out.print("stages with different artifacts: none (same artifacts)")
     if not result["rows"]:
         missing = [run for run, rep in zip((result["a"], result["b"]), result["reports"]) if rep is None]
-        out.print(f"no report to compare in {', '.join(missing)}" if missing else "no rows")
+        out.print(f"no report to compare in {', '.join(missing)}" if missing else "no rows", markup=False)
         return
     table = Table(
         title="per row: A -> B (BLEU change: [95% interval] of paired bootstrap resampling over the "
@@ -315,12 +316,12 @@ def print_comparison(result: dict) -> None:
         fa, fb = entry["a"], entry["b"]
         if fa is None or fb is None or "skipped" in fa or "skipped" in fb:
             state = f"both {_state(fa)}" if fa == fb else f"{_state(fa)} -> {_state(fb)}"
-            table.add_row(entry["name"], f"[dim]{state}[/dim]", "", "", "", "", "")
+            table.add_row(escape(entry["name"]), f"[dim]{escape(state)}[/dim]", "", "", "", "", "")
             continue
         ci = entry.get("bleu_delta_ci95")
         change = _num(entry.get("bleu_delta"), "{:+.2f}") + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "")
         table.add_row(
-            entry["name"],
+            escape(entry["name"]),
             pair(entry, "bleu", "{:.2f}"),
             change,
             pair(entry, "greedy_p50_ms", "{:.1f}"),

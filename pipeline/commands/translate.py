@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterator, TextIO
 
 from mt_runtime.lines import one_line
+from rich.markup import escape
 from rich.progress import Progress, TextColumn
 
 from ..corpora.splits import DEFAULT_MAX_LINE_BYTES, normalize
@@ -145,7 +146,7 @@ def translate_stream(
         done["seconds"] += time.perf_counter() - start
         done["lines"] += len(block)
         for w in caught:
-            console.print(f"[yellow]warning:[/yellow] {w.message}")
+            console.print(f"[yellow]warning:[/yellow] {escape(str(w.message))}")
         if len(out) != len(block):
             raise IntegrityError(f"the translator returned {len(out)} lines for {len(block)}")
         try:

@@ -99,10 +99,15 @@ class StageContext:
     events: list[dict] = field(default_factory=list)
     # Where `status` lines go instead of the console (the runner's live display of side-by-side builds).
     on_status: Callable[[str], None] | None = None
+    # What an earlier build of this same artifact id chose by measuring the machine (the recipe's
+    # lock file), to be used instead of measuring again; None where nothing was recorded. A stage
+    # that measures returns its choices as metrics["choices"] (a dict), which the lock records.
+    recorded: dict | None = None
 
-    def log(self, message: str, *, markup: bool = True, **data: Any) -> None:
-        """A line for the user, also kept in the run log. markup=False: show `message` as it is
-        (text from elsewhere, such as a worker's output, whose brackets are not rich markup)."""
+    def log(self, message: str, *, markup: bool = False, **data: Any) -> None:
+        """A line for the user, also kept in the run log, shown as it is: messages carry names and
+        paths the user chose (a store called `st[/bold]ore`), whose brackets are not rich markup.
+        markup=True only for a message built of markup and escaped text."""
         console.print(f"  [dim]{self.name}:[/dim] {message if markup else escape(message)}")
         self.events.append({"time": time.time(), "message": message, **data})
 

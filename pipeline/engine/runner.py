@@ -21,9 +21,9 @@ from rich.table import Table
 
 from .code_digest import changed_files
 from .context import StageContext, console
-from .errors import PipelineError, UserInputError
+from .errors import PipelineError, UserInputError, no_room
 from .graph import Node, build_graph, resolve_builds, select
-from .lockfile import content_digest, write_lock
+from .lockfile import content_digest, read_lock, recorded_choices, write_lock
 from .machine import machine_info, usable_cores
 from .recipe import load_recipe
 from .stage import Stage
@@ -52,6 +52,9 @@ def make_plan(recipe_path: str | Path, overrides: list[str], stages: Sequence[St
     recipe, raw = load_recipe(recipe_path, list(overrides), schema)
     machine = machine_info()
     nodes = build_graph(recipe, recipe_path, stages, machine)
+    rows = read_lock(recipe_path)
+    for node in nodes:
+        node.recorded = recorded_choices(rows, node.name, node.default_id)
     return Plan(recipe, raw, Path(recipe_path), list(overrides), nodes, machine)
 
 
@@ -65,19 +68,48 @@ def node_status(store: Store, plan: Plan) -> list[dict]:
     cut: set[str] = set()  # nodes trained short by a time cap, and what was built from them
     for node in plan.nodes:
         if store.exists(node.id):
-            reason = node.spec.cut_reason(store.get(node.id).metrics)
+            artifact = store.get(node.id)
+            reason = node.spec.cut_reason(artifact.metrics)
             upstream = sorted({up for up in node.inputs.values() if up in cut})
             if reason or upstream:
                 cut.add(node.name)
             reason = reason or (f"built from {', '.join(upstream)}, cut by time" if upstream else "")
-            rows.append({"node": node.name, "state": "cached", "id": node.id, "reason": reason})
+            rows.append({"node": node.name, "state": "cached", "id": node.id, "reason": reason, **_choices(artifact)})
             continue
+        recorded = {"choices": node.recorded, "choices_from": "lock"} if node.recorded else {}
         before = previous.get(node.name)
         if before is None:
-            rows.append({"node": node.name, "state": "missing", "id": node.id, "reason": "never built"})
+            rows.append({"node": node.name, "state": "missing", "id": node.id, "reason": "never built", **recorded})
             continue
-        rows.append({"node": node.name, "state": "stale", "id": node.id, "reason": _why_changed(node, before, by_name)})
+        why = _why_changed(node, before, by_name)
+        rows.append({"node": node.name, "state": "stale", "id": node.id, "reason": why, **recorded})
     return rows
+
+
+def _choices(artifact) -> dict:
+    """What a built artifact chose by measuring the machine, and whether it measured then
+    ("measured") or took what the lock recorded for its id ("lock")."""
+    choices = artifact.metrics.get("choices")
+    if not isinstance(choices, dict):
+        return {}
+    return {"choices": choices, "choices_from": artifact.manifest.get("choices_from", "measured")}
+
+
+def choices_text(row: dict) -> str:
+    """A status row's choices in one line: 'speed bf16=False attention=math ... (recorded in the lock)'."""
+    choices = row.get("choices")
+    if not choices:
+        return ""
+    parts = [
+        f"{key} " + " ".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else f"{key}={value}"
+        for key, value in choices.items()
+        if key != "for"
+    ]
+    source = {
+        "lock": "recorded in the lock" if row["state"] == "cached" else "from the lock when built",
+        "measured": "measured when built",
+    }
+    return f"{'; '.join(parts)} ({source.get(row.get('choices_from'), row.get('choices_from'))})"
 
 
 def _why_changed(node: Node, before: dict, by_name: dict[str, Node]) -> str:
@@ -149,7 +181,7 @@ def run(
     def on_wait(holder):
         console.print(
             f"[yellow]waiting for the store lock held by pid {holder.get('pid', '?')} "
-            f"({holder.get('command', '?')})[/yellow]"
+            f"({escape(str(holder.get('command', '?')))})[/yellow]"
         )
 
     def on_stale(holder):
@@ -334,7 +366,7 @@ def _reuse(node: Node, built: dict, store: Store, record: dict) -> bool:
     for line in problems[:10]:
         console.print(f"    {line}", markup=False)
     moved = store.quarantine_artifact(node.id)
-    console.print(f"    moved to {moved}; rebuilding")
+    console.print(f"    moved to {moved}; rebuilding", markup=False)
     record["rebuilt_because"] = problems[:10]
     return False
 
@@ -375,6 +407,7 @@ def _build(
             nproc=nproc,
             cores=cores,
             on_status=on_status,
+            recorded=node.recorded,
         )
         record["events"] = ctx.events
         try:
@@ -387,6 +420,12 @@ def _build(
         except (KeyboardInterrupt, MemoryError):
             raise
         except Exception as exc:
+            if full := no_room(exc):  # one line, not a traceback: nothing here is a bug
+                record.update(action="failed", error=f"no room: {full}", duration_s=round(time.monotonic() - t0, 3))
+                raise PipelineError(
+                    f"stage {node.name} failed: no room to write ({full}); the store is unchanged and a "
+                    "training's checkpoints are kept: free some space (e.g. `pipeline artifacts gc`) and run again"
+                ) from exc
             record.update(
                 action="failed",
                 error=f"{type(exc).__name__}: {exc}",
@@ -396,6 +435,10 @@ def _build(
             console.print_exception(max_frames=8)
             raise PipelineError(f"stage {node.name} crashed: {type(exc).__name__}: {exc}") from exc
         duration = round(time.monotonic() - t0, 3)
+        choices_from = None
+        if isinstance(metrics.get("choices"), dict):  # recorded for this id: the lock hands them back
+            metrics["choices"] = {"for": node.default_id, **metrics["choices"]}
+            choices_from = "lock" if metrics["choices"] == node.recorded else "measured"
         manifest = {
             "stage": node.name,
             "kind": node.stage,
@@ -412,6 +455,8 @@ def _build(
         }
         if node.build:
             manifest["rebuild_of"] = node.default_id
+        if choices_from:
+            manifest["choices_from"] = choices_from
         artifact = store.commit(node.id, out, manifest)
         if node.build:
             store.record_build(node.default_id, node.id, run_id)
@@ -437,6 +482,9 @@ def _update_latest(store: Store, plan: Plan, node: Node, run_id: str, artifact) 
         "input_ids": {role: by_name[up].id for role, up in node.inputs.items()},
         "content": content_digest(artifact.manifest),
     }
+    choices = (artifact.manifest.get("metrics") or {}).get("choices")
+    if isinstance(choices, dict):
+        pointer["nodes"][node.name]["choices"] = choices
     store.set_latest(plan.name, pointer, plan.path)
     problem = write_lock(plan.path, [n.name for n in plan.nodes], pointer["nodes"])
     if problem and not plan.lock_warned:

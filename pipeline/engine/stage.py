@@ -164,6 +164,9 @@ class Node:
     fingerprint: str = ""
     build: str = ""  # a forced rebuild's artifact id; "" for the build the fingerprint names
     code: dict[str, str] = field(default_factory=dict)  # source file -> digest, of what the stage runs
+    # What an earlier build of this artifact id chose by measuring the machine, from the recipe's
+    # lock file (engine/lockfile.py: choices): handed to the build as ctx.recorded.
+    recorded: dict | None = None
 
     @property
     def stage(self) -> str:

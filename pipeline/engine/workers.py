@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from rich.markup import escape
+
 from .context import PROGRESS_EVERY_ENV, StageContext, console, progress_bar
 from .errors import PipelineError
 from .store import hold_work_dir
@@ -249,7 +251,9 @@ def worker_main(job_fn: Callable[..., dict]) -> None:
         dist.init_process_group(backend="nccl" if cuda else "gloo")
     rank = dist.get_rank() if distributed else 0
     name = _worker_name(job, job_path)
-    log = (lambda msg: console.print(f"  [dim]{name}:[/dim] {msg}")) if rank == 0 else (lambda msg: None)
+    log = (
+        (lambda msg: console.print(f"  [dim]{escape(name)}:[/dim] {escape(msg)}")) if rank == 0 else (lambda msg: None)
+    )
     progress = progress_bar if rank == 0 else silent_progress
     try:
         metrics = job_fn(job, log, progress, rank=rank, device=f"cuda:{local_rank}" if cuda else "cpu")

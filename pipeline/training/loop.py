@@ -5,18 +5,19 @@ clipping, batches by token count with length bucketing, validation loss and BLEU
 checkpoint averaging. The budget is steps or epochs, so that one recipe trains the same model on
 any machine; minutes are only a cap, and a training the cap cuts short says so in its result.
 Speed-only switches (bf16, attention kernel, fused Adam, threads) are measured on the machine at
-hand (pipeline/training/speed_probe.py) and kept in the checkpoint and the result. A killed run resumes from its last
-checkpoint (model, optimizer, schedule, position in the data order, RNG): checkpoints are
-safetensors + JSON, written to a temporary name and renamed, so a kill never leaves half of one.
+hand (pipeline/training/speed_probe.py), or taken from the recipe's lock where an earlier build of
+the same artifact recorded them, and kept in the checkpoint and the result. A killed run resumes
+from its last checkpoint (model, optimizer, schedule, position in the data order, RNG; see
+checkpoints.py) to the same weights as a run never killed: nothing a step computes depends on the
+clock or on when checkpoints were taken (tests/test_one_content_per_id.py).
 Several processes (torchrun; gloo on CPU, nccl on GPU) split each epoch's batches.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,20 +27,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from mt_runtime.files import reason
 from mt_runtime.search import GenerationConfig, greedy_search
-from safetensors.torch import load_file, save_file
 
 from model.torch_decoder import TorchDecoder
 from model.torch_greedy import greedy_on_device
 from model.transformer import Transformer
 
 from ..corpora.encoded import Corpus, make_batches
-from ..engine.errors import PipelineError
-from ..engine.store import file_record, listed_file_problems, write_json_atomic
 from ..measure.scoring import bleu_only
 from . import speed_probe
 from .batches import Batch, BatchFeed, collate, collate_soft, prepare_batch  # noqa: F401 (collate*: callers')
+from .checkpoints import Checkpoints
 from .settings import TrainConfig, budget_text, cut_text
 
 
@@ -58,140 +56,6 @@ def cooldown_factor(progress: float, cooldown: float) -> float:
     if cooldown <= 0 or progress <= 1 - cooldown:
         return 1.0
     return max(0.02, (1 - progress) / cooldown)
-
-
-# ----------------------------------------------------------------------- checkpoints
-class Checkpoints:
-    """work/checkpoint/ (latest, for resuming) and work/snapshots/ (epoch ends, for averaging).
-    Checked like artifacts: state.json, written last, lists the size and sha256 of the checkpoint's
-    tensors, and each kept snapshot's entry its own; a resumed run checks them before loading, and
-    a damaged checkpoint is one line naming the folder to remove."""
-
-    def __init__(self, work: Path):
-        self.dir = work / "checkpoint"
-        self.snapshots = work / "snapshots"
-
-    def exists(self) -> bool:
-        return (self.dir / "state.json").is_file()
-
-    def saved_state(self) -> dict | None:
-        """The last checkpoint's state.json (no tensors), or None where there is none."""
-        for folder in (self.dir, self.dir.with_name("checkpoint.old")):  # .old: killed between renames
-            if (folder / "state.json").is_file():
-                return self._read_state(folder)
-        return None
-
-    def save(self, model: Transformer, optimizer: torch.optim.Optimizer, state: dict) -> None:
-        tmp = self.dir.with_name("checkpoint.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
-        opt_tensors, opt_meta = _flatten_optimizer(optimizer)
-        opt_tensors["rng.torch"] = torch.get_rng_state()
-        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-        files = {}
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-            files[f.name] = file_record(f)
-        write_json_atomic(tmp / "state.json", {**state, "optimizer": opt_meta, "files": files})
-        old = self.dir.with_name("checkpoint.old")
-        if self.dir.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(self.dir, old)
-        os.rename(tmp, self.dir)
-        shutil.rmtree(old, ignore_errors=True)
-
-    def load(self, model: Transformer, optimizer: torch.optim.Optimizer) -> dict:
-        if not self.exists() and self.dir.with_name("checkpoint.old").is_dir():
-            os.rename(self.dir.with_name("checkpoint.old"), self.dir)  # killed between the two renames
-        state = self._read_state(self.dir)
-        try:
-            model.load_state_dict(load_file(str(self.dir / "model.safetensors")))
-            tensors = load_file(str(self.dir / "optimizer.safetensors"))
-            torch.set_rng_state(tensors.pop("rng.torch"))
-            optimizer.load_state_dict(_unflatten_optimizer(tensors, state.pop("optimizer")))
-        except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:  # safetensors' errors too
-            raise self._damaged(self.dir, f"does not load ({reason(exc)})") from None
-        state.pop("files", None)
-        return state
-
-    def _read_state(self, folder: Path) -> dict:
-        """state.json of a checkpoint folder, once the files it lists and the snapshots it keeps
-        match their sizes and digests."""
-        try:
-            state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise self._damaged(folder, f"state.json is unreadable ({reason(exc)})") from None
-        if not isinstance(state, dict) or not isinstance(state.get("kept", []), list):
-            raise self._damaged(folder, "state.json is not a checkpoint's state")
-        problems = listed_file_problems(folder, state.get("files") or {}, record="state.json", folder="folder")
-        for entry in state.get("kept", []):
-            if isinstance(entry, dict) and isinstance(entry.get("snapshot"), dict):
-                problems += self._snapshot_problems(entry)
-        if problems:
-            raise self._damaged(folder, problems[0])
-        return state
-
-    def _snapshot_problems(self, entry: dict) -> list[str]:
-        name = f"{entry.get('name')}.safetensors"
-        return listed_file_problems(self.snapshots, {name: entry["snapshot"]}, record="the checkpoint", folder="folder")
-
-    def _damaged(self, folder: Path, problem: str) -> PipelineError:
-        problem = problem.replace(f"{folder}/", "")  # the file's name once, after the folder's
-        return PipelineError(
-            f"{folder}: {problem}; this training cannot resume from it: remove {folder.parent} "
-            "and run again to train from the start"
-        )
-
-    def save_snapshot(self, model: Transformer, name: str) -> dict:
-        """Save an epoch end's weights; returns the file's record (size and sha256) for `kept`."""
-        self.snapshots.mkdir(parents=True, exist_ok=True)
-        tmp = self.snapshots / f"{name}.tmp"
-        save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(tmp))
-        os.replace(tmp, self.snapshots / f"{name}.safetensors")
-        return file_record(self.snapshots / f"{name}.safetensors")
-
-    def load_snapshot(self, entry: dict) -> dict:
-        """The weights of a kept snapshot, checked against its record where it has one."""
-        problems = self._snapshot_problems(entry) if isinstance(entry.get("snapshot"), dict) else []
-        if problems:
-            raise self._damaged(self.snapshots, problems[0])
-        return load_file(str(self.snapshots / f"{entry['name']}.safetensors"))
-
-    def drop_unkept(self, kept: list[dict]) -> None:
-        """Delete every snapshot the saved checkpoint does not name (and any half-written one).
-        Called only once a checkpoint recording `kept` is on disk: a checkpoint never names a
-        snapshot that is gone, whatever moment a kill lands at."""
-        if not self.snapshots.is_dir():
-            return
-        names = {f"{entry['name']}.safetensors" for entry in kept}
-        for path in self.snapshots.iterdir():
-            if path.name not in names:
-                path.unlink(missing_ok=True)
-
-
-def _flatten_optimizer(optimizer) -> tuple[dict, dict]:
-    sd = optimizer.state_dict()
-    tensors, scalars = {}, {}
-    for pid, entry in sd["state"].items():
-        for key, value in entry.items():
-            if torch.is_tensor(value):
-                tensors[f"state.{pid}.{key}"] = value.detach().contiguous()
-            else:
-                scalars[f"{pid}.{key}"] = value
-    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
-
-
-def _unflatten_optimizer(tensors: dict, meta: dict) -> dict:
-    state: dict = {}
-    for name, value in tensors.items():
-        _, pid, key = name.split(".", 2)
-        state.setdefault(int(pid), {})[key] = value
-    for name, value in meta["scalars"].items():
-        pid, key = name.split(".", 1)
-        state.setdefault(int(pid), {})[key] = value
-    return {"state": state, "param_groups": meta["param_groups"]}
 
 
 # --------------------------------------------------------------------------- trainer
@@ -374,7 +238,10 @@ class Trainer:
         last_ckpt = time.monotonic()
         eta = _Forecast(self, state)
         # A run resumed from a checkpoint taken when its budget ran out must not take another step.
-        stop_reason = self._budget_reached(state, elapsed(), 0.0)
+        # Mid-epoch, the budget used counts the epoch's batches done, as it did before the kill:
+        # the first step's cooldown (an epoch budget's) then gets the learning rate it would have.
+        done = state["batch"] / self._batches_in(state["epoch"]) if state["batch"] else 0.0
+        stop_reason = self._budget_reached(state, elapsed(), done)
         max_epochs = cfg.max_epochs or 10**9
         if state["epoch"] >= max_epochs:
             stop_reason = stop_reason or f"max_epochs ({cfg.max_epochs})"
@@ -394,6 +261,7 @@ class Trainer:
                     state["batch"] += 1
                     state["tokens"] += ntok
                     tok_epoch += ntok
+                    _killed_at(state["step"])
                     rate = tok_epoch * self.world / max(1e-6, time.monotonic() - t_epoch)
                     bar.advance(
                         1,
@@ -421,6 +289,10 @@ class Trainer:
                 stop_reason = self._budget_reached(state, elapsed(), 0.0)
         return self._finish(state, elapsed(), stop_reason or "done")
 
+    def _batches_in(self, epoch: int) -> int:
+        cfg = self.cfg
+        return max(1, len(make_batches(self.train_set, cfg.batch_tokens, cfg.seed, epoch, self.rank, self.world)))
+
     def _choose_speed(self, saved: dict | None) -> None:
         """The speed switches: those of the checkpoint a resumed run continues (one training, one
         precision), else measured now; rank 0 decides for every rank. Then the optimizer."""
@@ -429,7 +301,7 @@ class Trainer:
             self.speed = speed_probe.SpeedChoice.from_dict(saved) if saved is not None else self.fixed_speed
             if self.world == 1:
                 torch.set_num_threads(self.speed.threads)
-            how = "kept from the checkpoint" if saved is not None else "as given"
+            how = "kept from the checkpoint" if saved is not None else self.speed.source
         else:
             choice = [None]
             if self.rank == 0:
@@ -680,6 +552,16 @@ class Trainer:
         self.model.eval()
         result.update(chosen_checkpoint=chosen, best_valid_loss=chosen["valid_loss"], valid_bleu=chosen["valid_bleu"])
         return result
+
+
+# For tests of resuming: the training process SIGKILLs itself right after this step (a kill that
+# lands at a known step, between a checkpoint and the next).
+KILL_AFTER_STEP_ENV = "PIPELINE_KILL_AFTER_STEP"
+
+
+def _killed_at(step: int) -> None:
+    if os.environ.get(KILL_AFTER_STEP_ENV) == str(step):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class _RunningLoss:

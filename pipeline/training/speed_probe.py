@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable
 
 import torch
@@ -44,6 +44,9 @@ class SpeedChoice:
     probe_ms: dict = field(default_factory=dict)  # what was timed, in ms
     warning: str | None = None
     probe_s: float = 0.0
+    # Where the choice came from: "probed" (measured when this training started) or "recorded in
+    # the lock" (an earlier build of the same artifact id measured it; see from_record).
+    source: str = "probed"
 
     @property
     def precision(self) -> str:
@@ -54,14 +57,46 @@ class SpeedChoice:
 
     @classmethod
     def from_dict(cls, data: dict) -> "SpeedChoice":
-        return cls(**data)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def record(self) -> dict:
+        """What changes a training's numbers, for the lock file (`choices`); from_record reads it."""
+        return {k: getattr(self, k) for k in RECORDED}
 
     def summary(self) -> str:
+        why = self.reasons.get("bf16", "")
         return (
-            f"{self.precision} ({self.reasons.get('bf16', '')}); attention {self.attention}, "
+            f"{self.precision}{f' ({why})' if why else ''}; attention {self.attention}, "
             f"{'fused' if self.fused_optimizer else 'foreach'} Adam, {self.threads} thread"
             f"{'s' if self.threads != 1 else ''}; CPU {self.isa}"
         )
+
+
+# The switches that change a training's numbers, not only its speed: the thread count (how sums
+# are split), float32 or bf16, the attention kernel, the fused or foreach Adam; and the machine they
+# were measured on.
+RECORDED = ("bf16", "attention", "fused_optimizer", "threads", "isa")
+
+
+def from_record(record: dict | None, isa: str, max_threads: int) -> tuple[SpeedChoice | None, str | None]:
+    """The choice an earlier build of the same artifact recorded (the lock's `choices.speed`), where
+    it fits this machine: the same CPU (or GPU) kind and no more threads than this training may
+    use. Else (None, why it is measured again), or (None, None) where nothing was recorded."""
+    if not record:
+        return None, None
+    if not isinstance(record, dict) or set(RECORDED) - set(record):
+        return None, "speed: the lock's recorded choice is incomplete; measured again"
+    if record["isa"] != isa:
+        return None, f"speed: the lock's choice was measured on {record['isa']}, this machine is {isa}; measured again"
+    if not isinstance(record["threads"], int) or not 1 <= record["threads"] <= max_threads:
+        return None, (
+            f"speed: the lock's choice uses {record['threads']} threads, this training may use {max_threads}; "
+            "measured again"
+        )
+    choice = SpeedChoice(**{k: record[k] for k in RECORDED}, source="recorded in the lock")
+    choice.reasons = {k: "recorded in the lock" for k in ("bf16", "attention", "fused_optimizer", "threads")}
+    return choice, None
 
 
 def attention_context(kernel: str):

@@ -38,8 +38,10 @@ from ...corpora.distilled import TrainingText, encoded_training_set, stored_word
 from ...corpora.encoded import Corpus, encode_corpus, make_batches
 from ...corpora.splits import read_split
 from ...engine.context import StageContext
+from ...engine.machine import cpu_isa
 from ...measure.scoring import bleu_only
 from ...measure.timing import interleaved
+from ...training import speed_probe
 from ...training.loop import Trainer, ValidationSet, collate, greedy_hypotheses
 from ...training.settings import TrainConfig
 from . import PruneConfig, PruneInputs
@@ -196,7 +198,12 @@ def run(ctx: StageContext) -> dict:
         "params": model.num_parameters(),
         "heads": heads_left,
         "model_bytes": bytes_after,
+        "choices": {"finetune": {str(r["step"]): r["speed_choice"] for r in records if "speed_choice" in r}},
     }
+
+
+def _isa(device: str) -> str:
+    return cpu_isa() if torch.device(device).type == "cpu" else torch.cuda.get_device_name(torch.device(device))
 
 
 def finetune_pairs(ctx: StageContext) -> tuple[TrainingText, str]:
@@ -279,6 +286,11 @@ def prune_step(
         average_checkpoints=1,
     )
     word_level = stored_word_level(source_config or {})
+    # The switches an earlier build of this artifact id chose for this step's fine-tune (the lock).
+    recorded = ((ctx.recorded or {}).get("finetune") or {}).get(str(step))
+    speed, why = speed_probe.from_record(recorded, _isa(device), torch.get_num_threads())
+    if why:
+        ctx.log(why)
     trainer = Trainer(
         candidate,
         train_cfg,
@@ -290,9 +302,11 @@ def prune_step(
         ctx.progress,
         device,
         kd_alpha=word_level["alpha"] if word_level else 0.0,
+        speed=speed,
     )
     result = trainer.fit()
     candidate = trainer.model.eval()
+    record["speed_choice"] = trainer.speed.record()
     record["finetune"] = {
         k: result[k]
         for k in ("steps", "train_minutes", "stopped_by", "best_valid_loss", "budget", "precision", "speed")

@@ -21,10 +21,11 @@ from ...corpora.encoded import encode_corpus
 from ...corpora.splits import read_split
 from ...engine.context import StageContext
 from ...engine.errors import UserInputError
-from ...engine.machine import usable_cores
+from ...engine.machine import cpu_isa, usable_cores
 from ...engine.recipe import Strict
 from ...engine.workers import launch, launch_alone, worker_main, world_size
 from ...measure.translators import is_imported_teacher
+from ...training import speed_probe
 from ...training.loop import Trainer, ValidationSet
 from . import TrainInputs, TrainNode
 
@@ -42,6 +43,8 @@ class TrainJob(Strict):
     teacher: str | None = None
     out: str
     work: str
+    # The speed switches an earlier build of this artifact id chose (the lock's choices.speed).
+    recorded_speed: dict | None = None
 
 
 def run(ctx: StageContext) -> dict:
@@ -64,6 +67,7 @@ def run(ctx: StageContext) -> dict:
         teacher=str(inputs.teacher.path) if inputs.teacher is not None else None,
         out=str(ctx.out),
         work=str(ctx.work),
+        recorded_speed=(ctx.recorded or {}).get("speed"),
     )
     if ctx.nproc > 1:
         return launch(ctx, "pipeline.stages.train.build", job.model_dump(mode="json"))
@@ -129,6 +133,12 @@ def train_job(job: TrainJob | dict, log, progress, rank: int = 0, device: str | 
         f"{model.num_parameters():,} parameters, {len(train)} training pairs, "
         f"device {device}, threads {torch.get_num_threads()}, processes {world_size()}"
     )
+    # A choice recorded for this artifact id is used as it was: the probe times a machine whose
+    # load changes from one minute to the next, and another choice is another model.
+    isa = cpu_isa() if torch.device(device).type == "cpu" else torch.cuda.get_device_name(torch.device(device))
+    speed, why = speed_probe.from_record(job.recorded_speed, isa, train_cfg.num_threads or cores)
+    if why:
+        log(why)
     trainer = Trainer(
         model,
         train_cfg,
@@ -143,6 +153,7 @@ def train_job(job: TrainJob | dict, log, progress, rank: int = 0, device: str | 
         kd_alpha=alpha,
         kd_temperature=temperature,
         probe_threads=probe_threads,
+        speed=speed,
     )
     result = trainer.fit()
     if rank != 0:
@@ -163,6 +174,7 @@ def train_job(job: TrainJob | dict, log, progress, rank: int = 0, device: str | 
         "device": device,
         "processes": world_size(),
         "threads": torch.get_num_threads(),
+        "choices": {"speed": trainer.speed.record()},
     }
 
 
