@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 
 from pipeline.commands import read_recipe
+from pipeline.corpora import multi30k
+from pipeline.corpora.cleaning import clean_pairs
 from pipeline.corpora.splits import reservoir_sample
-from pipeline.corpora.user_files import MAX_LINE_BYTES, text_lines, tsv_pairs
+from pipeline.corpora.user_files import MAX_LINE_BYTES, pairs_of, text_lines, tsv_pairs
 from pipeline.engine.context import StageContext
 from pipeline.engine.errors import DataError, RecipeError
 from pipeline.engine.recipe import dump_config
-from pipeline.stages.data import CleanConfig, DataConfig, DataInputs, FileSplit
-from pipeline.stages.data import build as data_stage
+from pipeline.stages.data import STAGE, CleanConfig, DataConfig, DataInputs, FileSplit
 
 from .conftest import run_with_peak_rss
 
@@ -34,7 +35,7 @@ WANTED = [f"{s}.{lang}.gz" for s in ("train", "val", "test_2016_flickr") for lan
 
 
 def test_finds_local_copy_and_verifies_checksums(data_dir, tmp_path, monkeypatch):
-    folder = data_stage.locate_multi30k(multi30k_config(), WANTED)
+    folder = multi30k.locate_multi30k(multi30k_config(), WANTED)
     assert (folder / "train.en.gz").is_file()
     # A damaged copy is named, never used.
     bad = tmp_path / "bad" / "multi30k"
@@ -45,7 +46,7 @@ def test_finds_local_copy_and_verifies_checksums(data_dir, tmp_path, monkeypatch
         f.write(b"extra line\n")
     monkeypatch.setenv("PIPELINE_DATA", str(tmp_path / "bad"))
     with pytest.raises(DataError, match=r"val\.fr\.gz: sha256 does not match"):
-        data_stage.locate_multi30k(multi30k_config(), WANTED)
+        multi30k.locate_multi30k(multi30k_config(), WANTED)
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
@@ -85,8 +86,8 @@ def server(data_dir):
 
 def test_download_from_local_server(server, tmp_path, monkeypatch):
     monkeypatch.delenv("PIPELINE_DATA")
-    folder = data_stage.locate_multi30k(multi30k_config(url=server), WANTED)
-    assert folder == data_stage.cache_dir()
+    folder = multi30k.locate_multi30k(multi30k_config(url=server), WANTED)
+    assert folder == multi30k.cache_dir()
     assert all((folder / n).is_file() for n in WANTED)
     assert not list(folder.glob("*.part"))
 
@@ -96,18 +97,18 @@ def test_bad_downloads_are_rejected(server, monkeypatch, mode, message):
     monkeypatch.delenv("PIPELINE_DATA")
     _Handler.corrupt = {"val.en.gz": mode}
     with pytest.raises(DataError, match=message):
-        data_stage.locate_multi30k(multi30k_config(url=server), WANTED)
-    assert not (data_stage.cache_dir() / "val.en.gz").exists()
+        multi30k.locate_multi30k(multi30k_config(url=server), WANTED)
+    assert not (multi30k.cache_dir() / "val.en.gz").exists()
 
 
 def test_offline_without_files_says_where_to_put_them(monkeypatch):
     monkeypatch.delenv("PIPELINE_DATA")
     with pytest.raises(DataError, match="set PIPELINE_DATA"):
-        data_stage.locate_multi30k(multi30k_config(url="http://127.0.0.1:9/none"), WANTED)
+        multi30k.locate_multi30k(multi30k_config(url="http://127.0.0.1:9/none"), WANTED)
 
 
 def _pairs(split):
-    pairs, _ = data_stage.pairs_of(split)
+    pairs, _ = pairs_of(split)
     return [list(side) for side in zip(*pairs)]
 
 
@@ -176,14 +177,14 @@ def test_mismatched_line_counts_name_both_files(tmp_path):
         with pytest.raises(DataError, match=r"x\.tsv: line 2: expected 2 tab-separated fields"):
             _pairs(FileSplit(tsv=str(tmp_path / "x.tsv")))
     with pytest.raises(DataError, match=r"nowhere\.tsv: file not found"):
-        data_stage.pairs_of(FileSplit(tsv=str(tmp_path / "nowhere.tsv")))  # before any reading
+        pairs_of(FileSplit(tsv=str(tmp_path / "nowhere.tsv")))  # before any reading
 
 
 def test_cleaning_counts_what_it_drops():
     src = ["A cat.", "A cat.", "", "one two three four five six seven eight nine ten", "Cafe\u0301\tbar", "x " * 120]
     tgt = ["Un chat.", "Un chat.", "vide", "un", "Café bar", "y " * 120]
     dropped = Counter()
-    kept = list(data_stage.clean_pairs(zip(src, tgt), CleanConfig(max_words=100, max_ratio=3.0), dropped))
+    kept = list(clean_pairs(zip(src, tgt), CleanConfig(max_words=100, max_ratio=3.0), dropped))
     assert kept == [("A cat.", "Un chat."), ("Café bar", "Café bar")]
     assert dropped == {"duplicate": 1, "empty": 1, "length_ratio": 1, "too_long": 1}
 
@@ -274,7 +275,7 @@ def _run_data(tmp_path, train: Path | str, out: str = "out", extra: str = "") ->
         out=folder,
         work=tmp_path / "work",
     )
-    metrics = data_stage.run(ctx)
+    metrics = STAGE.load()(ctx)
     src = (folder / "train.src").read_text(encoding="utf-8").splitlines()
     tgt = (folder / "train.tgt").read_text(encoding="utf-8").splitlines()
     assert len(src) == len(tgt) == metrics["train_pairs"]

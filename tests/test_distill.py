@@ -19,11 +19,11 @@ from model.torch_decoder import TorchTranslator
 from model.transformer import load_model
 from pipeline.commands import plan_recipe
 from pipeline.corpora.distilled import TopKStore
+from pipeline.corpora.kd_chunks import closest_to_reference
 from pipeline.corpora.splits import read_split
 from pipeline.engine.errors import RecipeError, UserInputError
 from pipeline.engine.runner import node_status
-from pipeline.stages.kd_corpus.build import closest_to_reference
-from pipeline.stages.train.build import project_embedding
+from pipeline.stages.train.build import project_embedding  # test_layering: the one exception, for now
 
 from .conftest import REPO, SMOKE, cli
 

@@ -337,8 +337,8 @@ def test_export_package_cli(export_artifact, tmp_path):
 
 def test_failing_parity_fails_the_stage():
     from pipeline.engine.errors import StageFailed
+    from pipeline.measure.parity import enforce_parity
     from pipeline.stages.export import ParityConfig
-    from pipeline.stages.export.build import _enforce
 
     good = {
         "finite": True,
@@ -350,14 +350,16 @@ def test_failing_parity_fails_the_stage():
         "beam_mismatches": [],
     }
     limits = ParityConfig(max_abs_diff=1e-4)
-    _enforce("fp32", good, limits)
+    enforce_parity("fp32", good, limits)
     with pytest.raises(StageFailed, match=re.escape("max |log p difference| 0.003 > 0.0001")):
-        _enforce("fp32", {**good, "max_abs_diff": 3e-3}, limits)
+        enforce_parity("fp32", {**good, "max_abs_diff": 3e-3}, limits)
     with pytest.raises(StageFailed, match="beam outputs identical to PyTorch on only 19/20"):
-        _enforce("fp32", {**good, "beam_identical": "19/20", "beam_mismatches": [7]}, limits)
-    _enforce("fp16", {**good, "max_abs_diff": 3e-3, "beam_mismatches": [7]}, limits)  # half precision: recorded only
+        enforce_parity("fp32", {**good, "beam_identical": "19/20", "beam_mismatches": [7]}, limits)
+    enforce_parity(
+        "fp16", {**good, "max_abs_diff": 3e-3, "beam_mismatches": [7]}, limits
+    )  # half precision: recorded only
     with pytest.raises(StageFailed, match="non-finite"):
-        _enforce("fp16", {**good, "finite": False}, limits)
+        enforce_parity("fp16", {**good, "finite": False}, limits)
 
 
 @pytest.mark.parametrize("pre_ln", [False, True])

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from pipeline.measure.evaluation import EvaluateOutput
 from pipeline.measure.rows import BenchmarkRow, RowError
 from pipeline.measure.scoring import bleu_only, paired_bootstrap
 from pipeline.report.markdown import markdown, step_lines
@@ -283,7 +284,9 @@ def test_the_report_reads_benchmark_rows_typed_and_a_renamed_key_is_an_error_nam
     typed = BenchmarkRow.from_json(data)
     assert typed == row
     evaluation = {"bleu": 30.0, "chrf": 50.0, "bleu_greedy": 29.0, "beam": 4, "test_set": "t"}
-    out = report_row(typed, {"pruned_onnx": evaluation})
+    signatures = {"bleu_signature": "b", "chrf_signature": "c", "results": {}, "model_artifact": "export-1"}
+    head = {"variant": "pruned", "runtime": "onnxruntime", "device": "cpu", "search": "graph", **signatures}
+    out = report_row(typed, {"pruned_onnx": EvaluateOutput.of({**head, **evaluation})})
     assert out["bleu"] == 30.0 and out["bleu_beam"] == 4 and out["latency_ms"]["greedy_b1"]["p50"] == 2.0
     assert out["throughput"] == {"sent_per_s": 9.0, "tok_per_s": 90.0, "batch": 4, "beam": 4}
 

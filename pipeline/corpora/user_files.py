@@ -16,6 +16,7 @@ from typing import BinaryIO, Iterator
 from mt_runtime.files import UnsafeFile, open_regular
 
 from ..engine.errors import DataError
+from .cleaning import TrainingCorpus
 
 # The longest line a corpus file may hold (bytes): far above any sentence, far below a file that
 # lost its line breaks (which would otherwise be read whole into memory).
@@ -169,3 +170,28 @@ def aligned_pairs(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
             f"{src_path} has {count} lines but {tgt_path} has {count + rest}: "
             "a parallel corpus needs the same number of lines in both"
         )
+
+
+# ------------------------------------------------------------------ a recipe's splits
+def pairs_of(split) -> tuple[Iterator[tuple[str, str]], str]:
+    """A split of the user's corpus (a FileSplit of the data section) as a stream of pairs, and
+    what to call it in messages. The files are checked for existence now, so a typo fails before
+    any work."""
+    paths = [Path(split.tsv)] if split.tsv is not None else [Path(split.src), Path(split.tgt)]
+    for path in paths:
+        if not path.exists():
+            raise DataError(f"{path}: file not found")
+    if split.tsv is not None:
+        return tsv_pairs(paths[0]), str(paths[0])
+    return aligned_pairs(*paths), f"{paths[0]} / {paths[1]}"
+
+
+def user_splits(files) -> dict:
+    """{split: (pairs, origin)} of the data section's `files`: the training split as its corpora
+    (TrainingCorpus, in order), the others as streams."""
+    corpora = [TrainingCorpus(spec.label, spec.weight, *pairs_of(spec)) for spec in files.train_corpora]
+    return {
+        "train": (corpora, ", ".join(c.origin for c in corpora)),
+        "valid": pairs_of(files.valid),
+        **{name: pairs_of(spec) for name, spec in files.test.items()},
+    }

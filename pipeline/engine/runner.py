@@ -21,7 +21,7 @@ from rich.table import Table
 
 from .code_digest import changed_files
 from .context import StageContext, console
-from .errors import PipelineError, UserInputError, no_room
+from .errors import PipelineError, StageFailed, UserInputError, no_room
 from .graph import Node, build_graph, resolve_builds, select
 from .lockfile import content_digest, read_lock, recorded_choices, write_lock
 from .machine import machine_info, usable_cores
@@ -412,6 +412,8 @@ def _build(
         record["events"] = ctx.events
         try:
             metrics = run_stage(ctx) or {}
+            if problems := node.spec.output.problems(metrics):  # the manifest keeps only declared keys
+                raise StageFailed(f"its metrics: {problems[0]} (declared in {node.spec.declaration})")
         except PipelineError as exc:
             record.update(action="failed", error=str(exc), duration_s=round(time.monotonic() - t0, 3))
             failed = PipelineError(f"stage {node.name} failed: {exc}")

@@ -3,23 +3,25 @@ the registry (pipeline/stages/__init__.py) is the ordered list of them.
 
 A declaration says what the stage is handed (`settings`, a typed model: ctx.settings), what it
 reads (`inputs`, a frozen dataclass of artifacts: ctx.inputs), which recipe sections it owns
-(`sections`), how it plans its nodes from a recipe (`plan`, given a Planner) and where its
-`run(ctx)` is (`build`, a module imported only when one of its nodes is built, so that planning a
-run never imports torch), and how its metrics read (`headline`, the figures the run's summary shows;
-`cut`, the metrics that say a time cap cut a training). The engine knows no stage by name, nor any
-stage's metric: the registry is handed to it.
+(`sections`), what its `run(ctx)` returns (`output`, a frozen dataclass of the metrics the
+manifest keeps: the runner refuses a key it lacks), how it plans its nodes from a recipe (`plan`,
+given a Planner), where its `run(ctx)` is (`build`, a module imported only when one of its nodes
+is built, so that planning a run never imports torch), and how its metrics read (`headline`, the
+figures the run's summary shows; `cut`, the metrics that say a time cap cut a training). The engine
+knows no stage by name, nor any stage's metric: the registry is handed to it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 from pydantic import BaseModel
 
-from .errors import PipelineError, RecipeError
+from .errors import PipelineError, RecipeError, StageFailed
 from .recipe import Strict, dump_config
 from .store import Artifact, artifact_id
 
@@ -81,6 +83,44 @@ class Inputs:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class Output:
+    """Base of a stage's output: one field per key of the metrics its run(ctx) returns (and the
+    manifest stores as returned), a field with a default for a key that is not always there.
+    `EXTRA`, where set, matches keys named after something a recipe names (a test set's
+    `<name>_pairs`): they are kept in `extra`. Other stages read an artifact's metrics through
+    `of`, so that a renamed key fails where it is read, not in a report that shows None."""
+
+    EXTRA: ClassVar[re.Pattern | None] = None
+
+    @classmethod
+    def problems(cls, metrics: dict) -> list[str]:
+        """Keys the declaration lacks, then required keys the metrics lack."""
+        fields = [f for f in dataclasses.fields(cls) if f.name != "extra"]
+        unknown = [
+            k for k in metrics if k not in {f.name for f in fields} and not (cls.EXTRA and cls.EXTRA.fullmatch(str(k)))
+        ]
+        missing = [
+            f.name
+            for f in fields
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in metrics
+        ]
+        return [f"key {k!r} is not in {cls.__name__}" for k in unknown] + [
+            f"key {k!r} of {cls.__name__} is missing" for k in missing
+        ]
+
+    @classmethod
+    def of(cls, metrics: dict, what: str = "metrics"):
+        """The typed view of an artifact's metrics (`what`: its id, for the error, one line)."""
+        if problems := cls.problems(metrics):
+            raise StageFailed(f"{what}: {problems[0]}")
+        named = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in metrics.items() if k in named}
+        if "extra" in named:
+            values["extra"] = {k: v for k, v in metrics.items() if k not in named}
+        return cls(**values)
+
+
 class Variant(Strict):
     """One thing the recipe evaluates and benchmarks: a model in PyTorch, or one of its ONNX
     packages in onnxruntime. `node` holds it (`package`: the folder inside that artifact),
@@ -112,6 +152,7 @@ class Stage:
     inputs: type[Inputs]  # what a node reads (ctx.inputs)
     plan: Callable[[Planner], None]  # adds the stage's nodes for a recipe
     build: str  # the module whose run(ctx) builds a node's artifact
+    output: type[Output]  # what run(ctx) returns: the metrics its manifest keeps
     sections: tuple[Section, ...] = ()
     # Metrics the run's summary shows for a node built (at most four, in the metrics' order).
     headline: tuple[str, ...] = ()

@@ -1,7 +1,7 @@
 """Running a stage's work in other processes, from the same stage code.
 
 The runner stays one process (it holds the store lock); a stage that can use several processes
-writes its job to a JSON file and starts `torchrun -m <stage module> JOB.json`. Each worker
+writes its job to a JSON file and starts `torchrun -m <job module> JOB.json`. Each worker
 calls the stage's job function with its rank; rank 0 writes the metrics the stage returns.
 A stage built side by side with another (see the runner) starts one such worker of its own,
 `python -m <stage module> JOB.json`, on its share of the cores: one process per training, so

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 
-from ..engine.stage import Variant
+from ..engine.stage import Output, Variant
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,23 @@ class BenchmarkRow:
 JSON_KEYS = tuple(f.name for f in fields(BenchmarkRow) if f.name != "folder")
 # Written only where a row has them (in this order, after the others), as rows always had them.
 OPTIONAL = frozenset({"heads_computed", "parity", "hypotheses", "scores", "paired", "versus"})
+
+
+@dataclass(frozen=True)
+class BenchmarkOutput(Output):
+    """What the benchmark stage returns (its manifest's metrics; benchmark.json holds the same
+    with `rows` the rows): the report reads it."""
+
+    rows: int
+    measured: int
+    skipped_rows: int
+    test_set: str
+    sentences: int
+    threads: list[int]
+    batch_size: int
+    throughput_beam: int
+    machine: dict
+    results: list[dict]  # BenchmarkRow.to_json() of each row
 
 
 class RowError(ValueError):

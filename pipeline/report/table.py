@@ -4,6 +4,7 @@ and how the scores were computed. report.json's row keys: rows.py."""
 
 from __future__ import annotations
 
+from ..measure.evaluation import EvaluateOutput
 from ..measure.rows import BenchmarkRow
 from .rows import ReportRow
 
@@ -69,8 +70,8 @@ def mark_cut_rows(rows: list[dict], training: dict) -> None:
         row["training_cut"] = "; ".join(cuts) or None
 
 
-def report_row(row: BenchmarkRow, evaluations: dict) -> ReportRow:
-    """A benchmark row with its quality figures and the keys report.json promises."""
+def report_row(row: BenchmarkRow, evaluations: dict[str, EvaluateOutput]) -> ReportRow:
+    """A benchmark row with its quality figures (its variant's evaluation) and the keys report.json promises."""
     out = {
         "name": row.name,
         "variant": row.variant,
@@ -113,16 +114,16 @@ def report_row(row: BenchmarkRow, evaluations: dict) -> ReportRow:
     elif base in evaluations:
         ev = evaluations[base]
         out.update(
-            bleu=ev.get("bleu"),
-            chrf=ev.get("chrf"),
-            bleu_greedy=ev.get("bleu_greedy"),
-            chrf_greedy=ev.get("chrf_greedy"),
-            bleu_beam=ev.get("beam"),
-            bleu_source=f"evaluate.{base}: {ev.get('test_set')}, beam {ev.get('beam')}"
+            bleu=ev.bleu,
+            chrf=ev.chrf,
+            bleu_greedy=ev.bleu_greedy,
+            chrf_greedy=ev.chrf_greedy,
+            bleu_beam=ev.beam,
+            bleu_source=f"evaluate.{base}: {ev.test_set}, beam {ev.beam}"
             + (" (run on the CPU; same weights)" if base != row.name else ""),
         )
-        if ev.get("alone_identical") and base == row.name:
-            out["alone_identical"] = ev["alone_identical"]
+        if ev.alone_identical and base == row.name:
+            out["alone_identical"] = ev.alone_identical
     if row.parity:
         p = row.parity
         out["parity"] = f"greedy outputs identical to our PyTorch model on {p['identical']}/{p['sentences']} sentences"
@@ -159,12 +160,12 @@ def add_ratios(rows: list[dict]) -> None:
         }
 
 
-def scoring(evaluations: dict) -> dict:
+def scoring(evaluations: dict[str, EvaluateOutput]) -> dict:
     """How every BLEU and chrF in the report was computed: sacrebleu's signatures, as the
     evaluate artifacts recorded them (one of each unless something scored differently)."""
 
     def one_or_all(key: str):
-        found = sorted({e[key] for e in evaluations.values() if e.get(key)})
+        found = sorted({getattr(e, key) for e in evaluations.values() if getattr(e, key)})
         return found[0] if len(found) == 1 else found or None
 
     return {

@@ -10,6 +10,7 @@ from typing import Literal
 from ...engine.recipe import NonNegInt, PositiveFloat, PositiveInt, Strict
 from ...engine.stage import Inputs, Planner, Section, Stage, Variant
 from ...engine.store import Artifact
+from ...measure.rows import BenchmarkOutput
 
 
 class VersusConfig(Strict):
@@ -81,6 +82,7 @@ STAGE = Stage(
     inputs=BenchmarkInputs,
     plan=plan,
     build="pipeline.stages.benchmark.build",
+    output=BenchmarkOutput,  # pipeline/measure/rows.py: the report reads it
     sections=(Section("benchmark", BenchmarkConfig),),
     headline=("rows", "sentences"),
 )

@@ -22,6 +22,7 @@ import json
 
 from model.ctranslate2_export import NotConvertible, compare_greedy, export_ctranslate2, uniform_heads
 
+from ...corpora.data_output import DataOutput
 from ...corpora.splits import read_split
 from ...engine.context import StageContext
 from ...engine.errors import UserInputError
@@ -39,7 +40,7 @@ CT2_TYPES = {"cpu": ("int8", "float32"), "cuda": ("int8_float16", "float16")}
 def run(ctx: StageContext) -> dict:
     cfg: BenchmarkNode = ctx.settings
     data = ctx.inputs.data
-    test_sets = data.metrics.get("test_sets", [])
+    test_sets = DataOutput.of(data.metrics, data.id).test_sets
     test_set = cfg.test_set or (test_sets[0] if test_sets else None)
     if test_set not in test_sets:
         raise UserInputError(f"benchmark.test_set: {test_set!r} not produced by the data stage (it has {test_sets})")

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from mt_runtime.files import UnsafeFile, open_regular
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
+from ...corpora.data_output import DataOutput
 from ...engine.errors import UserInputError
 from ...engine.recipe import PositiveInt, Strict
 from ...engine.stage import Inputs, Planner, Section, Stage
@@ -209,6 +210,7 @@ STAGE = Stage(
     inputs=DataInputs,
     plan=plan,
     build="pipeline.stages.data.build",
+    output=DataOutput,  # pipeline/corpora/data_output.py: the stages after it read it
     sections=(Section("data", DataConfig, DataConfig()),),
     headline=("train_pairs",),
 )

@@ -11,6 +11,7 @@ from pydantic import Field
 from ...engine.recipe import PositiveInt, Strict
 from ...engine.stage import Inputs, Planner, Section, Stage
 from ...engine.store import Artifact
+from ...measure.evaluation import EvaluateOutput
 
 
 class EvaluateConfig(Strict):
@@ -64,6 +65,7 @@ STAGE = Stage(
     inputs=EvaluateInputs,
     plan=plan,
     build="pipeline.stages.evaluate.build",
+    output=EvaluateOutput,  # pipeline/measure/evaluation.py: the report reads it
     sections=(Section("evaluate", EvaluateConfig),),
     headline=("bleu", "chrf"),
 )

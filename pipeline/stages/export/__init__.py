@@ -11,7 +11,7 @@ from mt_runtime.shortlist import MAX_PER_WORD
 from pydantic import Field
 
 from ...engine.recipe import PositiveFloat, PositiveInt, Strict, dump_config
-from ...engine.stage import Inputs, Planner, Section, Stage, Variant
+from ...engine.stage import Inputs, Output, Planner, Section, Stage, Variant
 from ...engine.store import Artifact
 
 
@@ -53,6 +53,28 @@ class ExportConfig(Strict):
 class ExportInputs(Inputs):
     data: Artifact
     model: Artifact
+
+
+@dataclass(frozen=True)
+class ExportOutput(Output):
+    opset: int
+    fused_attention: bool
+    onnxruntime: str
+    torch: str
+    source_artifact: str
+    threads: int  # of both runtimes in the parity checks
+    packages: dict  # per variant: bytes, onnx_bytes
+    parity: dict  # per variant: pipeline/export/parity.py's report
+    tied_embedding: dict  # what float_graphs did to the graphs
+    positions_as_formula: dict
+    layer_norms_unfused: dict
+    parity_max_abs_diff: float  # fp32's, for the run summary
+    greedy_identical: str
+    beam_identical: str
+    onnx_bytes: int
+    greedy_speedup: float | None
+    optimizer: dict | None = None  # optimize: true
+    shortlist: dict | None = None  # a shortlist section: its size and coverage
 
 
 def plan(p: Planner) -> None:
@@ -105,6 +127,7 @@ STAGE = Stage(
     inputs=ExportInputs,
     plan=plan,
     build="pipeline.stages.export.build",
+    output=ExportOutput,
     sections=(Section("export", ExportConfig),),
     headline=("parity_max_abs_diff",),
 )

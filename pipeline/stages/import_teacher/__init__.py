@@ -14,13 +14,28 @@ from model.hf_checkpoint import UnsafeCheckpoint, file_digests
 
 from ...engine.errors import RecipeError, UserInputError
 from ...engine.recipe import dump_config
-from ...engine.stage import Inputs, Planner, Stage
+from ...engine.stage import Inputs, Output, Planner, Stage
 from ...training.settings import PretrainedTeacher
 
 
 @dataclass(frozen=True)
 class ImportInputs(Inputs):
     """None: the checkpoint is the recipe's (its files' digests are in the config)."""
+
+
+@dataclass(frozen=True)
+class ImportOutput(Output):
+    """The keys every model artifact has (role, params, model_bytes) and where it came from."""
+
+    role: str  # teacher
+    imported: bool  # True: what the report, the benchmark and translate tell an imported teacher by
+    format: str
+    source: str  # the folder or hub id
+    model_type: str  # transformers' (marian, ...)
+    params: int
+    model_bytes: int  # its *.safetensors
+    checkpoint_bytes: int  # every file copied
+    vocab_size: int
 
 
 def plan(p: Planner) -> None:
@@ -95,5 +110,6 @@ STAGE = Stage(
     inputs=ImportInputs,
     plan=plan,
     build="pipeline.stages.import_teacher.build",
+    output=ImportOutput,
     headline=("params", "vocab_size"),
 )

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from ...engine.recipe import NonNegInt, OpenFraction, PositiveFloat, PositiveInt, Seed, Strict
-from ...engine.stage import Inputs, Planner, Section, Stage
+from ...engine.stage import Inputs, Output, Planner, Section, Stage
 from ...engine.store import Artifact
 from ...training.settings import Bf16
 
@@ -70,6 +70,55 @@ class PruneInputs(Inputs):
     kd_corpus: Artifact | None = None  # what the fine-tune learns from, where there is one
 
 
+@dataclass(frozen=True)
+class PruneOutput(Output):
+    """The pruned model: what was removed, BLEU and latency before and after, each step, and the
+    keys every model artifact has (params, heads, model_bytes)."""
+
+    source_model: str
+    ranking: str
+    normalize: str
+    finetune_data: str  # kd_corpus, references
+    heads_before: dict  # per kind: heads per layer
+    heads_after: dict
+    heads_total_before: int
+    heads_total_after: int
+    heads_removed: int
+    fraction_removed: float
+    ffn_before: dict
+    ffn_after: dict
+    neurons_removed: int
+    params_before: int
+    params_after: int
+    model_bytes_before: int
+    model_bytes_after: int
+    valid_bleu_before: float
+    valid_bleu_pruned: float  # before the fine-tune
+    valid_bleu_after: float
+    valid_bleu_drop: float
+    valid_bleu_sentences: int
+    stopped_by: str
+    steps: list[dict]  # each step (its fine-tune's training record under "finetune")
+    importance: list[dict]
+    # Batch-1 greedy latency, one thread, in PyTorch (these) and onnxruntime (the same keys under it)
+    latency_sentences: int
+    latency_repeats: int
+    latency_threads: int
+    sentence_ms_unpruned: float
+    decoder_step_ms_unpruned: float
+    decoder_steps_per_sentence_unpruned: float
+    sentence_ms_pruned: float
+    decoder_step_ms_pruned: float
+    decoder_steps_per_sentence_pruned: float
+    sentence_speedup: float
+    decoder_step_speedup: float
+    onnxruntime: dict
+    params: int
+    heads: int
+    model_bytes: int
+    choices: dict | None = None  # the fine-tunes' speed choices, recorded in the lock for this id
+
+
 def plan(p: Planner) -> None:
     if p.recipe.prune is None:
         return
@@ -90,6 +139,7 @@ STAGE = Stage(
     inputs=PruneInputs,
     plan=plan,
     build="pipeline.stages.prune.build",
+    output=PruneOutput,
     sections=(Section("prune", PruneConfig),),
     headline=("heads_removed", "params"),
     cut=("steps[].finetune.cut_by_time",),

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from ...engine.recipe import NonNegInt, PositiveInt, Strict
-from ...engine.stage import Inputs, Planner, Section, Stage, Variant
+from ...engine.stage import Inputs, Output, Planner, Section, Stage, Variant
 from ...engine.store import Artifact
 
 
@@ -31,6 +31,21 @@ class QuantizeConfig(Strict):
 class QuantizeInputs(Inputs):
     data: Artifact
     export: Artifact  # the final model's export: its fp32 package
+
+
+@dataclass(frozen=True)
+class QuantizeOutput(Output):
+    fp32_bleu: float  # the guard's, on its validation sentences
+    guard_sentences: int
+    beam: int
+    max_bleu_drop: float
+    fp32_onnx_bytes: int
+    groups: list[str]  # the weight groups the guard may leave in float
+    onnxruntime: str
+    variants: dict  # per variant: the guard's search, bytes, latency (pipeline/quantize/)
+    calibration: dict | None = None  # static: how it was calibrated
+    bleu: float | None = None  # the first variant's, for the run summary (none without a variant)
+    bytes_ratio: float | None = None
 
 
 def plan(p: Planner) -> None:
@@ -63,6 +78,7 @@ STAGE = Stage(
     inputs=QuantizeInputs,
     plan=plan,
     build="pipeline.stages.quantize.build",
+    output=QuantizeOutput,
     sections=(Section("quantize", QuantizeConfig),),
     headline=("bleu", "bytes_ratio"),
 )

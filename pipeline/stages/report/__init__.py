@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...engine.recipe import PositiveFloat, Strict
-from ...engine.stage import Inputs, Planner, Section, Stage
+from ...engine.stage import Inputs, Output, Planner, Section, Stage
 from ...engine.store import Artifact
 
 
@@ -35,6 +35,16 @@ class ReportInputs(Inputs):
     trained: dict[str, Artifact] = field(default_factory=dict)  # model -> its training: steps, precision, cut
 
 
+@dataclass(frozen=True)
+class ReportOutput(Output):
+    """What the manifest keeps of report.json (the artifact's files hold the rest)."""
+
+    rows: int
+    measured: int
+    recommendation: str
+    targets: dict  # each target of the recipe, measured
+
+
 def plan(p: Planner) -> None:
     if p.recipe.report is None:
         return
@@ -56,6 +66,7 @@ STAGE = Stage(
     inputs=ReportInputs,
     plan=plan,
     build="pipeline.stages.report.build",
+    output=ReportOutput,
     sections=(Section("report", ReportConfig),),
     headline=("rows",),
 )

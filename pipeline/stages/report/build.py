@@ -16,7 +16,8 @@ import json
 
 from ...engine.context import StageContext
 from ...engine.errors import StageFailed
-from ...measure.rows import BenchmarkRow, RowError
+from ...measure.evaluation import EvaluateOutput
+from ...measure.rows import BenchmarkOutput, BenchmarkRow, RowError
 from ...report.hypotheses import hypotheses_reader
 from ...report.markdown import markdown
 from ...report.pareto import mark_pareto, recommend
@@ -29,10 +30,10 @@ from . import ReportInputs, ReportNode
 
 def run(ctx: StageContext) -> dict:
     inputs: ReportInputs = ctx.inputs
-    bench = inputs.benchmark.metrics
-    evaluations = {name: art.metrics for name, art in inputs.evaluate.items()}
+    bench = BenchmarkOutput.of(inputs.benchmark.metrics, inputs.benchmark.id)
+    evaluations = {name: EvaluateOutput.of(art.metrics, art.id) for name, art in inputs.evaluate.items()}
     try:
-        bench_rows = [BenchmarkRow.from_json(row) for row in bench.get("results", [])]
+        bench_rows = [BenchmarkRow.from_json(row) for row in bench.results]
     except RowError as exc:
         raise StageFailed(f"{inputs.benchmark.id}: {exc}") from None
     rows = [report_row(row, evaluations) for row in bench_rows]
@@ -41,7 +42,9 @@ def run(ctx: StageContext) -> dict:
     training = {name: training_summary(art.metrics) for name, art in inputs.trained.items()}
     mark_cut_rows(rows, training)
     add_ratios(rows)
-    steps = bleu_uncertainty(rows, hypotheses_reader(inputs.data, inputs.benchmark, inputs.evaluate, bench))
+    steps = bleu_uncertainty(
+        rows, hypotheses_reader(inputs.data, inputs.benchmark, inputs.evaluate, inputs.benchmark.metrics)
+    )
     mark_pareto(rows)
     cfg: ReportNode = ctx.settings
     max_loss = cfg.max_bleu_loss
@@ -55,9 +58,11 @@ def run(ctx: StageContext) -> dict:
         "run": None,
         "run_note": "null in the artifact (shared by every run that reuses it); `pipeline report` fills in "
         "the latest run whose log lists this report artifact",
-        "machine": bench.get("machine"),
+        "machine": bench.machine,
         "training": training,
-        "benchmark": {k: bench.get(k) for k in ("test_set", "sentences", "threads", "batch_size", "throughput_beam")},
+        "benchmark": {
+            k: getattr(bench, k) for k in ("test_set", "sentences", "threads", "batch_size", "throughput_beam")
+        },
         "teacher": TEACHER,
         "rows": rows,
         "recommendation": recommendations["greedy"],

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 from model.sizes import MAX_VOCAB
 
 from ...engine.recipe import PositiveInt, Strict
-from ...engine.stage import Inputs, Planner, Section, Stage
+from ...engine.stage import Inputs, Output, Planner, Section, Stage
 from ...engine.store import Artifact
 
 
@@ -38,6 +38,20 @@ class TokenizerInputs(Inputs):
     teacher: Artifact | None = None  # an imported teacher, whose vocabulary is taken (kind: teacher)
 
 
+@dataclass(frozen=True)
+class TokenizerOutput(Output):
+    vocab_size: int
+    kind: str
+    special_ids: dict[str, int]
+    valid_round_trip_exact: float  # validation targets that decode back to themselves
+    valid_src_tokens_per_sentence: float
+    valid_src_unk_rate: float
+    valid_tgt_tokens_per_sentence: float
+    valid_tgt_unk_rate: float
+    target_side: bool | None = None  # kind teacher: whether the teacher has a tokenizer per side
+    teacher: str | None = None  # kind teacher: the imported teacher's artifact
+
+
 def plan(p: Planner) -> None:
     cfg = p.recipe.tokenizer
     if cfg is None:
@@ -58,6 +72,7 @@ STAGE = Stage(
     inputs=TokenizerInputs,
     plan=plan,
     build="pipeline.stages.tokenizer.build",
+    output=TokenizerOutput,
     sections=(Section("tokenizer", TokenizerConfig),),
     headline=("vocab_size",),
 )

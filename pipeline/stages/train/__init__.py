@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ...engine.recipe import Fraction, Strict, dump_config
-from ...engine.stage import Inputs, Node, Planner, Section, Stage
+from ...engine.stage import Inputs, Node, Output, Planner, Section, Stage
 from ...engine.store import Artifact
 from ...training.settings import DistillConfig, ModelSpec, TeacherConfig, TrainConfig, WordLevelKD
 
@@ -36,6 +36,44 @@ class TrainInputs(Inputs):
     kd_corpus: Artifact | None = None  # the student's: the teacher's translations
     teacher: Artifact | None = None  # word-level distillation, or its embedding as the start
     steps_of: Artifact | None = None  # the ablation trains as many steps as this model took
+
+
+@dataclass(frozen=True)
+class TrainOutput(Output):
+    """A trained model: the keys every model artifact has (role, params, heads, model_bytes), what
+    it learnt from (pipeline/corpora/distilled.py) and how the training went (training/loop.py)."""
+
+    role: str  # teacher, student, student_ref
+    params: int
+    heads: int
+    model_bytes: int
+    train_pairs: int
+    source: str  # references, kd_corpus
+    encode_seconds: float
+    pairs_too_long: int
+    steps: int
+    epochs: int
+    train_minutes: float
+    stopped_by: str
+    train_tokens: int
+    resumed_from_steps: list[int]
+    tokens_per_s: float
+    budget: str
+    precision: str
+    speed: dict  # the speed probe's choices (training/speed_probe.py)
+    chosen_checkpoint: dict
+    best_valid_loss: float
+    valid_bleu: float | None
+    device: str
+    processes: int
+    threads: int
+    kd_pairs: int | None = None  # source kd_corpus
+    reference_pairs_mixed: int | None = None  # source kd_corpus
+    word_level_pairs: int | None = None  # word-level KD from the corpus's stored distributions
+    embeddings_from_teacher: dict | None = None
+    cut_by_time: str | None = None  # stopped by max_minutes before its budget
+    steps_matched_to: dict | None = None  # the ablation with budget student_steps
+    choices: dict | None = None  # what the speed probe chose, recorded in the lock for this id
 
 
 def plan(p: Planner) -> None:
@@ -107,6 +145,7 @@ STAGE = Stage(
     inputs=TrainInputs,
     plan=plan,
     build="pipeline.stages.train.build",
+    output=TrainOutput,
     sections=(Section("teacher", TeacherConfig), Section("distill", DistillConfig)),
     headline=("best_valid_loss", "params", "train_pairs", "valid_bleu"),
     cut=("cut_by_time",),
