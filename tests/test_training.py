@@ -14,16 +14,11 @@ from model.transformer import Transformer
 from pipeline.corpora.encoded import Corpus, encode_corpus
 from pipeline.corpora.splits import read_split
 from pipeline.engine.context import progress_bar
-from pipeline.training.loop import (
-    Trainer,
-    ValidationSet,
-    cooldown_factor,
-    inverse_sqrt_lr,
-    label_smoothed_loss,
-    make_batches,
-)
+from pipeline.training.loop import Trainer, cooldown_factor, inverse_sqrt_lr, make_batches
+from pipeline.training.loss import label_smoothed_loss
 from pipeline.training.settings import TrainConfig
 from pipeline.training.speed_probe import SpeedChoice
+from pipeline.training.validation import ValidationSet
 
 from .conftest import SMOKE, cli, one_layer_config
 

@@ -32,6 +32,7 @@ from mt_runtime.subword import SubwordTokenizer
 from model import pruning
 from model.subword_training import copy_tokenizer
 from model.torch_decoder import TorchDecoder
+from model.torch_greedy import greedy_hypotheses
 from model.transformer import Transformer, load_model, save_model
 
 from ...corpora.distilled import TrainingText, encoded_training_set, stored_word_level, training_pairs
@@ -42,8 +43,9 @@ from ...engine.machine import cpu_isa
 from ...measure.scoring import bleu_only
 from ...measure.timing import interleaved
 from ...training import speed_probe
-from ...training.loop import Trainer, ValidationSet, collate, greedy_hypotheses
+from ...training.loop import Trainer, collate
 from ...training.settings import TrainConfig
+from ...training.validation import ValidationSet
 from . import PruneConfig, PruneInputs
 
 DECODER_STEPS = 20  # forced decoder steps per sentence when timing one step
