@@ -4,10 +4,13 @@ only their own files."""
 
 from __future__ import annotations
 
+import pytest
 from mt_runtime.files import check_external_data, verify_package
 
 from tests.helpers import cli
 from tests.helpers.files import _one_error_line, _point_outside, _rehash, _store_with
+
+pytestmark = pytest.mark.slow  # the exported fixture trains and exports the smoke student
 
 
 def test_export_package_checks_the_graphs_of_a_rewritten_store_artifact(exported, tmp_path):

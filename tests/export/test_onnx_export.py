@@ -184,6 +184,7 @@ def export_artifact(smoke):
     return store, arts
 
 
+@pytest.mark.slow
 def test_export_stage_parity_and_packages(export_artifact):
     _, arts = export_artifact
     art = arts["export.student"]
@@ -223,6 +224,7 @@ def test_export_stage_parity_and_packages(export_artifact):
     assert m["fused_attention"] and "MultiHeadAttention" in card and "fused_attention: false" in card
 
 
+@pytest.mark.slow
 def test_onnx_translator_matches_torch_translator(export_artifact):
     _, arts = export_artifact
     src, _ = read_split(arts["data"].path, "valid")
@@ -237,6 +239,7 @@ def test_onnx_translator_matches_torch_translator(export_artifact):
     assert onnx.translate(["", "  "]) == ["", ""]
 
 
+@pytest.mark.slow
 def test_a_generate_graph_that_does_not_load_falls_back_to_the_step_graphs(export_artifact, monkeypatch):
     _, arts = export_artifact
     package = arts["export.student"].path / "fp32"
@@ -254,6 +257,7 @@ def test_a_generate_graph_that_does_not_load_falls_back_to_the_step_graphs(expor
         Translator(package, threads=1, search="graph")
 
 
+@pytest.mark.slow
 def test_runtime_runs_without_torch(export_artifact, tmp_path):
     """The copied package and mt-runtime alone (model/runtime/), in a process where importing
     torch, onnx or anything of the pipeline fails."""
@@ -296,6 +300,7 @@ def test_model_runtime_module_does_not_import_torch():
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow
 def test_package_with_a_flipped_byte_is_refused(export_artifact, tmp_path):
     _, arts = export_artifact
     package = tmp_path / "fp32"
@@ -310,6 +315,7 @@ def test_package_with_a_flipped_byte_is_refused(export_artifact, tmp_path):
         open_model(package)
 
 
+@pytest.mark.slow
 def test_cuda_request_falls_back_to_cpu_without_a_gpu(export_artifact):
     _, arts = export_artifact
     if "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available():
@@ -323,6 +329,7 @@ def test_cuda_request_falls_back_to_cpu_without_a_gpu(export_artifact):
     )
 
 
+@pytest.mark.slow
 def test_export_package_cli(export_artifact, tmp_path):
     from tests.helpers import cli
 

@@ -376,6 +376,7 @@ def quantized(smoke):
     return smoke.build("quantize", NO_PRUNE)
 
 
+@pytest.mark.slow
 def test_quantize_stage_writes_guarded_packages(quantized):
     _, arts = quantized
     art = arts["quantize"]

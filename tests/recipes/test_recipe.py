@@ -101,6 +101,7 @@ def test_overrides_are_typed_and_validated(tmp_path):
     assert recipe.teacher is None
 
 
+@pytest.mark.slow
 def test_shipped_recipes_validate():
     for recipe in sorted(REPO.glob("recipes/*.yaml")):
         proc = cli("validate", str(recipe))

@@ -21,6 +21,9 @@ from pipeline.measure.rows import BenchmarkRow
 from pipeline.report.rows import ReportRow, missing_keys
 from tests.helpers import SMOKE, cli
 
+pytestmark = pytest.mark.slow  # the fixture runs the smoke recipe to its report
+
+
 OVERRIDES = (
     "distill=null",
     "prune=null",

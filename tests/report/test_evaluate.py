@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test runs the smoke recipe to an evaluate stage
+
 
 def test_evaluate_stage_scores_with_a_signature(smoke):
     store, arts = smoke.build("evaluate.teacher")

@@ -157,6 +157,7 @@ def _row(name, variant, runtime, compute_type, source, device="cpu", skipped=Non
     }
 
 
+@pytest.mark.slow
 def test_each_step_gets_its_bleu_difference_with_an_interval():
     refs = _references()
     share = {

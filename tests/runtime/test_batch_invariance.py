@@ -15,6 +15,9 @@ from mt_runtime.translator import Translator
 from pipeline.export.package_builder import build_package
 from tests.helpers import tiny_model
 
+pytestmark = pytest.mark.slow  # the packages fixture builds every CPU variant (about 20 s)
+
+
 VARIANTS = ("fp32", "int8_dynamic", "int8_static")
 
 

@@ -29,7 +29,8 @@ from model.transformer import Transformer
 from pipeline.export.package_builder import build_package
 from tests.helpers import REPO, multi30k_head, pruned_shape_config
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*longer than the model's.*:UserWarning")
+# slow: the packages fixture trains a model and builds its three CPU variants (about 40 s)
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*longer than the model's.*:UserWarning")]
 
 JS = REPO / "examples" / "js"
 VARIANTS = ("fp32", "int8_dynamic", "int8_static")

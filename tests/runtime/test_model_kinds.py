@@ -2,7 +2,7 @@
 pipeline/measure/translators.py): an ONNX package, a PyTorch model and a CTranslate2 folder made
 from one tiny model each open as their runtime's translator, which every caller drives the same
 way (translate, describe, runtime, device); a folder of no known kind is one line naming the kinds.
-The imported Hugging Face kinds: tests/test_hf_teacher.py."""
+The imported Hugging Face kinds: tests/training/test_hf_teacher.py."""
 
 from __future__ import annotations
 

@@ -161,6 +161,7 @@ def test_a_shortlist_that_inflates_to_gigabytes_is_refused_before_anything_is_al
 # -------------------------------------------------------------- regular files, no way out (issue 27)
 
 
+@pytest.mark.slow
 def test_package_with_a_link_is_refused_by_the_runtime(exported, tmp_path):
     private = _private(tmp_path)
     package = tmp_path / "pkg"
@@ -199,6 +200,7 @@ def test_the_rule_refuses_every_way_out(tmp_path):
         read_bounded("/dev/zero", 10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink", "subgraph"])
 def test_a_graph_naming_a_file_outside_its_package_is_refused_before_onnxruntime(exported, tmp_path, how):
     from mt_runtime.translator import Translator

@@ -141,6 +141,7 @@ def test_a_batchs_words_are_its_sentences_lists(width, cut):
     assert (max(len(w) for w in lists) == width) == cut  # some sentences were cut, or none
 
 
+@pytest.mark.slow
 def test_the_shortlisted_projection_gives_the_whole_ones_columns_exactly(packages):
     """int8 products are exact integer sums: a batch's columns are the whole projection's to the bit."""
     built, tables, tokenizer, sentences = packages
@@ -162,6 +163,7 @@ def test_the_shortlisted_projection_gives_the_whole_ones_columns_exactly(package
     np.testing.assert_array_equal(shortlisted, whole[:, words])
 
 
+@pytest.mark.slow
 def test_a_float32_package_decodes_over_the_whole_vocabulary(packages):
     """Float products over a fed weight and a prepacked one may round apart: float32 packages
     keep the whole vocabulary on every path (the shortlist ships only for the int8 packages made
@@ -172,6 +174,7 @@ def test_a_float32_package_decodes_over_the_whole_vocabulary(packages):
     assert not any(i.name.startswith("shortlist") for i in fp32.decoder.many_rows.get_inputs())
 
 
+@pytest.mark.slow
 def test_greedy_translations_keep_to_each_sentences_own_words_in_any_batch(packages):
     """A greedy row may choose from its own sentence's words only (Shortlist.sentence_words), the
     list generate.onnx uses for one sentence: the same translation alone and in any batch, inside
@@ -209,6 +212,7 @@ def test_greedy_translations_keep_to_each_sentences_own_words_in_any_batch(packa
     assert [everything.searcher([s], greedy)[0] for s in sources] == [plain.searcher([s], greedy)[0] for s in sources]
 
 
+@pytest.mark.slow
 def test_int8_beam_search_keeps_to_the_words_the_shortlist_can_list(packages):
     """int8 with a shortlist: beam search runs over output_vocabulary (every word the shortlist
     can list, filled to a multiple of 64), normalized over those words, alone (the op in
@@ -242,6 +246,7 @@ def test_int8_beam_search_keeps_to_the_words_the_shortlist_can_list(packages):
     assert narrow.searcher(sources[::-1][:7], beams) == alone[::-1][:7]
 
 
+@pytest.mark.slow
 def test_a_package_without_a_shortlist_has_no_shortlist_inputs(packages):
     built, _, _, sentences = packages
     plain = Translator(built["int8_dynamic", None], threads=1)
@@ -254,6 +259,7 @@ def test_a_package_without_a_shortlist_has_no_shortlist_inputs(packages):
     assert plain.translate(sentences, beam=2, max_batch=8) == everything.translate(sentences, beam=2, max_batch=8)
 
 
+@pytest.mark.slow
 def test_a_damaged_shortlist_is_refused(packages, tmp_path):
     built, _, tokenizer, _ = packages
     copy = tmp_path / "package"
@@ -272,6 +278,7 @@ def test_a_damaged_shortlist_is_refused(packages, tmp_path):
         Translator(copy, threads=1)
 
 
+@pytest.mark.slow
 def test_the_export_stage_ships_a_shortlist_where_the_recipe_asks(smoke):
     store, arts = smoke.build("export", NO_PRUNE, "export.shortlist={frequent: 40, per_word: 8}")
     art = arts["export.student"]
@@ -288,6 +295,7 @@ def test_the_export_stage_ships_a_shortlist_where_the_recipe_asks(smoke):
     assert not Translator(package, threads=1).describe()["shortlist"]  # float32: the whole vocabulary
 
 
+@pytest.mark.slow
 def test_a_calls_word_list_gathers_whole_rows(packages):
     """Every Gather in generate.onnx whose indices change from call to call (the sentence's list,
     its projection columns) takes whole rows (axis 0): on axis 1 onnxruntime copies byte by

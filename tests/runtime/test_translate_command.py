@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from pipeline.commands.translate import bounded_lines, one_line
 from pipeline.engine.machine import usable_cores
 from tests.helpers import REPO, SOURCE_PATH, cli
@@ -22,6 +24,7 @@ def _teacher(smoke):
     return store, arts["teacher"]
 
 
+@pytest.mark.slow
 def test_translate_keeps_one_line_per_input_line_whatever_it_gets(smoke):
     store, teacher = _teacher(smoke)
     lines = [
@@ -60,6 +63,7 @@ def test_translate_keeps_one_line_per_input_line_whatever_it_gets(smoke):
     ), err
 
 
+@pytest.mark.slow
 def test_translate_accepts_a_folder_and_empty_input(smoke):
     store, teacher = _teacher(smoke)
     proc = cli("translate", "--model", str(teacher.path), input=b"", store=store.root)
@@ -169,6 +173,7 @@ def test_bounded_lines_cut_long_lines_at_a_character_and_keep_the_count():
     assert one_line("a\nb\rc\u2028d\u2029e\x85f\x0bg\x0ch\x1ci") == "a b c d e f g h i"
 
 
+@pytest.mark.slow
 def test_translate_cuts_a_10mb_line_and_stays_within_memory(smoke, tmp_path):
     store, arts = smoke.build("teacher")
     text = b"A man.\n" + b"word " * 2_000_000 + b"\nTwo dogs.\n"
@@ -213,6 +218,7 @@ def test_translate_cuts_a_10mb_line_and_stays_within_memory(smoke, tmp_path):
     assert small.returncode == 0 and len(small.stdout.splitlines()) == 1 and b"longer than 3 bytes" in small.stderr
 
 
+@pytest.mark.slow
 def test_a_decoder_that_emits_line_breaks_still_gives_one_line_per_line(smoke, tmp_path):
     store, arts = smoke.build("teacher")
     model = tmp_path / "model"

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipeline.engine.lockfile import lock_path, read_lock
 from pipeline.engine.machine import cpu_isa
 from pipeline.training import speed_probe
@@ -48,6 +50,7 @@ KILLABLE = "--until teacher --set data.max_train=200 --set teacher.train.max_epo
 KILLABLE = KILLABLE.split()
 
 
+@pytest.mark.slow
 def test_a_teacher_sigkilled_twice_and_resumed_is_the_uninterrupted_ones_bytes(tmp_path):
     recipe = _recipe(tmp_path)
     straight = cli("run", str(recipe), *KILLABLE, store=tmp_path / "a")
@@ -84,6 +87,7 @@ def _build_teacher(recipe: Path, store: Path, monkeypatch, probe_gives: SpeedCho
     return _teacher(store), asked
 
 
+@pytest.mark.slow
 def test_a_probe_that_chooses_otherwise_the_second_time_changes_neither_id_nor_weights(tmp_path, monkeypatch):
     recipe = _recipe(tmp_path)
     idle = SpeedChoice(bf16=False, attention="math", fused_optimizer=True, threads=1, isa=cpu_isa())
@@ -127,6 +131,7 @@ def _one_error_line(proc: subprocess.CompletedProcess, code: int) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_line_and_leaves_the_store_as_it_was(tmp_path):
     store = tmp_path / "store"
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0

@@ -6,6 +6,8 @@ import json
 import shutil
 import time
 
+import pytest
+
 from pipeline.engine.lockfile import content_digest
 from tests.helpers import REPO, SMOKE, cli
 
@@ -73,6 +75,7 @@ def test_until_and_force_errors_are_user_errors(tmp_path):
     assert proc.returncode == 2
 
 
+@pytest.mark.slow
 def test_force_rebuilds_under_new_ids_and_leaves_the_old_artifacts_as_they_were(tmp_path):
     store = tmp_path / "store"
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
@@ -128,6 +131,7 @@ def test_force_rebuilds_under_new_ids_and_leaves_the_old_artifacts_as_they_were(
     }
 
 
+@pytest.mark.slow
 def test_gc_keeps_what_latest_runs_use(tmp_path):
     store = tmp_path / "store"
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
@@ -147,6 +151,7 @@ def _status(store, code=REPO) -> dict[str, dict]:
     return {r["node"]: r for r in map(json.loads, out.stdout.decode().splitlines())}
 
 
+@pytest.mark.slow
 def test_a_code_change_makes_what_runs_that_code_stale_and_names_the_file(tmp_path):
     store, code = tmp_path / "store", tmp_path / "code"
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
@@ -175,6 +180,7 @@ def test_a_code_change_makes_what_runs_that_code_stale_and_names_the_file(tmp_pa
     assert moved == {"quantize", "evaluate.int8_dynamic", "evaluate.int8_static", "benchmark", "report"}
 
 
+@pytest.mark.slow
 def test_the_lock_file_beside_the_recipe_names_what_each_node_was_built_from(tmp_path):
     store, recipe = tmp_path / "store", tmp_path / "smoke.yaml"
     shutil.copyfile(SMOKE, recipe)

@@ -48,6 +48,7 @@ def _assert_store_sound(store: Store) -> None:
         assert store.verify(path.name) == [], path.name
 
 
+@pytest.mark.slow
 def test_sigkill_during_teacher_training_resumes_from_checkpoint(tmp_path):
     store = Store(tmp_path / "store")
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store.root).returncode == 0
@@ -78,6 +79,7 @@ KILLS = 6  # 8 took 74 s of an 897 s suite on a slow day; each kill lands at a r
 UNTIL = "kd_corpus"
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_never_leaves_a_usable_half_artifact(tmp_path):
     rng = random.Random(20261130)
     kills, runs, completed = 0, 0, 0
@@ -110,6 +112,7 @@ def test_sigkill_at_random_moments_never_leaves_a_usable_half_artifact(tmp_path)
     assert kills == KILLS
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly_with_one_line(tmp_path):
     store = tmp_path / "store"
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
@@ -162,6 +165,7 @@ def test_recipe_values_cannot_write_outside_the_store(tmp_path):
 # ------------------------------------------------------------ regular files only, verify PATH (issue 27)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["folder_link", "file_link", "fifo"])
 def test_artifact_with_a_link_or_fifo_fails_verify_and_export_copies_nothing(exported, tmp_path, what):
     private = _private(tmp_path)
@@ -187,6 +191,7 @@ def test_artifact_with_a_link_or_fifo_fails_verify_and_export_copies_nothing(exp
     assert any("symbolic link" in p for p in store.verify(exported.id))
 
 
+@pytest.mark.slow
 def test_verify_path_checks_that_folder_against_the_stores_digests(exported, tmp_path):
     store, _ = _store_with(tmp_path, exported)
     copy = tmp_path / "copy"

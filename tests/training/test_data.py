@@ -227,6 +227,7 @@ def test_a_bad_line_in_a_users_corpus_fails_the_run_with_one_line_and_leaves_not
     assert not list((tmp_path / "s" / "objects").glob("data-*"))  # nothing half-written in the store
 
 
+@pytest.mark.slow
 def test_the_data_stage_streams_memory_does_not_grow_with_the_corpus(tmp_path, data_dir):
     """Ten times the pairs, about the same peak memory: only the 8-byte digests of kept pairs
     are held (holding the text, as the stage once did, costs ~100 MB more at 300k pairs)."""

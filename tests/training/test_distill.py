@@ -31,6 +31,7 @@ from tests.helpers import REPO, SMOKE, cli
 TAUGHT = ("teacher.train.max_epochs=15",)
 
 
+@pytest.mark.slow
 def test_kd_corpus_and_students(smoke):
     smoke.build("student")
     store, arts = smoke.build("student_ref")
@@ -52,6 +53,7 @@ def test_kd_corpus_and_students(smoke):
     assert ref["epochs"] < 2 == student["epochs"]
 
 
+@pytest.mark.slow
 def test_two_processes_translate_the_same_kd_corpus_in_the_same_order(smoke, tmp_path):
     """Under torchrun the corpus's chunks are shared out by rank and merged by chunk index: the
     result is the one process's corpus, line for line."""
@@ -82,6 +84,7 @@ def test_two_processes_translate_the_same_kd_corpus_in_the_same_order(smoke, tmp
     assert corpora[1] == corpora[0]
 
 
+@pytest.mark.slow
 def test_the_ablation_may_keep_its_own_budget(smoke):
     plan = plan_recipe(SMOKE, ["distill.ablation_budget=own"])
     ref = next(n for n in plan.nodes if n.name == "student_ref")
@@ -118,6 +121,7 @@ SIDE_BY_SIDE = (
 )
 
 
+@pytest.mark.slow
 def test_side_by_side_trains_the_student_and_its_ablation_at_once(smoke, tmp_path):
     """Each in its own process on its share of the cores, at the same time, for the same budget;
     their log lines reach the run log as if they had run in the runner."""
@@ -169,6 +173,7 @@ def test_side_by_side_trains_the_student_and_its_ablation_at_once(smoke, tmp_pat
     assert "side by side" not in again.stderr.decode()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="dying with the parent is Linux's prctl")
 def test_a_killed_runner_takes_its_side_by_side_workers_with_it(smoke, tmp_path):
     """No orphan goes on writing checkpoints into the work folders that the next run resumes from."""
@@ -198,6 +203,7 @@ def test_a_killed_runner_takes_its_side_by_side_workers_with_it(smoke, tmp_path)
     assert err.count("resumed from checkpoint at step") == 2
 
 
+@pytest.mark.slow
 def test_changing_only_the_student_reuses_the_kd_corpus(smoke):
     store, _ = smoke.build("student")
     plan = plan_recipe(SMOKE, ["distill.student.train.lr=0.002"])
@@ -207,6 +213,7 @@ def test_changing_only_the_student_reuses_the_kd_corpus(smoke):
     assert rows["student_ref"]["state"] == "stale"
 
 
+@pytest.mark.slow
 def test_word_level_distillation_trains_against_the_teacher(smoke):
     store, arts = smoke.build(
         "student",
@@ -220,6 +227,7 @@ def test_word_level_distillation_trains_against_the_teacher(smoke):
     assert history and history[-1]["valid_loss"] > 0
 
 
+@pytest.mark.slow
 def test_word_level_distillation_from_the_distributions_the_kd_corpus_stored(smoke):
     """The corpus keeps the teacher's top k per target position as it decodes; they line up with the
     student's encoding of each translation and are the teacher's teacher-forced distributions;
@@ -290,6 +298,7 @@ def test_stored_distributions_need_a_greedy_corpus_that_keeps_them():
         )
 
 
+@pytest.mark.slow
 def test_the_ablation_may_have_its_own_dropout(smoke):
     """Same shape, its own regularization; changing it touches the ablation only."""
     store, _ = smoke.build("student_ref")  # (the ablation needs the student: its step budget)
@@ -317,6 +326,7 @@ def test_closest_to_reference_takes_the_beam_hypothesis_nearest_the_reference():
     )
 
 
+@pytest.mark.slow
 def test_a_seq_inter_corpus_holds_the_beam_hypothesis_nearest_each_reference(smoke):
     # Four hypotheses per sentence from the taught teacher: about a third of the nearest are not its best.
     taught = [*TAUGHT, "distill.corpus.beam=4", "distill.corpus.max_sentences=100"]
@@ -364,6 +374,7 @@ def test_the_projected_embedding_keeps_the_words_dot_products():
         project_embedding(low_rank, 32, std=0.1)
 
 
+@pytest.mark.slow
 def test_the_student_may_start_from_the_teachers_embedding(smoke):
     # At a vanishing learning rate the trained student still holds its starting point.
     store, arts = smoke.build(

@@ -130,6 +130,7 @@ print(json.dumps({"pairs": record["pairs"], "batches": len(batches)}))
 """
 
 
+@pytest.mark.slow
 def test_encoding_memory_does_not_grow_with_the_corpus(tmp_path, data_dir):
     """Ten times the pairs, about the same peak memory: the ids go to disk block by block, and
     batching needs only the offsets (holding the ids as Python lists costs ~100 MB more at 100k)."""

@@ -41,6 +41,7 @@ def wordy_marian(marian, tmp_path_factory):
     return biased_to(folder, words)
 
 
+@pytest.mark.slow
 def test_an_imported_teacher_is_distilled_through_both_decoders(marian, tmp_path):
     store = Store(tmp_path / "store")
     plan = plan_recipe(_recipe(tmp_path, marian), [])
@@ -173,6 +174,7 @@ def test_the_teachers_vocabulary_splits_text_as_marian_does(marian, data_dir):
     assert ours.decode(written) == [theirs.decode(ids, skip_special_tokens=True) for ids in written]
 
 
+@pytest.mark.slow
 def test_a_student_on_the_teachers_vocabulary_learns_from_its_distributions(wordy_marian, tmp_path):
     """tokenizer: {kind: teacher}: the student speaks the teacher's ids, so the KD corpus keeps the
     teacher's distributions for word-level distillation and the student starts from its embedding."""

@@ -17,6 +17,7 @@ from pipeline.stages.prune import build as prune
 from pipeline.training.loop import Trainer
 
 
+@pytest.mark.slow
 def test_prune_stage_through_smoke_recipe(smoke):
     store, arts = smoke.build("pruned")
     pruned, student = arts["pruned"], arts["student"]
@@ -70,6 +71,7 @@ def test_prune_stage_through_smoke_recipe(smoke):
     assert len(out) == 2 and out[1] == ""
 
 
+@pytest.mark.slow
 def test_prune_resumes_after_a_kill(smoke, tmp_path, monkeypatch):
     """Uniform ranking, FFN pruning and two steps; killed during step 2's fine-tune, then rerun."""
     _, arts = smoke.build("pruned")
@@ -127,6 +129,7 @@ def test_prune_resumes_after_a_kill(smoke, tmp_path, monkeypatch):
     assert json.loads((ctx.out / "importance.json").read_text())["neurons"]
 
 
+@pytest.mark.slow
 def test_max_bleu_drop_rolls_back_the_step_past_the_tolerance(smoke, tmp_path, monkeypatch):
     """The schedule's decision, with the valid BLEU figures scripted (the model and fine-tune are real):
     step 1 loses 0.2 (kept), step 2 would lose 1.0 > 0.5 (rolled back), so step 1's model ships."""
@@ -160,6 +163,7 @@ def test_max_bleu_drop_rolls_back_the_step_past_the_tolerance(smoke, tmp_path, m
     assert load_model(ctx.out).cfg.total_heads() == 6
 
 
+@pytest.mark.slow
 def test_prune_finetunes_on_what_the_student_learnt_from(smoke):
     """A student trained on KD + references is fine-tuned on the same mix after pruning."""
     _, arts = smoke.build("pruned", "distill.student.reference_mix=0.5", "distill.student.train.max_epochs=1")
@@ -167,6 +171,7 @@ def test_prune_finetunes_on_what_the_student_learnt_from(smoke):
     assert mixed > 0 and arts["pruned"].metrics["finetune_data"] == f"kd_corpus + {mixed} references"
 
 
+@pytest.mark.slow
 def test_the_same_recipe_prunes_to_the_same_weights_and_another_seed_to_others(smoke, tmp_path, monkeypatch):
     """Pruning is a function of its inputs, its config and the speed switches the probe chose:
     rerun, it gives the same heads and the same weights bit for bit; another fine-tune seed the

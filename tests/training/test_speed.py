@@ -41,6 +41,7 @@ def _teacher_sized(layers: int = 1) -> tuple[Transformer, tuple]:
     return Transformer(cfg), batch
 
 
+@pytest.mark.slow
 def test_probe_chooses_float32_where_bf16_is_emulated_and_warns_when_forced():
     """torch capped to AVX2 (as an AVX2-only CPU runs it): bf16 autocast is emulated there, many
     times slower; auto must keep float32, and a recipe's bf16: on must say what it costs."""
@@ -155,6 +156,7 @@ def test_training_forecasts_its_time_and_records_its_switches(smoke, tmp_path, m
     assert len(forecast) == 1 and "11 steps left" in forecast[0]
 
 
+@pytest.mark.slow
 def test_a_time_cap_cuts_a_training_and_every_record_says_so(tmp_path):
     store = tmp_path / "store"
     args = ("--until", "student", "--set", "teacher.train.max_epochs=40", "--set", "teacher.train.max_minutes=0.004")
@@ -176,6 +178,7 @@ def test_a_time_cap_cuts_a_training_and_every_record_says_so(tmp_path):
     assert rows["data"]["reason"] == ""
 
 
+@pytest.mark.slow
 def test_dry_run_estimates_from_a_probe_and_builds_nothing(tmp_path):
     store = tmp_path / "store"
     proc = cli(

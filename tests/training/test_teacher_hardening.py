@@ -150,6 +150,7 @@ def _custom_code(marian: Path, tmp_path: Path, marker: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_custom_code_is_refused_up_front_by_run_and_by_translate_whatever_stdin_says(marian, tmp_path):
     marker = tmp_path / "MARKER"
     folder = _custom_code(marian, tmp_path, marker)
@@ -284,6 +285,7 @@ def newline_marian(marian, tmp_path_factory):
     return biased_to(folder, ids)
 
 
+@pytest.mark.slow
 def test_a_teacher_piece_holding_a_line_break_keeps_the_kd_corpus_aligned(newline_marian, tmp_path):
     store = Store(tmp_path / "store")
     proc = cli("run", str(_recipe(tmp_path, newline_marian)), "--until", "kd_corpus", store=store.root, env=HUB_OFFLINE)

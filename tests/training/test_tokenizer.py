@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO, _data_dir
 
 TRAIN = """
@@ -30,6 +32,7 @@ def _train_in_a_fresh_process(out, kind="unigram") -> bytes:
     return out.read_bytes()
 
 
+@pytest.mark.slow
 def test_unigram_training_is_reproducible_to_the_byte(tmp_path):
     files = {hashlib.sha256(_train_in_a_fresh_process(tmp_path / f"{i}.json")).hexdigest() for i in range(3)}
     assert len(files) == 1

@@ -252,6 +252,7 @@ class _Recording:
             self.lines.append(postfix)
 
 
+@pytest.mark.slow
 def test_greedy_search_on_the_device_finds_the_host_searchs_words(smoke):
     """The smoke teacher's greedy translations of the validation sentences: the loop on the
     device (ended rows dropped every few steps) gives mt_runtime/search.py's words."""
@@ -299,6 +300,7 @@ def test_a_gpu_training_makes_its_batches_ahead_and_learns_as_without(taught, tm
         torch.testing.assert_close(v, runs[False][1][k], rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @needs_cuda
 def test_greedy_search_on_the_gpu_finds_the_host_searchs_words(smoke):

@@ -124,6 +124,7 @@ def test_resumed_training_is_identical_to_uninterrupted(smoke, tmp_path):
     assert straight["train_tokens"] == resumed["train_tokens"]
 
 
+@pytest.mark.slow
 def test_two_processes_train_the_smoke_teacher(tmp_path):
     store = tmp_path / "store"
     proc = cli("run", str(SMOKE), "--until", "teacher", "--nproc", "2", store=store, timeout=600)

@@ -39,6 +39,7 @@ def _processes_naming(text: str) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 def test_sigkilled_nproc_run_takes_its_torchrun_workers_down(tmp_path):
     store = tmp_path / "store"
     assert cli("run", str(SMOKE), "--until", "tokenizer", store=store).returncode == 0
@@ -203,6 +204,7 @@ def test_a_damaged_checkpoint_says_which_folder_to_remove(tmp_path, how):
     assert "\n" not in message and message.endswith(f"remove {tmp_path / 'work'} and run again to train from the start")
 
 
+@pytest.mark.slow
 def test_an_untrusted_model_config_is_checked_before_anything_is_allocated(smoke, tmp_path):
     _, arts = smoke.build("teacher")
     model = tmp_path / "model"
