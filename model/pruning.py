@@ -70,7 +70,7 @@ def importance(
     model: Transformer, batches: Iterable[tuple[Tensor, Tensor, Tensor]], neurons: bool = False
 ) -> tuple[Scores, Scores | None, int]:
     """Raw scores E|dL/dgate| for every head (and FFN neuron if asked), over `batches` of
-    (src, tgt_in, tgt_out) as made by pipeline.training.loop.collate. Returns (head scores, neuron
+    (src, tgt_in, tgt_out) as made by pipeline.training.batches.collate. Returns (head scores, neuron
     scores or None, batches used). The loss is plain token-level cross-entropy, in eval mode
     (no dropout), so the scores are deterministic; the model's weights are not changed."""
     device = next(model.parameters()).device

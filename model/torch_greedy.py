@@ -1,4 +1,6 @@
-"""Greedy search of a batch with the loop on the PyTorch model's device.
+"""Greedy translation with the PyTorch model: `greedy_hypotheses` (a list of sentences, in batches
+of similar lengths; what training validates and pruning scores with) and `greedy_on_device` (one
+batch with the loop on the model's device).
 
 mt_runtime/search.py brings each step's words to the host to choose the next tokens and drop the
 sentences that ended: on a GPU that is a wait for the device at every step, longer than the
@@ -13,11 +15,43 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from mt_runtime.search import GenerationConfig
+from mt_runtime.search import GenerationConfig, greedy_search
 
+from .torch_decoder import TorchDecoder
 from .transformer import Transformer
 
 CHECK_EVERY = 8  # decoder steps between the host's looks at which sentences have ended
+# Sentences per greedy batch when validating: on the CPU as ever; on CUDA, where the search
+# stays on the device (greedy_on_device), a validation set at once.
+GREEDY_CHUNK = {"host": 128, "device": 1024}
+
+
+def greedy_hypotheses(
+    model: Transformer, sources: list[list[int]], device, on_chunk=None, on_device: bool | None = None
+) -> list[list[int]]:
+    """Greedy translations (ids) of `sources` (ids + EOS), in batches of similar lengths. On CUDA
+    the search runs on the device and the host looks at it every few steps (greedy_on_device); on
+    the CPU, mt_runtime/search.py's over TorchDecoder. The same words either way. `on_chunk(n)` after
+    each batch."""
+    device = torch.device(device)
+    on_device = device.type == "cuda" if on_device is None else on_device
+    cfg = model.cfg
+    gen = GenerationConfig(
+        beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id, max_positions=cfg.max_positions
+    )
+    decoder = None if on_device else TorchDecoder(model, device)
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    hyps: list[list[int]] = [[] for _ in order]
+    size = GREEDY_CHUNK["device" if on_device else "host"]
+    for start in range(0, len(order), size):
+        chunk = order[start : start + size]
+        batch = [sources[i] for i in chunk]
+        found = greedy_on_device(model, batch, gen, device) if on_device else greedy_search(decoder, batch, gen)
+        for i, h in zip(chunk, found):
+            hyps[i] = h
+        if on_chunk is not None:
+            on_chunk(len(chunk))
+    return hyps
 
 
 @torch.inference_mode()

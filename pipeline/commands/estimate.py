@@ -109,7 +109,7 @@ def _training(
     import torch
 
     from ..training import speed_probe
-    from ..training.loop import label_smoothed_loss
+    from ..training.loss import label_smoothed_loss
     from ..training.settings import TrainConfig
 
     cfg = TrainConfig.model_validate(train or node.config["train"])

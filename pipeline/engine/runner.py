@@ -200,7 +200,6 @@ def run(
             lambda node: store.next_build(node.default_id) if node.name in forced and store.exists(node.id) else None,
         )
         store.write_run(log)
-        by_name: dict[str, Node] = {n.name: n for n in plan.nodes}
         built: dict[str, Any] = {}
         try:
 
@@ -212,7 +211,7 @@ def run(
 
             for group in _batches(selected):
                 if not group[0].side_by_side:
-                    logged(group[0], _run_node(group[0], by_name, built, store, group[0].name in forced, nproc, run_id))
+                    logged(group[0], _run_node(group[0], built, store, group[0].name in forced, nproc, run_id))
                     continue
                 try:
                     done = _run_side_by_side(group, built, store, forced, nproc, run_id)
@@ -371,9 +370,7 @@ def _reuse(node: Node, built: dict, store: Store, record: dict) -> bool:
     return False
 
 
-def _run_node(
-    node: Node, by_name: dict[str, Node], built: dict, store: Store, force: bool, nproc: int, run_id: str
-) -> dict:
+def _run_node(node: Node, built: dict, store: Store, force: bool, nproc: int, run_id: str) -> dict:
     record = _record_head(node)
     if force or not _reuse(node, built, store, record):
         _build(node, record, built, store, nproc, run_id)

@@ -1,9 +1,10 @@
 """The training loop shared by the teacher, the students and pruning's fine-tune.
 
-Label-smoothed cross-entropy, Adam(0.9, 0.98, 1e-9) with inverse-square-root warmup, gradient
-clipping, batches by token count with length bucketing, validation loss and BLEU each epoch,
-checkpoint averaging. The budget is steps or epochs, so that one recipe trains the same model on
-any machine; minutes are only a cap, and a training the cap cuts short says so in its result.
+Label-smoothed cross-entropy (loss.py), Adam(0.9, 0.98, 1e-9) with inverse-square-root warmup,
+gradient clipping, batches by token count with length bucketing (batches.py), validation loss and
+greedy BLEU each epoch (validation.py), checkpoint averaging. The budget is steps or epochs, so
+that one recipe trains the same model on any machine; minutes are only a cap, and a training the
+cap cuts short says so in its result.
 Speed-only switches (bf16, attention kernel, fused Adam, threads) are measured on the machine at
 hand (pipeline/training/speed_probe.py), or taken from the recipe's lock where an earlier build of
 the same artifact recorded them, and kept in the checkpoint and the result. A killed run resumes
@@ -19,7 +20,6 @@ import math
 import os
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -27,18 +27,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from mt_runtime.search import GenerationConfig, greedy_search
 
-from model.torch_decoder import TorchDecoder
-from model.torch_greedy import greedy_on_device
 from model.transformer import Transformer
 
 from ..corpora.encoded import Corpus, make_batches
-from ..measure.scoring import bleu_only
-from . import speed_probe
+from . import speed_probe, validation
 from .batches import Batch, BatchFeed, collate, collate_soft, prepare_batch  # noqa: F401 (collate*: callers')
 from .checkpoints import Checkpoints
+from .loss import label_smoothed_loss
 from .settings import TrainConfig, budget_text, cut_text
+from .validation import ValidationSet
 
 
 def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
@@ -56,105 +54,6 @@ def cooldown_factor(progress: float, cooldown: float) -> float:
     if cooldown <= 0 or progress <= 1 - cooldown:
         return 1.0
     return max(0.02, (1 - progress) / cooldown)
-
-
-# --------------------------------------------------------------------------- trainer
-@dataclass
-class ValidationSet:
-    corpus: Corpus
-    sources: list[list[int]]  # for BLEU: ids + EOS of the first N sentences
-    references: list[str]
-
-
-class _SmoothedCrossEntropy(torch.autograd.Function):
-    """Mean over rows of -sum(target_dist * log_softmax(logits)), where target_dist is the
-    label-smoothed one-hot of `target`, mixed (weight alpha) with a sparse distribution over a few
-    words per row (the teacher's top k: word-level distillation from stored probabilities; a row
-    whose probabilities are all zero keeps the label alone). In fewer passes over the [N, vocab]
-    logits than F.cross_entropy: the forward keeps only the log-sum-exp per row and the backward
-    writes softmax - target_dist in place. On the CPU, where those passes are memory-bound, the
-    training step gets 4-9% faster (d 112 student, vocabulary 8000)."""
-
-    @staticmethod
-    def forward(
-        ctx,
-        logits: torch.Tensor,
-        target: torch.Tensor,
-        eps: float,
-        soft_ids: torch.Tensor | None,
-        soft_probs: torch.Tensor | None,
-        alpha: float,
-    ) -> torch.Tensor:
-        lse = torch.logsumexp(logits, -1)
-        picked = logits.gather(1, target[:, None]).squeeze(1)
-        hard = torch.ones_like(lse)  # each row's weight on its label
-        if soft_ids is not None:
-            soft_probs = soft_probs * alpha
-            hard = hard - soft_probs.sum(-1)  # 1 - alpha where the row has a distribution
-        loss = lse - hard * ((1 - eps) * picked + eps * logits.mean(-1))
-        if soft_ids is not None:
-            loss = loss - (logits.gather(1, soft_ids) * soft_probs).sum(-1)
-        ctx.save_for_backward(logits, target, lse, hard, soft_ids, soft_probs)
-        ctx.eps = eps
-        return loss.mean()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        logits, target, lse, hard, soft_ids, soft_probs = ctx.saved_tensors
-        rows, vocab = logits.shape
-        scale = grad / rows
-        out = torch.sub(logits, lse[:, None]).exp_().mul_(scale).sub_((scale * ctx.eps / vocab) * hard[:, None])
-        out.scatter_add_(1, target[:, None], (-(1 - ctx.eps) * scale) * hard[:, None])
-        if soft_ids is not None:
-            out.scatter_add_(1, soft_ids, -scale * soft_probs)
-        return out, None, None, None, None, None
-
-
-def label_smoothed_loss(
-    logits: torch.Tensor,
-    target: torch.Tensor,
-    smoothing: float,
-    soft: tuple[torch.Tensor, torch.Tensor, float] | None = None,
-) -> torch.Tensor:
-    """Mean label-smoothed cross-entropy of logits [N, vocab] against target ids [N]; with
-    soft = (ids [N, k], probs [N, k], alpha), (1 - alpha) of that plus alpha times the
-    cross-entropy against those sparse probabilities (each row summing to 1)."""
-    ids, probs, alpha = soft if soft is not None else (None, None, 0.0)
-    return _SmoothedCrossEntropy.apply(
-        logits.float(), target, float(smoothing), ids, None if probs is None else probs.float(), float(alpha)
-    )
-
-
-# Sentences per greedy batch when validating: on the CPU as ever; on CUDA, where the search
-# stays on the device (model/torch_greedy.py), a validation set at once.
-GREEDY_CHUNK = {"host": 128, "device": 1024}
-
-
-def greedy_hypotheses(
-    model: Transformer, sources: list[list[int]], device, on_chunk=None, on_device: bool | None = None
-) -> list[list[int]]:
-    """Greedy translations (ids) of `sources` (ids + EOS), in batches of similar lengths. On CUDA
-    the search runs on the device and the host looks at it every few steps (torch_greedy); on the
-    CPU, mt_runtime/search.py's over TorchDecoder. The same words either way. `on_chunk(n)` after each batch."""
-    device = torch.device(device)
-    on_device = device.type == "cuda" if on_device is None else on_device
-    cfg = model.cfg
-    gen = GenerationConfig(
-        beam=1, bos_id=cfg.bos_id, eos_id=cfg.eos_id, pad_id=cfg.pad_id, max_positions=cfg.max_positions
-    )
-    decoder = None if on_device else TorchDecoder(model, device)
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    hyps: list[list[int]] = [[] for _ in order]
-    size = GREEDY_CHUNK["device" if on_device else "host"]
-    for start in range(0, len(order), size):
-        chunk = order[start : start + size]
-        batch = [sources[i] for i in chunk]
-        found = greedy_on_device(model, batch, gen, device) if on_device else greedy_search(decoder, batch, gen)
-        for i, h in zip(chunk, found):
-            hyps[i] = h
-        if on_chunk is not None:
-            on_chunk(len(chunk))
-    return hyps
 
 
 class Trainer:
@@ -430,27 +329,11 @@ class Trainer:
         return batch.tokens
 
     # ---------------------------------------------------------------- validation
-    @torch.no_grad()
     def valid_loss(self, model: Transformer) -> float:
-        """Cross-entropy per target token on the validation set, added up on the device (float64,
-        in batch order) and read once."""
-        model.eval()
-        tok = self.tokenizer
-        total, count = torch.zeros((), dtype=torch.float64, device=self.device), 0
-        for index in make_batches(self.valid.corpus, self.cfg.batch_tokens, 0, 0):
-            batch = prepare_batch(self.valid.corpus, index, tok.pad_id, tok.bos_id, tok.eos_id).to(self.device)
-            logits = model(batch.src, batch.tgt_in, keep=batch.keep)
-            total += F.cross_entropy(logits.float(), batch.target, reduction="sum").double()
-            count += batch.tokens
-        return float(total) / max(1, count)
+        return validation.valid_loss(model, self.valid.corpus, self.tokenizer, self.cfg.batch_tokens, self.device)
 
-    @torch.no_grad()
     def valid_bleu(self, model: Transformer) -> float | None:
-        if not self.valid.sources:
-            return None
-        model.eval()
-        hyps = greedy_hypotheses(model, self.valid.sources, self.device)
-        return bleu_only(self.tokenizer.decode(hyps), self.valid.references)
+        return validation.valid_bleu(model, self.valid, self.tokenizer, self.device)
 
     def _end_of_epoch(self, state: dict, partial: bool) -> None:
         if self.rank == 0:

@@ -99,6 +99,12 @@ def from_record(record: dict | None, isa: str, max_threads: int) -> tuple[SpeedC
     return choice, None
 
 
+def device_isa(device) -> str:
+    """What a choice is measured on: the CPU's instruction set, or the GPU's name."""
+    device = torch.device(device)
+    return cpu_isa() if device.type == "cpu" else torch.cuda.get_device_name(device)
+
+
 def attention_context(kernel: str):
     return sdpa_kernel(SDPBackend.MATH) if kernel == "math" else contextlib.nullcontext()
 

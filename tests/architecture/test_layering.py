@@ -152,15 +152,6 @@ def test_the_runtime_needs_only_its_declared_dependencies():
     assert _third_party(folder / "layout.py") == set()
 
 
-# Imports from a stage's build module that a test may still make, each with its reason. The train
-# and prune stages' build.py are being thinned in another change: project_embedding and
-# greedy_bleu (monkeypatched by the prune tests) move to their libraries then, and these go.
-BUILD_IMPORT_EXCEPTIONS = {
-    "training/test_distill.py": {"pipeline.stages.train.build.project_embedding"},
-    "training/test_prune_stage.py": {"pipeline.stages.prune.build"},
-}
-
-
 def test_no_test_imports_a_stage_build_module():
     # A stage's build.py only wires library calls: a test that needs a name from one says that
     # name is in the wrong place (a test runs a stage through STAGE.load(), as the runner does).
@@ -173,10 +164,8 @@ def test_no_test_imports_a_stage_build_module():
         for base, names in import_statements(path.read_text(encoding="utf-8"), module, path.name == "__init__.py"):
             targets = [f"{base}.{n}" for n in names if base in builds or f"{base}.{n}" in builds]
             targets += [base] if base in builds and not names else []
-            allowed = BUILD_IMPORT_EXCEPTIONS.get(rel, set())
-            found += [f"{rel}: {t}" for t in targets if t not in allowed]
+            found += [f"{rel}: {t}" for t in targets]
     assert not found, found
-    assert all((tests / name).is_file() for name in BUILD_IMPORT_EXCEPTIONS)
 
 
 def test_library_code_a_stage_wires_is_in_its_fingerprint():
@@ -188,6 +177,8 @@ def test_library_code_a_stage_wires_is_in_its_fingerprint():
         "kd_corpus": {"pipeline/training/kd_corpus.py", "pipeline/corpora/kd_chunks.py"},
         "export": {"pipeline/measure/parity.py", "pipeline/export/shortlist.py", "pipeline/export/card.py"},
         "evaluate": {"pipeline/measure/evaluation.py"},
+        "train": {"pipeline/training/from_teacher.py", "pipeline/training/validation.py", "model/torch_greedy.py"},
+        "prune": {"pipeline/training/prune_steps.py", "pipeline/training/prune_latency.py"},
     }
     for kind, files in wired.items():
         stage = BY_KIND[kind]

@@ -8,7 +8,7 @@ from mt_runtime.subword import SubwordTokenizer
 from model.transformer import Transformer, TransformerConfig
 from pipeline.corpora.encoded import encode_corpus
 from pipeline.corpora.splits import read_split
-from pipeline.training.loop import ValidationSet
+from pipeline.training.validation import ValidationSet
 from tests.helpers import one_layer_config
 
 

@@ -23,7 +23,7 @@ from pipeline.corpora.kd_chunks import closest_to_reference
 from pipeline.corpora.splits import read_split
 from pipeline.engine.errors import RecipeError, UserInputError
 from pipeline.engine.runner import node_status
-from pipeline.stages.train.build import project_embedding  # test_layering: the one exception, for now
+from pipeline.training.from_teacher import project_embedding
 from tests.helpers import REPO, SMOKE, cli
 
 # The smoke teacher writes "eeee..." after its 3 epochs; 15 give it real (poor) sentences. Tests

@@ -12,8 +12,8 @@ from model.torch_decoder import TorchTranslator
 from model.transformer import load_model
 from pipeline.engine.context import StageContext
 from pipeline.engine.recipe import dump_config
-from pipeline.stages.prune import PruneConfig, PruneFinetune, PruneInputs
-from pipeline.stages.prune import build as prune
+from pipeline.stages.prune import STAGE, PruneConfig, PruneFinetune, PruneInputs
+from pipeline.training import prune_steps
 from pipeline.training.loop import Trainer
 
 
@@ -109,13 +109,13 @@ def test_prune_resumes_after_a_kill(smoke, tmp_path, monkeypatch):
 
     monkeypatch.setattr(Trainer, "_train_step", killed_in_step2)
     with pytest.raises(KeyboardInterrupt):
-        prune.run(context("first"))
+        STAGE.load()(context("first"))
     assert (tmp_path / "work" / "step1" / "done" / "record.json").is_file()
     assert (tmp_path / "work" / "step2" / "train" / "checkpoint" / "state.json").is_file()
     monkeypatch.undo()
 
     ctx = context("second")
-    m = prune.run(ctx)
+    m = STAGE.load()(ctx)
     said = [e["message"] for e in ctx.events]
     assert any(s.startswith("step 1: already done") for s in said)
     assert "step 2: resuming its fine-tune" in said
@@ -145,7 +145,7 @@ def test_max_bleu_drop_rolls_back_the_step_past_the_tolerance(smoke, tmp_path, m
         finetune=PruneFinetune(steps=1, batch_tokens=100_000),
     )
     scripted = iter([30.0, 29.0, 29.8, 28.0, 29.0])  # before; per step: pruned, fine-tuned
-    monkeypatch.setattr(prune, "greedy_bleu", lambda *args: next(scripted))
+    monkeypatch.setattr(prune_steps, "greedy_bleu", lambda *args: next(scripted))
     (tmp_path / "out").mkdir()
     ctx = StageContext(
         name="pruned",
@@ -155,7 +155,7 @@ def test_max_bleu_drop_rolls_back_the_step_past_the_tolerance(smoke, tmp_path, m
         out=tmp_path / "out",
         work=tmp_path / "work",
     )
-    m = prune.run(ctx)
+    m = STAGE.load()(ctx)
     assert [s["accepted"] for s in m["steps"]] == [True, False]
     assert m["stopped_by"].startswith("max_bleu_drop: step 2 would lose 1.00 BLEU")
     assert m["heads"] == m["steps"][0]["heads_left"] == 6 and m["finetune_data"] == "train split"
@@ -204,7 +204,7 @@ def test_the_same_recipe_prunes_to_the_same_weights_and_another_seed_to_others(s
             out=tmp_path / name / "out",
             work=tmp_path / name / "work",
         )
-        metrics = prune.run(ctx)
+        metrics = STAGE.load()(ctx)
         return metrics["heads_after"], load_file(str(ctx.out / "model.safetensors"))
 
     heads, weights = pruned_with(1, "first")

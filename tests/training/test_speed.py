@@ -15,7 +15,8 @@ import torch
 from model.transformer import Transformer, TransformerConfig
 from pipeline.engine import machine
 from pipeline.engine.context import progress_bar
-from pipeline.training.loop import Trainer, _Forecast, label_smoothed_loss
+from pipeline.training.loop import Trainer, _Forecast
+from pipeline.training.loss import label_smoothed_loss
 from pipeline.training.settings import TrainConfig
 from pipeline.training.speed_probe import choose
 from tests.helpers import REPO, SMOKE, cli
@@ -49,7 +50,7 @@ def test_probe_chooses_float32_where_bf16_is_emulated_and_warns_when_forced():
         import json, torch
         from tests.training.test_speed import _teacher_sized
         from pipeline.training.speed_probe import choose
-        from pipeline.training.loop import label_smoothed_loss
+        from pipeline.training.loss import label_smoothed_loss
         torch.set_num_threads(1)
         model, batch = _teacher_sized()
         loss = lambda logits: label_smoothed_loss(logits, batch[2].reshape(-1), 0.1)

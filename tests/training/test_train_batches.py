@@ -15,16 +15,17 @@ from safetensors.torch import load_file
 
 from model.subword_training import train_subword
 from model.torch_decoder import TorchDecoder
-from model.torch_greedy import greedy_on_device
+from model.torch_greedy import greedy_hypotheses, greedy_on_device
 from model.transformer import Transformer, load_model
 from pipeline.corpora.distilled import TopKStore, TopKWriter
 from pipeline.corpora.encoded import encode_corpus, encode_to_disk, make_batches
 from pipeline.corpora.splits import read_split
 from pipeline.engine.context import progress_bar
 from pipeline.training.batches import BatchFeed, prepare_batch
-from pipeline.training.loop import Trainer, ValidationSet, collate, collate_soft, greedy_hypotheses
+from pipeline.training.loop import Trainer, collate, collate_soft
 from pipeline.training.settings import TrainConfig
 from pipeline.training.speed_probe import SpeedChoice
+from pipeline.training.validation import ValidationSet
 from tests.helpers import one_layer_config
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

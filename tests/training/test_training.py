@@ -12,13 +12,8 @@ from safetensors.torch import load_file
 from model.transformer import Transformer
 from pipeline.corpora.encoded import Corpus
 from pipeline.engine.context import progress_bar
-from pipeline.training.loop import (
-    Trainer,
-    cooldown_factor,
-    inverse_sqrt_lr,
-    label_smoothed_loss,
-    make_batches,
-)
+from pipeline.training.loop import Trainer, cooldown_factor, inverse_sqrt_lr, make_batches
+from pipeline.training.loss import label_smoothed_loss
 from pipeline.training.settings import TrainConfig
 from pipeline.training.speed_probe import SpeedChoice
 from tests.helpers import SMOKE, cli

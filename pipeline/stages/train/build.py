@@ -14,19 +14,17 @@ import torch
 from mt_runtime.subword import SubwordTokenizer
 
 from model.subword_training import copy_tokenizer
-from model.transformer import Transformer, TransformerConfig, load_model, save_model
+from model.transformer import Transformer, TransformerConfig, save_model
 
 from ...corpora.distilled import encoded_training_set, training_pairs
-from ...corpora.encoded import encode_corpus
-from ...corpora.splits import read_split
 from ...engine.context import StageContext
-from ...engine.errors import UserInputError
-from ...engine.machine import cpu_isa, usable_cores
+from ...engine.machine import usable_cores
 from ...engine.recipe import Strict
 from ...engine.workers import launch, launch_alone, worker_main, world_size
-from ...measure.translators import is_imported_teacher
 from ...training import speed_probe
-from ...training.loop import Trainer, ValidationSet
+from ...training.from_teacher import embedding_from_teacher, teacher_token_table, teacher_with_our_vocabulary
+from ...training.loop import Trainer
+from ...training.validation import validation_set
 from . import TrainInputs, TrainNode
 
 
@@ -98,15 +96,12 @@ def train_job(job: TrainJob | dict, log, progress, rank: int = 0, device: str | 
     train, data_info = encoded_training_set(
         text, tokenizer, model_cfg.max_positions, Path(job.work), log, progress, rank
     )
-    valid_src, valid_tgt = read_split(Path(job.data), "valid")
-    valid_corpus = encode_corpus(tokenizer, valid_src, valid_tgt, model_cfg.max_positions, drop_long=False)
-    n_bleu = min(train_cfg.valid_bleu_sentences, len(valid_src))
-    valid = ValidationSet(valid_corpus, valid_corpus.src.rows(n_bleu), valid_tgt[:n_bleu])
+    valid = validation_set(Path(job.data), tokenizer, model_cfg.max_positions, train_cfg.valid_bleu_sentences)
 
     teacher, alpha, temperature = None, 0.0, 1.0
     if word_level is not None:
         if not from_kd_corpus:  # else the KD corpus holds what the teacher would say
-            teacher = _teacher_with_our_vocabulary(job, tokenizer, device, "word-level distillation")
+            teacher = teacher_with_our_vocabulary(Path(job.teacher), tokenizer, device, "word-level distillation")
         alpha, temperature = word_level.alpha, word_level.temperature
         if from_kd_corpus:
             with_soft = train.soft.present()
@@ -116,18 +111,8 @@ def train_job(job: TrainJob | dict, log, progress, rank: int = 0, device: str | 
                 f"{len(train)} pairs (the rest learn from their labels alone)"
             )
     if node.embeddings_from_teacher:
-        table = teacher.token_table() if teacher is not None else _teacher_token_table(job, tokenizer)
-        width = model.embed.weight.shape[1]  # embed_dim where the table is factorised
-        # An imported teacher's vocabulary may lack our <s>: that row keeps its initialisation.
-        rows = min(len(table), len(model.embed.weight))
-        with torch.no_grad():
-            projected, kept = project_embedding(table[:rows], width, float(model.embed.weight.std()))
-            model.embed.weight[:rows].copy_(projected)
-        data_info["embeddings_from_teacher"] = {"teacher_d_model": table.shape[1], "variance_kept": round(kept, 4)}
-        log(
-            f"embedding: the teacher's, on its top {width} of {table.shape[1]} principal "
-            f"directions ({kept:.1%} of its variance)"
-        )
+        table = teacher.token_table() if teacher is not None else teacher_token_table(Path(job.teacher), tokenizer)
+        data_info["embeddings_from_teacher"] = embedding_from_teacher(model, table, log)
 
     log(
         f"{model.num_parameters():,} parameters, {len(train)} training pairs, "
@@ -135,8 +120,9 @@ def train_job(job: TrainJob | dict, log, progress, rank: int = 0, device: str | 
     )
     # A choice recorded for this artifact id is used as it was: the probe times a machine whose
     # load changes from one minute to the next, and another choice is another model.
-    isa = cpu_isa() if torch.device(device).type == "cpu" else torch.cuda.get_device_name(torch.device(device))
-    speed, why = speed_probe.from_record(job.recorded_speed, isa, train_cfg.num_threads or cores)
+    speed, why = speed_probe.from_record(
+        job.recorded_speed, speed_probe.device_isa(device), train_cfg.num_threads or cores
+    )
     if why:
         log(why)
     trainer = Trainer(
@@ -176,45 +162,6 @@ def train_job(job: TrainJob | dict, log, progress, rank: int = 0, device: str | 
         "threads": torch.get_num_threads(),
         "choices": {"speed": trainer.speed.record()},
     }
-
-
-def _teacher_with_our_vocabulary(job: TrainJob, tokenizer: SubwordTokenizer, device: str, why: str) -> Transformer:
-    teacher_tok = SubwordTokenizer.load(Path(job.teacher) / "tokenizer.json")
-    if teacher_tok.tok.get_vocab() != tokenizer.tok.get_vocab():
-        raise UserInputError(
-            f"{why} needs the teacher and student to share one vocabulary; "
-            "the teacher's tokenizer differs from this recipe's"
-        )
-    return load_model(Path(job.teacher), device)
-
-
-def _teacher_token_table(job: TrainJob, tokenizer: SubwordTokenizer) -> torch.Tensor:
-    """The teacher's [vocab, d_model] input embedding, in the student's ids: an imported teacher's
-    is in its vocabulary, which the student has taken (tokenizer: {kind: teacher}, checked by the plan)."""
-    folder = Path(job.teacher)
-    if is_imported_teacher(folder):
-        from model.hf_checkpoint import from_pretrained
-        from model.hf_translator import require_transformers
-
-        model = from_pretrained(require_transformers().AutoModelForSeq2SeqLM, folder / "checkpoint", weights=True)
-        return model.get_input_embeddings().weight.detach()
-    return _teacher_with_our_vocabulary(job, tokenizer, "cpu", "embeddings_from_teacher").token_table()
-
-
-def project_embedding(weight: torch.Tensor, d_model: int, std: float) -> tuple[torch.Tensor, float]:
-    """The rows of `weight` [vocab, D] on its top d_model right singular vectors, scaled to `std`:
-    the best rank-d_model approximation of the words' dot products (which the tied output
-    projection scores with). Returns the new table and the fraction of variance it keeps."""
-    if d_model > weight.shape[1]:
-        raise UserInputError(
-            f"embeddings_from_teacher: the student (d_model {d_model}) is wider than the "
-            f"teacher ({weight.shape[1]}); nothing to project"
-        )
-    w = weight.detach().float().cpu()
-    _, singular, vh = torch.linalg.svd(w, full_matrices=False)
-    projected = w @ vh[:d_model].T
-    kept = float((singular[:d_model] ** 2).sum() / (singular**2).sum())
-    return projected * (std / float(projected.std())), kept
 
 
 if __name__ == "__main__":
