@@ -8,7 +8,7 @@ Two kinds of checkpoint tokenizer convert:
   for both sides;
 - Marian's (OPUS-MT): a SentencePiece model per side over one joint vocab.json. Each side becomes
   a Unigram over the joint vocabulary, scored by that side's SentencePiece model, so that it
-  splits as MarianTokenizer does (tests/test_hf_teacher.py checks the ids). The source side is
+  splits as MarianTokenizer does (tests/training/test_hf_teacher.py checks the ids). The source side is
   tokenizer.json (what the shipped package encodes, and decodes any id with); the target side is
   the training targets' (tokenizer.target.json).
 The pipeline's decoder starts from <s>: a vocabulary without one (Marian's) gets it as one more id.

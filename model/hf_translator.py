@@ -4,7 +4,7 @@ translator: text in, text out, with transformers' generate or through CTranslate
 The pipeline imports such a checkpoint as a teacher (pipeline/stages/import_teacher/build.py) and
 uses it here to translate the KD corpus and the test sets. Both decoders take the same batches
 (sorted by source length, cut by a token budget) and the same length limit, so their greedy
-outputs agree (tests/test_hf_teacher.py). `transformers` is the `hf` extra. Every checkpoint is
+outputs agree (tests/training/test_hf_teacher.py). `transformers` is the `hf` extra. Every checkpoint is
 opened through model/hf_checkpoint.py (checked first; no custom code, no pickle, no stdin), and
 every text comes out on one line (mt_runtime/lines.py).
 """

@@ -1,121 +1,15 @@
-"""Shared fixtures. Tests use small slices of the Multi30k copy in ../shared/data (never a network)."""
+"""Fixtures every folder uses, and the hooks that print the fault and fuzz counts. Tests use small
+slices of the Multi30k copy in ../shared/data (never a network); what they share that is not a
+fixture is in tests/helpers/. A folder's own fixtures are in its conftest.py."""
 
 from __future__ import annotations
 
-import contextlib
-import gzip
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-SMOKE = REPO / "recipes" / "smoke.yaml"
-# A subprocess's PYTHONPATH: this checkout's pipeline and its mt_runtime (not an installed copy's).
-SOURCE_PATH = f"{REPO}:{REPO / 'model' / 'runtime'}"
-
-
-def _data_dir() -> Path:
-    env = os.environ.get("PIPELINE_DATA")
-    path = Path(env) if env else REPO.parent / "shared" / "data"
-    if not (path / "multi30k" / "train.en.gz").is_file():
-        pytest.exit(f"Multi30k not found under {path}: set PIPELINE_DATA to the folder holding multi30k/", 2)
-    return path
-
-
-class QuietContext:
-    """The part of a StageContext that the benchmark's comparison functions use, silent; `work`
-    is where their measurement processes keep their job files."""
-
-    log = staticmethod(lambda message: None)
-
-    def __init__(self, work: Path | None = None):
-        self.work = work
-
-    @staticmethod
-    def progress(*args, **kwargs):
-        return contextlib.nullcontext(type("Bar", (), {"advance": lambda self, n=1: None})())
-
-
-def multi30k_head(data_dir: Path, lang: str, n: int = 300) -> list[str]:
-    """The first n training sentences of one language of the Multi30k copy."""
-    with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-        return [next(f).strip() for _ in range(n)]
-
-
-def pruned_shape_config(vocab_size: int):
-    """A tiny Transformer with a pruned model's less common paths: uneven heads and FFN widths per
-    layer, a factorised token table, pre-LN."""
-    from model.transformer import TransformerConfig
-
-    return TransformerConfig(
-        vocab_size=vocab_size,
-        d_model=48,
-        head_dim=8,
-        enc_heads=[6, 3],
-        dec_self_heads=[2, 6],
-        dec_cross_heads=[6, 1],
-        enc_ffn=[96, 64],
-        dec_ffn=[64, 96],
-        embed_dim=32,
-        pre_ln=True,
-        max_positions=64,
-        dropout=0.0,
-    )
-
-
-def one_layer_config(vocab_size: int, head_dim: int = 4, **rest):
-    """The smallest model the tests train or export: one layer each side, d_model 16, 2 heads;
-    `rest` sets the other fields (max_positions, dropout, ...)."""
-    from model.transformer import TransformerConfig
-
-    return TransformerConfig(
-        vocab_size=vocab_size,
-        d_model=16,
-        head_dim=head_dim,
-        enc_heads=[2],
-        dec_self_heads=[2],
-        dec_cross_heads=[2],
-        enc_ffn=[32],
-        dec_ffn=[32],
-        **rest,
-    )
-
-
-def tiny_model(data_dir: Path, folder: Path):
-    """A tiny random Transformer with a pruned model's less common paths (uneven heads, a
-    factorised table, pre-LN), sharper than its init so that outputs end before their limits as
-    trained ones do, with folder/tokenizer.json and folder/shortlist.npz made from the first 200
-    Multi30k pairs: (model, tokenizer, the 200 English sentences, the pairs as token ids)."""
-    import torch
-    from mt_runtime.shortlist import build_shortlist
-
-    from model.subword_training import train_subword
-    from model.transformer import Transformer
-
-    en, fr = multi30k_head(data_dir, "en", 200), multi30k_head(data_dir, "fr", 200)
-    tokenizer = train_subword(en + fr, vocab_size=300)
-    tokenizer.save(folder / "tokenizer.json")
-    pairs = list(zip(tokenizer.encode(en), tokenizer.encode(fr)))
-    table, _ = build_shortlist(pairs, tokenizer.vocab_size, frequent=30, per_word=6, always=[0, 1, 2, 3])
-    table.save(folder / "shortlist.npz")
-    torch.manual_seed(3)
-    model = Transformer(pruned_shape_config(tokenizer.vocab_size)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(1.6)
-    return model, tokenizer, en, pairs
-
-
-# Counts the fault and fuzz tests report (kills survived, inputs tried), printed after the run
-# even under -q, where a test's own output is captured.
-SUMMARY: dict[str, int] = {}
-
-
-def count(name: str, amount: int = 1) -> None:
-    SUMMARY[name] = SUMMARY.get(name, 0) + amount
+from tests.helpers import SUMMARY, SmokeStore, _data_dir, count
 
 
 def pytest_sessionfinish(session):
@@ -160,78 +54,15 @@ def _env(monkeypatch, data_dir, tmp_path):
     monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))  # never touch the user's cache
 
 
-def cli(
-    *args: str,
-    store: Path | None = None,
-    input: bytes | None = None,
-    timeout: float = 300,
-    env: dict | None = None,
-    code: Path = REPO,
-) -> subprocess.CompletedProcess:
-    """Run the real `pipeline` command in a subprocess, from the source tree `code`."""
-    cmd = [sys.executable, "-m", "pipeline.commands.cli", *args]
-    if store is not None:
-        cmd += ["--store", str(store)]
-    full_env = {**os.environ, "PYTHONPATH": f"{code}:{code / 'model' / 'runtime'}", "COLUMNS": "200", **(env or {})}
-    return subprocess.run(cmd, cwd=code, input=input, capture_output=True, timeout=timeout, env=full_env)
-
-
-# Runs a module or script with a hook that reports its peak resident memory (VmHWM) at exit.
-# Not wait4's ru_maxrss: a child forked from this test process starts its count at the
-# parent's size (the kernel keeps the high-water mark across exec), which would hide the child.
-_PEAK_SHIM = """
-import atexit, runpy, sys
-def _peak():
-    with open("/proc/self/status") as f:
-        kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
-    sys.stderr.write(f"\\nPEAK_RSS_KB {kb}\\n")
-atexit.register(_peak)
-sys.argv = sys.argv[1:]
-if sys.argv[0].endswith(".py"):
-    runpy.run_path(sys.argv[0], run_name="__main__")
-else:
-    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-"""
-
-
-def run_with_peak_rss(
-    target: str, *args: str, env: dict | None = None, timeout: float = 600, input: bytes | None = None
-) -> tuple[int, float, str, str]:
-    """Run a module (`pipeline.commands.cli`) or a script path in a fresh process, `input` on its
-    stdin: (exit code, its peak RSS in MB, stdout, stderr without the report line)."""
-    full_env = {**os.environ, "PYTHONPATH": SOURCE_PATH, **(env or {})}
-    done = subprocess.run(
-        [sys.executable, "-c", _PEAK_SHIM, target, *args],
-        capture_output=True,
-        env=full_env,
-        cwd=REPO,
-        timeout=timeout,
-        input=input,
-    )
-    err = done.stderr.decode(errors="replace")
-    peaks = [line for line in err.splitlines() if line.startswith("PEAK_RSS_KB ")]
-    peak = int(peaks[-1].split()[1]) / 1024 if peaks else float("nan")
-    return done.returncode, peak, done.stdout.decode(errors="replace"), err.replace(peaks[-1], "") if peaks else err
-
-
-class SmokeStore:
-    """One store per test session, built stage by stage as tests ask for them."""
-
-    def __init__(self, root: Path):
-        self.root = root
-
-    def build(self, until: str | None = None, *overrides: str):
-        from pipeline.commands import plan_recipe
-        from pipeline.engine.runner import run
-        from pipeline.engine.store import Store
-
-        plan = plan_recipe(SMOKE, [*overrides])
-        store = Store(self.root)
-        run(plan, store, until=until)
-        return store, {n.name: store.get(n.id) for n in plan.nodes if store.exists(n.id)}
-
-
 @pytest.fixture(scope="session")
 def smoke(tmp_path_factory) -> SmokeStore:
     os.environ.setdefault("PIPELINE_DATA", str(_data_dir()))
     return SmokeStore(tmp_path_factory.mktemp("smoke-store"))
+
+
+# The smoke recipe's export artifact, unpruned (tests/export/test_onnx_export.py has a fixture of
+# its own by this name: a module's fixture overrides this one there).
+@pytest.fixture(scope="module")
+def exported(smoke):
+    _, arts = smoke.build("export", "prune=null")
+    return arts["export.student"]

@@ -10,7 +10,7 @@ hand (pipeline/training/speed_probe.py), or taken from the recipe's lock where a
 the same artifact recorded them, and kept in the checkpoint and the result. A killed run resumes
 from its last checkpoint (model, optimizer, schedule, position in the data order, RNG; see
 checkpoints.py) to the same weights as a run never killed: nothing a step computes depends on the
-clock or on when checkpoints were taken (tests/test_one_content_per_id.py).
+clock or on when checkpoints were taken (tests/store/test_one_content_per_id.py).
 Several processes (torchrun; gloo on CPU, nccl on GPU) split each epoch's batches.
 """
 

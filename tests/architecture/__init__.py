@@ -1,0 +1,1 @@
+"""The house's rules read from the code: layering, the stage contract."""

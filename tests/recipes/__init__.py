@@ -1,0 +1,1 @@
+"""Recipes: schema, one line per problem, bounds, fuzzing."""

@@ -1,0 +1,1 @@
+"""Evaluate, benchmark and the report."""

@@ -1,0 +1,82 @@
+"""One sentence, one translation (issue 52): every CPU package variant gives a sentence the same
+translation alone and in batches of any size and composition, greedy and beam, with and without
+a shortlist (the package format's promise: no tolerance on the CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from mt_runtime.search import prepare_sources
+from mt_runtime.shortlist import build_shortlist
+from mt_runtime.translator import Translator
+
+from pipeline.export.package_builder import build_package
+from tests.helpers import tiny_model
+
+pytestmark = pytest.mark.slow  # the packages fixture builds every CPU variant (about 20 s)
+
+
+VARIANTS = ("fp32", "int8_dynamic", "int8_static")
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory, data_dir):
+    folder = tmp_path_factory.mktemp("invariance")
+    model, tokenizer, en, pairs = tiny_model(data_dir, folder)
+    # A list that leaves the special ids out (a hand-made one): no output vocabulary for beams, and
+    # greedy still over each sentence's words.
+    bare, _ = build_shortlist(pairs, tokenizer.vocab_size, frequent=30, per_word=6)
+    bare.save(folder / "bare.npz")
+    calibration = prepare_sources(tokenizer, en[100:140], 64)
+    built = {("int8_dynamic", "bare"): folder / "int8_dynamic-bare"}
+    build_package(
+        model,
+        "int8_dynamic",
+        built["int8_dynamic", "bare"],
+        tokenizer=folder / "tokenizer.json",
+        work=folder / "work" / "bare",
+        shortlist=folder / "bare.npz",
+    )
+    for variant in VARIANTS:
+        for listed in (True, False):
+            built[variant, listed] = folder / f"{variant}-{listed}"
+            build_package(
+                model,
+                variant,
+                built[variant, listed],
+                tokenizer=folder / "tokenizer.json",
+                work=folder / "work" / f"{variant}-{listed}",
+                calibration=calibration,
+                shortlist=folder / "shortlist.npz" if listed else None,
+            )
+    return built, prepare_sources(tokenizer, en[:48], 64)
+
+
+@pytest.mark.parametrize(
+    "variant,listed", [(v, listed) for v in VARIANTS for listed in (True, False)] + [("int8_dynamic", "bare")]
+)
+def test_a_sentence_translates_the_same_alone_and_in_any_batch(packages, variant, listed):
+    built, sources = packages
+    translator = Translator(built[variant, listed], threads=1)
+    assert translator.describe()["shortlist"] == (bool(listed) and variant != "fp32")
+    if listed == "bare":
+        assert "generate_batch.onnx" not in translator.package["files"]
+    rng = np.random.default_rng(len(variant) + len(str(listed)))
+    for beam in (1, 3):
+        gen = dataclasses.replace(translator.generation, beam=beam)
+        alone = [translator.searcher([src], gen)[0] for src in sources]
+        assert len({len(a) for a in alone}) > 3  # outputs of many lengths: rows end at different steps
+        for size, shuffled in ((48, False), (7, True), (16, True), (2, True)):
+            order = rng.permutation(len(sources)) if shuffled else np.argsort([len(s) for s in sources])
+            got = {}
+            for start in range(0, len(order), size):
+                rows = order[start : start + size].tolist()
+                got.update(zip(rows, translator.searcher([sources[i] for i in rows], gen)))
+            assert [got[i] for i in range(len(sources))] == alone, (variant, listed, beam, size)
+        # The text path a user calls, in length-sorted batches as translate() makes them.
+        texts = translator.translate(
+            [translator.tokenizer.decode([s[:-1]])[0] for s in sources], beam=beam, max_batch=16
+        )
+        assert len(texts) == len(sources)

@@ -1,0 +1,1 @@
+"""`mt-runtime serve`."""

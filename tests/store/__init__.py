@@ -1,0 +1,1 @@
+"""The store and runs: ids, caching, verification, locks, gc, kills and resumes."""

@@ -1,0 +1,1 @@
+"""Data, tokenizer, the Transformer, training, distillation, pruning, an imported teacher."""
