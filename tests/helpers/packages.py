@@ -23,3 +23,20 @@ def _resign(folder: Path, rel: str, data: bytes) -> None:
     meta = json.loads((folder / "package.json").read_text())
     meta["files"][rel] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     (folder / "package.json").write_text(json.dumps(meta))
+
+
+def streamed_shortlist(path: Path, vocab: int, offsets, words_dtype: str, words: int, compresslevel: int) -> None:
+    """A shortlist.npz written member by member, its `words` member `words` zero ids of
+    `words_dtype` streamed in 4 MiB blocks: a file far smaller than what it inflates to."""
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=compresslevel) as z:
+        for name, array in (("vocab_size", np.array(vocab, np.int64)), ("always", np.arange(4)), ("offsets", offsets)):
+            with z.open(f"{name}.npy", "w") as f:
+                np.lib.format.write_array(f, array)
+        with z.open("words.npy", "w", force_zip64=True) as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": words_dtype, "fortran_order": False, "shape": (words,)})
+            for _ in range(words * np.dtype(words_dtype).itemsize >> 22):
+                f.write(bytes(1 << 22))

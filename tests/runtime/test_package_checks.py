@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ from mt_runtime.translator import PackageError, Translator
 
 from tests.helpers import cli, run_with_peak_rss
 from tests.helpers.files import _one_error_line, _point_outside, _private, _rehash
-from tests.helpers.packages import POSITIONS, _copy, _resign
+from tests.helpers.packages import POSITIONS, _copy, _resign, streamed_shortlist
 
 
 # ------------------------------------------------------------------------------ generation.json
@@ -129,15 +128,7 @@ def test_ids_handed_to_the_graphs_must_be_inside_the_vocabulary(package):
 # ----------------------------------------------------------------------------- shortlist.npz
 def _inflating_shortlist(path: Path, vocab: int, words: int) -> None:
     """shortlist.npz whose `words` member inflates to `words` int64 zeros (512 MiB: 2.3 MB on disk)."""
-    offsets = np.zeros(vocab + 1, np.int64)
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
-        for name, array in (("vocab_size", np.array(vocab, np.int64)), ("always", np.arange(4)), ("offsets", offsets)):
-            with z.open(f"{name}.npy", "w") as f:
-                np.lib.format.write_array(f, array)
-        with z.open("words.npy", "w", force_zip64=True) as f:
-            np.lib.format.write_array_header_1_0(f, {"descr": "<i8", "fortran_order": False, "shape": (words,)})
-            for _ in range(words * 8 >> 20):
-                f.write(bytes(1 << 20))
+    streamed_shortlist(path, vocab, np.zeros(vocab + 1, np.int64), "<i8", words, compresslevel=1)
 
 
 def test_a_shortlist_that_inflates_to_gigabytes_is_refused_before_anything_is_allocated(package, tmp_path):

@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import tracemalloc
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ from mt_runtime.shortlist import MAX_PER_WORD, Shortlist
 from mt_runtime.translator import PackageError, Translator
 
 from tests.helpers import REPO, run_with_peak_rss
-from tests.helpers.packages import _copy, _resign
+from tests.helpers.packages import _copy, _resign, streamed_shortlist
 
 PEAK_MB = 300  # a tiny package's whole `pipeline translate` run is about 200 MB
 
@@ -106,14 +105,7 @@ def _fat_shortlist(path: Path, vocab: int, entries: int) -> None:
     a few hundred KB on disk."""
     offsets = np.full(vocab + 1, entries, np.int64)
     offsets[0] = 0
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
-        for name, array in (("vocab_size", np.array(vocab, np.int64)), ("always", np.arange(4)), ("offsets", offsets)):
-            with z.open(f"{name}.npy", "w") as f:
-                np.lib.format.write_array(f, array)
-        with z.open("words.npy", "w", force_zip64=True) as f:
-            np.lib.format.write_array_header_1_0(f, {"descr": "<i4", "fortran_order": False, "shape": (entries,)})
-            for _ in range(entries * 4 >> 22):
-                f.write(bytes(1 << 22))
+    streamed_shortlist(path, vocab, offsets, "<i4", entries, compresslevel=9)
 
 
 def test_a_shortlist_with_more_entries_than_the_vocabulary_allows_is_refused_from_its_header(package, tmp_path):
