@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from mt_runtime.lines import MAX_LINE_BYTES
+from mt_runtime.translate_stream import discard_stdout as _discard_stdout
 from rich.errors import MarkupError
 from rich.markup import escape
 from rich.table import Table
 
-from ..corpora.splits import DEFAULT_MAX_LINE_BYTES
 from ..engine.context import console
 from ..engine.errors import OutputError, PipelineError, ReaderGone, RecipeError, UserInputError, no_room
 from ..engine.store import Store
@@ -311,7 +312,7 @@ def translate(
             help="Longest input line read, in bytes; a longer one is cut to this many "
             "(with a warning) and still gives one output line.",
         ),
-    ] = DEFAULT_MAX_LINE_BYTES,
+    ] = MAX_LINE_BYTES,
     store: StoreOpt = None,
 ) -> None:
     """Translate lines from stdin to stdout: one output line per input line."""
@@ -454,20 +455,6 @@ def main() -> None:
     if code == 130:  # typer turns KeyboardInterrupt into exit code 130
         interrupted()
     sys.exit(code if isinstance(code, int) else 0)
-
-
-def _discard_stdout() -> None:
-    """Point standard output at /dev/null: what is still buffered for a closed pipe or a full disk
-    is dropped there, instead of failing again in the interpreter's flush at exit ("Exception
-    ignored ... BrokenPipeError")."""
-    if sys.stdout is None:
-        return
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
-    except (OSError, ValueError):  # no descriptor to replace (stdout is not a file)
-        pass
 
 
 def _install_sigterm() -> None:

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
-from .splits import normalize
+from mt_runtime.lines import normalize
 
 
 class _Counted:

@@ -1,33 +1,19 @@
 """The corpus format the data stage writes and every later stage reads: one folder of plain
 UTF-8 text, `<split>.src` and `<split>.tgt` (train, valid, test.<name>), one normalized sentence
-a line, the two files of a split line-aligned."""
+a line (normalized by mt_runtime.lines.normalize, as `translate` cleans its input), the two files
+of a split line-aligned."""
 
 from __future__ import annotations
 
 import array
 import os
 import random
-import re
-import unicodedata
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from ..engine.errors import StageFailed
-
-# The longest input line `pipeline translate` reads by default (bytes); a longer one is cut.
-DEFAULT_MAX_LINE_BYTES = 16384
-_SPACES = re.compile(r"\s+")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def normalize(line: str, nfc: bool = True) -> str:
-    if nfc:
-        line = unicodedata.normalize("NFC", line)
-    # Control characters carry no meaning in text and confuse tokenizers; tabs become spaces.
-    line = _CONTROL.sub(" ", line)
-    return _SPACES.sub(" ", line).strip()
 
 
 def write_pairs(

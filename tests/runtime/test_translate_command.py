@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 import pytest
+from mt_runtime.lines import bounded_lines, one_line
 
-from pipeline.commands.translate import bounded_lines, one_line
 from pipeline.engine.machine import usable_cores
 from tests.helpers import REPO, SOURCE_PATH, cli
 from tests.helpers.packages import _copy, _resign

@@ -485,8 +485,8 @@ async def _drain(service: Service, settings: Settings, signals: list[int]) -> in
     return 0
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+def run(args) -> int:
+    """`mt-runtime serve` with its parsed command line (mt_runtime/cli.py)."""
     if web is None:
         sys.exit("mt-runtime: serving needs aiohttp: pip install 'mt-runtime[serve]' (or 'aiohttp>=3.9,<4')")
     settings = settings_from(args, args.subparser)
@@ -496,6 +496,12 @@ def main(argv: list[str] | None = None) -> None:
     if code or threading.active_count() > 1:  # a worker may still be inside onnxruntime (loading, or a
         logging.shutdown()  # second signal): do not wait for it, nor let finalization
         os._exit(code)  # pull the interpreter from under it
+    return code
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m mt_runtime.serve serve PACKAGE ...`: serve alone (`mt-runtime` is mt_runtime/cli.py)."""
+    sys.exit(run(parser().parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -49,9 +49,17 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def _positive(kind):
+_NAMES = {int: "a whole number", float: "a number"}
+
+
+def positive(kind):
+    """An argparse type: a number of `kind` above 0, or one line saying what was given."""
+
     def parse(text: str):
-        value = kind(text)
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {_NAMES[kind]} above 0, got {text!r}") from None
         if value <= 0:
             raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
         return value
@@ -66,9 +74,24 @@ def _hosts(text: str) -> list[str]:
     return hosts
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error in one line, as every other error of the command (argparse prints the usage
+    first); exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="mt-runtime", description="Translate with an ONNX translation package.")
-    commands = top.add_subparsers(dest="command", required=True)
+    """`mt-runtime serve` alone, as `python -m mt_runtime.serve serve PACKAGE` runs it; the whole
+    command (serve and translate) is mt_runtime/cli.py's."""
+    top = OneLineParser(prog="mt-runtime", description="Translate with an ONNX translation package.")
+    add_serve(top.add_subparsers(dest="command", required=True))
+    return top
+
+
+def add_serve(commands) -> argparse.ArgumentParser:
+    """`mt-runtime serve`'s parser, added to the command's subcommands."""
     p = commands.add_parser(
         "serve",
         help="serve a package over HTTP (JSON; docs/serving.md)",
@@ -80,20 +103,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=d.port, help="port (default %(default)s; 0: any free one, logged)")
     p.add_argument(
         "--workers",
-        type=_positive(int),
+        type=positive(int),
         default=None,
         help="worker threads, each with its own copy of the model (default 1: it served more than "
         "one a core, docs/serving.md)",
     )
     p.add_argument(
         "--threads",
-        type=_positive(int),
+        type=positive(int),
         default=None,
         help="onnxruntime threads of each worker (default: the cores but one, divided among the workers)",
     )
     p.add_argument(
         "--batch-size",
-        type=_positive(int),
+        type=positive(int),
         default=d.batch_size,
         help="most sentences translated together (default %(default)s)",
     )
@@ -106,7 +129,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--queue",
-        type=_positive(int),
+        type=positive(int),
         default=d.queue,
         help="sentences accepted and not yet answered; beyond it requests get 503 (default %(default)s)",
     )
@@ -118,20 +141,20 @@ def parser() -> argparse.ArgumentParser:
     ):
         p.add_argument(
             "--" + field.replace("_", "-"),
-            type=_positive(int),
+            type=positive(int),
             default=getattr(limits, field),
             help=what + " (default %(default)s)",
         )
     p.add_argument(
         "--max-inflight-bytes",
-        type=_positive(int),
+        type=positive(int),
         default=http.max_inflight_bytes,
         help="request bodies held at once, all connections together; a request past it gets 503 before "
         "its body is read (default %(default)s)",
     )
     p.add_argument(
         "--max-connections",
-        type=_positive(int),
+        type=positive(int),
         default=None,
         help="open connections; past it the longest-idle one is closed, or the new one gets 503 (default: "
         f"the descriptor limit less an eighth, at most 1024: {default_max_connections()} here)",
@@ -143,7 +166,7 @@ def parser() -> argparse.ArgumentParser:
     ):
         p.add_argument(
             "--" + field.replace("_", "-"),
-            type=_positive(float),
+            type=positive(float),
             default=getattr(http, field),
             help=what + " (default %(default)s)",
         )
@@ -173,7 +196,7 @@ def parser() -> argparse.ArgumentParser:
         "--access-log", action="store_true", help="log one line per request (the path escaped: no control bytes)"
     )
     p.set_defaults(subparser=p)
-    return top
+    return p
 
 
 def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Settings:

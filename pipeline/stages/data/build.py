@@ -12,9 +12,11 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
+from mt_runtime.lines import normalize
+
 from ...corpora.cleaning import TrainingCorpus, train_pairs
 from ...corpora.multi30k import multi30k_splits
-from ...corpora.splits import normalize, write_pairs
+from ...corpora.splits import write_pairs
 from ...corpora.user_files import user_splits
 from ...engine.context import StageContext
 from ...engine.errors import DataError
