@@ -76,7 +76,8 @@ def translate_stream(
         stdin, stdout = stream.standard_streams()
     threads = threads or usable_cores()  # all cores by default, as the benchmark's "all" row
     with store.reading():  # `artifacts gc` waits until this is done with the artifact
-        translator = open_model(resolve_model(store, model, package), device=device, threads=threads)
+        folder = resolve_model(store, model, package)
+        translator = stream.opened(lambda: open_model(folder, device=device, threads=threads), _warn)
     progress = Progress(
         TextColumn("translating"),
         TextColumn("{task.completed} lines"),
@@ -94,10 +95,14 @@ def translate_stream(
             beam,
             batch_size,
             max_line_bytes,
-            warn=lambda message: console.print(f"[yellow]warning:[/yellow] {escape(message)}"),
+            warn=_warn,
             progress=lambda c: progress.update(task, completed=c.lines, rate=f"{stream.speed(c):.1f} sentences/s"),
         )
     console.print(stream.summary(counts, translator, threads, beam, batch_size), markup=False)
+
+
+def _warn(message: str) -> None:
+    console.print(f"[yellow]warning:[/yellow] {escape(message)}")
 
 
 @contextmanager

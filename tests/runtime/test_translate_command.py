@@ -197,7 +197,7 @@ def test_translate_cuts_a_10mb_line_and_stays_within_memory(smoke, tmp_path):
         input=text,
         capture_output=True,
         timeout=240,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": SOURCE_PATH},
     )
     err = proc.stderr.decode()
     assert proc.returncode == 0, err

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import warnings
 from pathlib import Path
 
 from . import translate_stream as stream
@@ -111,15 +110,10 @@ def _open(folder: Path, device: str, threads: int, warn):
         raise stream.BadInput(f"{folder}: no such folder")
     if not (folder / PACKAGE_JSON).is_file():
         raise stream.BadInput(f"{folder}: not a package folder (no {PACKAGE_JSON})")
-    with warnings.catch_warnings(record=True) as caught:  # e.g. CUDA asked for and unavailable
-        warnings.simplefilter("always")
-        try:
-            translator = Translator(folder, device=device, threads=threads)
-        except PackageError as exc:
-            raise stream.StreamError(str(exc)) from None
-    for w in caught:
-        warn(str(w.message))
-    return translator
+    try:
+        return stream.opened(lambda: Translator(folder, device=device, threads=threads), warn)
+    except PackageError as exc:
+        raise stream.StreamError(str(exc)) from None
 
 
 class _ProgressLine:

@@ -77,6 +77,17 @@ def check_settings(beam: int, batch_size: int, max_line_bytes: int, device: str,
         raise BadInput(f"--device must be cpu or cuda, got {device!r}")
 
 
+def opened(open_model: Callable[[], TextTranslator], warn: Callable[[str], None]) -> TextTranslator:
+    """open_model(), what it warns of (CUDA asked for and unavailable, a graph that does not
+    load with this onnxruntime) shown through `warn` as the stream's own warnings are."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        translator = open_model()
+    for w in caught:
+        warn(str(w.message))
+    return translator
+
+
 def standard_streams() -> tuple[BinaryIO, BinaryIO]:
     """sys.stdin's and sys.stdout's bytes, or BadInput where either was closed at the start."""
     if sys.stdin is None:  # started with `<&-`
