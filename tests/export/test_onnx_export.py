@@ -204,7 +204,7 @@ def test_export_stage_parity_and_packages(export_artifact):
         "MODEL_CARD.md",
     } <= set(package["files"])
     # The runtime is named, not copied (format 2): mt-runtime's minor series.
-    assert package["format"] == "mt-onnx-package/2" and package["runtime"] == "mt-runtime>=0.2,<0.3"
+    assert package["format"] == "mt-onnx-package/2" and package["runtime"] == "mt-runtime>=0.3,<0.4"
     assert not any(name.endswith(".py") for name in package["files"])
     # generate.onnx: the search inside onnxruntime, greedy token-for-token ours, no copy of the weights
     graph = m["parity"]["fp32"]["graph_search"]
