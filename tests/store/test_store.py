@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.engine.errors import IntegrityError, PipelineError, StoreLockedError
 from pipeline.engine.store import Store, artifact_id, fingerprint, verify_folder
-from tests.helpers import REPO
+from tests.helpers import REPO, SOURCE_PATH
 
 
 def make_artifact(store: Store, name: str = "demo", payload: bytes = b"hello world\n"):
@@ -135,7 +135,7 @@ def _holder(tmp_path, seconds):
         [sys.executable, "-c", HOLD_LOCK, str(tmp_path), str(seconds)],
         cwd=REPO,
         stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": SOURCE_PATH},
     )
     assert proc.stdout.readline().strip() == b"locked"
     return proc

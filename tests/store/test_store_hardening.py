@@ -19,7 +19,7 @@ import pytest
 
 from pipeline.engine.errors import PipelineError
 from pipeline.engine.store import Store, hold_work_dir
-from tests.helpers import REPO, SMOKE, cli, count
+from tests.helpers import REPO, SMOKE, SOURCE_PATH, cli, count
 from tests.helpers.files import _one_error_line, _private, _rehash, _store_with
 
 
@@ -37,7 +37,7 @@ def _spawn(store: Path, *args: str) -> subprocess.Popen:
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": SOURCE_PATH},
         preexec_fn=_default_sigint,
     )
 
@@ -280,7 +280,7 @@ def test_gc_waits_for_a_reader(tmp_path):
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env={**os.environ, "PYTHONPATH": SOURCE_PATH},
         )
         time.sleep(3)
         assert gc.poll() is None  # gc does not delete while an artifact is being read

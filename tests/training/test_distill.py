@@ -24,7 +24,7 @@ from pipeline.corpora.splits import read_split
 from pipeline.engine.errors import RecipeError, UserInputError
 from pipeline.engine.runner import node_status
 from pipeline.training.from_teacher import project_embedding
-from tests.helpers import REPO, SMOKE, cli
+from tests.helpers import SMOKE, SOURCE_PATH, cli
 
 # The smoke teacher writes "eeee..." after its 3 epochs; 15 give it real (poor) sentences. Tests
 # that need those share this one teacher (the smoke store builds it once).
@@ -185,7 +185,7 @@ def test_a_killed_runner_takes_its_side_by_side_workers_with_it(smoke, tmp_path)
         [sys.executable, "-m", "pipeline.commands.cli", *args, "--store", str(copy)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": SOURCE_PATH},
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(list(copy.glob("work/*/checkpoint/state.json"))) < 2:

@@ -19,7 +19,7 @@ from pipeline.training.loop import Trainer, _Forecast
 from pipeline.training.loss import label_smoothed_loss
 from pipeline.training.settings import TrainConfig
 from pipeline.training.speed_probe import choose
-from tests.helpers import REPO, SMOKE, cli
+from tests.helpers import REPO, SMOKE, SOURCE_PATH, cli
 from tests.helpers.models import _setup
 
 AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
@@ -66,7 +66,7 @@ def test_probe_chooses_float32_where_bf16_is_emulated_and_warns_when_forced():
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, **AVX2_ONLY, "PYTHONPATH": str(REPO)},
+        env={**os.environ, **AVX2_ONLY, "PYTHONPATH": SOURCE_PATH},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -22,7 +22,7 @@ from pipeline.engine.errors import PipelineError
 from pipeline.engine.store import work_dir_holder
 from pipeline.training.loop import Checkpoints, Trainer
 from pipeline.training.settings import TrainConfig
-from tests.helpers import REPO, SMOKE, _one_error_line, cli
+from tests.helpers import REPO, SMOKE, SOURCE_PATH, _one_error_line, cli
 from tests.helpers.models import _setup
 
 
@@ -59,7 +59,11 @@ def test_sigkilled_nproc_run_takes_its_torchrun_workers_down(tmp_path):
         str(store),
     ]
     runner = subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)}
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": SOURCE_PATH},
     )
     try:
         deadline = time.monotonic() + 120
