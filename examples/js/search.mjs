@@ -238,12 +238,16 @@ export class BeamSearch {
 
 /** log-softmax over `words` alone (float32), from log-probabilities over the whole vocabulary. */
 export function normalizedOver(logProbs, words) {
+  // Indexed loops: V8 runs them several times faster than for-of or Float32Array.from(words, f),
+  // which took most of a beam step's time over a 5,568-word output vocabulary.
+  const n = words.length, out = new Float32Array(n);
   let max = -Infinity;
-  for (const w of words) if (logProbs[w] > max) max = logProbs[w];
+  for (let i = 0; i < n; i++) if (logProbs[words[i]] > max) max = logProbs[words[i]];
   let sum = 0;
-  for (const w of words) sum = Math.fround(sum + Math.fround(Math.exp(Math.fround(logProbs[w] - max))));
+  for (let i = 0; i < n; i++) sum = Math.fround(sum + Math.fround(Math.exp(Math.fround(logProbs[words[i]] - max))));
   const shift = Math.fround(max + Math.fround(Math.log(sum)));
-  return Float32Array.from(words, (w) => Math.fround(logProbs[w] - shift));
+  for (let i = 0; i < n; i++) out[i] = logProbs[words[i]] - shift;  // stored as float32: Math.fround's rounding
+  return out;
 }
 
 // ## The shortlist, from shortlist.npz's arrays ({name: {data}}, as npz.mjs reads them)
