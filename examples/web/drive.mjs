@@ -43,7 +43,7 @@ async function main(argv) {
   const result = {};
   try {
     const page = await browser.newPage();
-    await page.setViewport({ width: 1100, height: 620 });
+    await page.setViewport({ width: 1100, height: 400 });
     const errors = [];
     page.on("pageerror", (error) => errors.push(error.message));
     page.on("console", (message) => { if (message.type() === "error") errors.push(message.text()); });

@@ -1,6 +1,6 @@
 // The page's controls: the package named by ?package= (default: serve.py's /package/), wasm threads
-// by ?threads= (default: every core the browser reports, up to 4, where the page is cross-origin
-// isolated). Each line of the text box is one sentence, translated as `pipeline translate` would:
+// by ?threads= (default 1: the fastest measured, docs/results.md; more only where the page is
+// cross-origin isolated). Each line of the text box is one sentence, translated as `pipeline translate` would:
 // normalized as its training corpus was, then one line out per line in.
 // window.translator (a promise of the WebTranslator) is there for scripts that drive the page.
 
@@ -8,7 +8,7 @@ import { WebTranslator } from "./web-translator.mjs";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
-const threads = Number(params.get("threads") ?? Math.min(4, navigator.hardwareConcurrency || 1));
+const threads = Number(params.get("threads") ?? 1);
 
 // Python's str.isspace() characters (see search.mjs's BLANK) and pipeline translate's normalize:
 // NFC, control characters to spaces, runs of whitespace to one space, stripped.
