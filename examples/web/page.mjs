@@ -8,7 +8,7 @@ import { WebTranslator } from "./web-translator.mjs";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
-const threads = Number(params.get("threads") ?? 1);
+const threads = Math.max(1, Math.trunc(Number(params.get("threads") ?? 1)) || 1);
 
 // Python's str.isspace() characters (see search.mjs's BLANK) and pipeline translate's normalize:
 // NFC, control characters to spaces, runs of whitespace to one space, stripped.

@@ -51,8 +51,11 @@ export class WebTranslator extends PackageSearch {
     const settings = wasmSettings({ threads });
     onProgress("opening the graphs");
     const json = (name) => JSON.parse(new TextDecoder().decode(bytes[name]));
-    // The int8 graphs read their shared token table from decoder.onnx as ONNX external data.
-    const options = { executionProviders: ["wasm"], externalData: [{ path: "decoder.onnx", data: bytes["decoder.onnx"] }] };
+    // A graph may read weights inside the other as ONNX external data (the int8 encoders read the
+    // token table in decoder.onnx); onnxruntime-web keeps a reference to each file and copies
+    // only what a graph reads, so both are offered to both.
+    const externalData = ["encoder.onnx", "decoder.onnx"].map((path) => ({ path, data: bytes[path] }));
+    const options = { executionProviders: ["wasm"], externalData };
     const translator = new WebTranslator({
       gen: json("generation.json"),
       tokenizer: new Tokenizer(json("tokenizer.json"), { clean_up_tokenization_spaces: false }),
