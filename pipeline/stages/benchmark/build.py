@@ -287,16 +287,7 @@ def imported_teacher_rows(ctx: StageContext, cfg: BenchmarkNode) -> list[Benchma
                 row.but(skipped=f"CTranslate2 cannot convert this model: {type(exc).__name__}: {str(exc)[:200]}")
             )
             continue
-        rows.append(
-            row.but(
-                artifact=artifact.id,
-                folder=str(folder),
-                bytes=model_bytes(folder),
-                params=artifact.metrics["params"],
-                source="teacher",
-                files=folder.relative_to(ctx.out).as_posix(),
-            )
-        )
+        rows.append(converted(ctx, row, artifact, folder))
     return rows + optimum_teacher_rows(ctx, cfg, artifact)
 
 
@@ -318,14 +309,16 @@ def optimum_teacher_rows(ctx: StageContext, cfg: BenchmarkNode, artifact) -> lis
             rows.append(row.but(skipped=str(exc)))
             continue
         ctx.log(f"Optimum teacher {ct}: {optimum_peer.note(facts)}")
-        rows.append(
-            row.but(
-                artifact=artifact.id,
-                folder=str(folder),
-                bytes=model_bytes(folder),
-                params=artifact.metrics["params"],
-                files=folder.relative_to(ctx.out).as_posix(),
-                note=optimum_peer.note(facts),
-            )
-        )
+        rows.append(converted(ctx, row, artifact, folder).but(note=optimum_peer.note(facts)))
     return rows
+
+
+def converted(ctx: StageContext, row: BenchmarkRow, teacher, folder) -> BenchmarkRow:
+    """A peer's row of the imported teacher with the folder its converter wrote, to be measured."""
+    return row.but(
+        artifact=teacher.id,
+        folder=str(folder),
+        bytes=model_bytes(folder),
+        params=teacher.metrics["params"],
+        files=folder.relative_to(ctx.out).as_posix(),
+    )
