@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from .hf_checkpoint import check_checkpoint, narrow_permissions, stdin_closed
-from .hf_translator import HFTranslator, forces_eos, require_transformers
+from .hf_translator import HFTranslator, TokenCounter, forces_eos, require_transformers
 
 MARKER = "optimum.json"  # what the registry tells an Optimum folder by: these facts
 ENCODER, DECODER = "encoder_model.onnx", "decoder_model_merged.onnx"  # what from_pretrained loads by default
@@ -181,8 +181,6 @@ class OptimumTranslator(HFTranslator):
             self.model = ORTModelForSeq2SeqLM.from_pretrained(
                 str(folder), session_options=options, provider="CPUExecutionProvider", local_files_only=True
             )
-        from .hf_translator import TokenCounter
-
         self.tokenizer = TokenCounter(self.hf)
         self.position_limit = int(getattr(self.model.config, "max_position_embeddings", 512) or 512)
         self.forced_eos = forces_eos(folder)
