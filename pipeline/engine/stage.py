@@ -132,7 +132,7 @@ class Variant(Strict):
     node: str
     source: str
     package: str | None = None
-    runtime: Literal["torch", "onnxruntime", "ctranslate2"] = "torch"
+    runtime: Literal["torch", "onnxruntime", "ctranslate2", "optimum"] = "torch"
     device: Literal["cpu", "cuda"] = "cpu"
     compute_type: str = "float32"
     skipped: str | None = None

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..engine.context import StageContext
+from . import optimum_peer
 from .jobs import AloneJob, Engine, LatencyJob, ScoreSpec, VersusJob
 from .process import run_process
 from .rows import BenchmarkRow
@@ -55,16 +56,21 @@ def measure(
         score,
         latency_only,
     )
-    return run_job(ctx, f"{row.name}-t{threads}{'-' + tag if tag else ''}", job, threads)
+    python = optimum_peer.python() if row.runtime == optimum_peer.RUNTIME else None
+    return run_job(ctx, f"{row.name}-t{threads}{'-' + tag if tag else ''}", job, threads, python)
 
 
-def run_job(ctx: StageContext, tag: str, job: LatencyJob | VersusJob | AloneJob, threads: int) -> dict:
-    """pipeline.measure.process on `job` in a fresh process with `threads` for the math libraries."""
-    return run_process(ctx.work / "jobs", tag, job, threads)
+def run_job(
+    ctx: StageContext, tag: str, job: LatencyJob | VersusJob | AloneJob, threads: int, python: Path | None = None
+) -> dict:
+    """pipeline.measure.process on `job` in a fresh process with `threads` for the math libraries
+    (run by `python`, another environment's interpreter, where given)."""
+    return run_process(ctx.work / "jobs", tag, job, threads, python=python)
 
 
 def peer_pairs(rows: list[BenchmarkRow], final_model: str | None) -> list[tuple[BenchmarkRow, BenchmarkRow]]:
-    """(our row, the CTranslate2 row of the same compute type): the final model on the CPU."""
+    """(our row, the CTranslate2 row of the same compute type): the final model on the CPU. (The
+    Optimum rows are a peer too, never ours.)"""
     peers = {
         r.compute_type: r
         for r in rows
@@ -73,7 +79,7 @@ def peer_pairs(rows: list[BenchmarkRow], final_model: str | None) -> list[tuple[
     return [
         (r, peers[r.compute_type])
         for r in rows
-        if r.runtime != "ctranslate2"
+        if r.runtime not in ("ctranslate2", optimum_peer.RUNTIME)
         and r.device == "cpu"
         and not r.skipped
         and r.source == final_model

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import optimum_peer
 from .jobs import AloneJob, Job, VersusJob, from_json, to_json
 from .latency import measure
 from .speed import Skip
@@ -22,24 +23,28 @@ REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1800  # one measurement slower than this is a result that says so, not a hung run
 
 
-def run_process(jobs: Path, tag: str, job: Job, threads: int, timeout_s: float = TIMEOUT_S) -> dict:
+def run_process(
+    jobs: Path, tag: str, job: Job, threads: int, timeout_s: float = TIMEOUT_S, python: Path | None = None
+) -> dict:
     """`job` measured by this module in a fresh process (`python -m pipeline.measure.process`, its
     job, result and log files in `jobs`, named by `tag`) with `threads` for the math libraries.
-    A process that fails or runs past `timeout_s` gives a result skipped with the reason."""
+    A process that fails or runs past `timeout_s` gives a result skipped with the reason. `python`:
+    another environment's interpreter (the Optimum peer's: pipeline/measure/optimum_peer.py)."""
     jobs.mkdir(parents=True, exist_ok=True)
     result_path, log_path = jobs / f"{tag}.result.json", jobs / f"{tag}.log"
     result_path.unlink(missing_ok=True)
     (jobs / f"{tag}.json").write_text(json.dumps({**to_json(job), "result": str(result_path)}), encoding="utf-8")
     env = {
-        **os.environ,
+        **(optimum_peer.process_env() if python else os.environ),
         "OMP_NUM_THREADS": str(threads),
         "MKL_NUM_THREADS": str(threads),
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
     }
+    if not python:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     with open(log_path, "w", encoding="utf-8") as log:
         try:
             rc = subprocess.run(
-                [sys.executable, "-m", "pipeline.measure.process", str(jobs / f"{tag}.json")],
+                [str(python or sys.executable), "-m", "pipeline.measure.process", str(jobs / f"{tag}.json")],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -101,4 +101,8 @@ def runtime_versions(runtime: str) -> dict:
         import ctranslate2
 
         info = {"ctranslate2": ctranslate2.__version__, "cuda_devices": ctranslate2.get_cuda_device_count()}
+    elif runtime == "optimum":  # in its own environment (pipeline/measure/optimum_peer.py)
+        from model.optimum_translator import versions
+
+        info = versions()
     return info

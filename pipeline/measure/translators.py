@@ -4,7 +4,8 @@
 mt-runtime registers the ONNX package itself; here: a PyTorch model folder (model.safetensors +
 config.json: model/torch_decoder.py), an imported Hugging Face teacher (hf_import.json +
 checkpoint/: model/hf_translator.py), and CTranslate2 folders (model.bin with our pipeline.json:
-model/ctranslate2_export.py; with the checkpoint's tokenizer under hf/: model/hf_translator.py).
+model/ctranslate2_export.py; with the checkpoint's tokenizer under hf/: model/hf_translator.py), and
+Optimum's export of an imported teacher (optimum.json: model/optimum_translator.py).
 Each opener imports its runtime when called, so registering costs no import of torch.
 """
 
@@ -75,6 +76,20 @@ def _open_ctranslate2(
     return PeerTranslator(folder, device=device, threads=threads, compute_type=compute_type)
 
 
+def is_optimum_folder(folder: Path) -> bool:
+    """A checkpoint exported by Optimum (model/optimum_translator.py), opened only in the Optimum
+    environment (pipeline/measure/optimum_peer.py)."""
+    from model.optimum_translator import MARKER
+
+    return (folder / MARKER).is_file() and any(folder.glob("*.onnx"))
+
+
+def _open_optimum(folder: Path, device: str = "cpu", threads: int | None = None) -> TextTranslator:
+    from model.optimum_translator import OptimumTranslator
+
+    return OptimumTranslator(folder, device=device, threads=threads)
+
+
 def _open_ctranslate2_checkpoint(
     folder: Path, device: str = "cpu", threads: int | None = None, compute_type: str = "default"
 ) -> TextTranslator:
@@ -89,6 +104,7 @@ for _kind in (
     ModelKind("torch", is_torch_model, _open_torch, "model.safetensors + config.json"),
     ModelKind("ctranslate2", is_ctranslate2_model, _open_ctranslate2, "model.bin + pipeline.json"),
     ModelKind("ctranslate2-hf", is_ctranslate2_checkpoint, _open_ctranslate2_checkpoint, "model.bin + hf/config.json"),
+    ModelKind("optimum", is_optimum_folder, _open_optimum, "optimum.json + *.onnx (Optimum's export)"),
 ):
     register(_kind)
 

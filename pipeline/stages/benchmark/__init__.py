@@ -1,6 +1,6 @@
 """The benchmark stage: latency, throughput, memory and size of every variant on every runtime here,
-CTranslate2 on the same weights beside ours (build.py); the recipe's `benchmark` section. Its
-numbers depend on the machine, which enters its fingerprint."""
+CTranslate2 on the same weights beside ours, Optimum beside an imported teacher (build.py); the
+recipe's `benchmark` section. Its numbers depend on the machine, which enters its fingerprint."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Literal
 from ...engine.recipe import NonNegInt, PositiveFloat, PositiveInt, Strict
 from ...engine.stage import Inputs, Planner, Section, Stage, Variant
 from ...engine.store import Artifact
+from ...measure import optimum_peer
 from ...measure.rows import BenchmarkOutput
 
 
@@ -33,7 +34,13 @@ class BenchmarkConfig(Strict):
     batch_size: PositiveInt = 32
     throughput_beam: PositiveInt = 4  # beam of the throughput runs (bulk translation); latency: greedy and 4
     threads: list[Literal["one", "all"] | PositiveInt] = ["one", "all"]
-    runtimes: list[Literal["torch", "onnxruntime", "ctranslate2"]] = ["torch", "onnxruntime", "ctranslate2"]
+    # optimum: an imported teacher through Optimum, in an environment of its own (pipeline/measure/optimum_peer.py)
+    runtimes: list[Literal["torch", "onnxruntime", "ctranslate2", "optimum"]] = [
+        "torch",
+        "onnxruntime",
+        "ctranslate2",
+        "optimum",
+    ]
     devices: list[Literal["cpu", "cuda"]] = ["cpu", "cuda"]
     min_repeats: PositiveInt = 2
     max_repeats: PositiveInt = 6
@@ -52,6 +59,9 @@ class BenchmarkNode(BenchmarkConfig):
     variants: list[Variant] = []
     final_model: str | None = None
     machine: dict | None = None
+    # The Optimum environment's releases where the teacher is imported and one exists (None: its
+    # rows are skipped): in the fingerprint, so that making the environment measures them.
+    optimum_env: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,9 +77,18 @@ def plan(p: Planner) -> None:
     if not p.models:
         raise p.error("benchmark: needs a model (a 'teacher' section at least)")
     inputs = {"data": "data", **{f"variants.{v.name}": v.node for v in p.variants}}
+    teacher = p.recipe.teacher
+    imported = teacher is not None and teacher.pretrained is not None
+    optimum_env = optimum_peer.env_versions() if imported and "optimum" in cfg.runtimes else None
     p.add(
         "benchmark",
-        BenchmarkNode(**cfg.model_dump(), variants=p.variants, final_model=p.final_model, machine=p.machine),
+        BenchmarkNode(
+            **cfg.model_dump(),
+            variants=p.variants,
+            final_model=p.final_model,
+            machine=p.machine,
+            optimum_env=optimum_env,
+        ),
         inputs,
     )
 

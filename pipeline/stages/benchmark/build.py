@@ -5,7 +5,10 @@ Rows, in report order:
   - the float32 ones again on CUDA when the recipe's devices include it;
   - CTranslate2, the peer, on the final model: int8 and float32 on the CPU (float16 and
     int8_float16 on CUDA). If the final model has uneven heads per layer, which CTranslate2
-    cannot express, zero heads are added (same outputs, more work for it; the row says so).
+    cannot express, zero heads are added (same outputs, more work for it; the row says so);
+  - an imported teacher through CTranslate2 and through Optimum (its export, its int8), int8 and
+    float32 on the CPU: what a Hugging Face user would run without this pipeline. Optimum runs in
+    an environment of its own (scripts/optimum_env.sh); without it its rows say so.
 A row that cannot be measured here is kept, with `skipped` saying why; it never fails the stage.
 
 Each row is measured once per thread count in `threads` (1 and all cores by default), each time
@@ -27,7 +30,7 @@ from ...corpora.splits import read_split
 from ...engine.context import StageContext
 from ...engine.errors import UserInputError
 from ...engine.stage import Variant
-from ...measure import peers
+from ...measure import optimum_peer, peers
 from ...measure.facts import describe_machine, model_bytes, model_facts
 from ...measure.jobs import ScoreSpec
 from ...measure.rows import BenchmarkRow, pick_best, summary_line, thread_counts
@@ -35,6 +38,7 @@ from . import BenchmarkInputs, BenchmarkNode
 
 PARITY_SENTENCES = 10  # sentences whose greedy output ids CTranslate2 must reproduce
 CT2_TYPES = {"cpu": ("int8", "float32"), "cuda": ("int8_float16", "float16")}
+SCORED_HERE = ("ctranslate2", optimum_peer.RUNTIME)  # runtimes no evaluate stage covers
 
 
 def run(ctx: StageContext) -> dict:
@@ -106,7 +110,7 @@ def measure_rows(
     machine: dict,
 ) -> list[BenchmarkRow]:
     """Every row not skipped measured at every thread count, each in a fresh process, showing its
-    fastest; the CTranslate2 rows also translate and score the whole test set (once). The runtimes'
+    fastest; the peers' rows (CTranslate2, Optimum) also translate and score the whole test set (once). The runtimes'
     versions go to `machine` (once per runtime is enough)."""
     data = ctx.inputs.data
     jobs = [(row, n) for row in rows if not row.skipped for n in threads]
@@ -115,7 +119,7 @@ def measure_rows(
     with ctx.progress("benchmark", total=len(jobs), unit="measurements") as bar:
         for row, n in jobs:
             score = None
-            if row.runtime == "ctranslate2" and not by_threads[row.name]:
+            if row.runtime in SCORED_HERE and not by_threads[row.name]:
                 hypotheses[row.name] = f"hypotheses/{row.name}"
                 score = ScoreSpec(
                     str(data.file(f"test.{test_set}.src")),
@@ -180,8 +184,8 @@ def peer_rows(ctx: StageContext, cfg: BenchmarkNode, has_cuda: bool, sample: lis
     leave the timing to measure_rows(). A final model with uneven heads per layer (CTranslate2 has
     one count per stack) is converted with zero heads added: the same function, more heads computed."""
     model = cfg.final_model
-    if model is None:
-        return []
+    if model is None or imported_teacher(ctx) is not None and model == "teacher":
+        return []  # an imported teacher alone: not our format; its peers are imported_teacher_rows
     rows = [
         BenchmarkRow.of(
             Variant(
@@ -240,32 +244,36 @@ def ctranslate2_missing() -> str | None:
     return None if importlib.util.find_spec("ctranslate2") else "ctranslate2 is not installed (pip install '.[peer]')"
 
 
+def teacher_peer_row(runtime: str, compute_type: str) -> BenchmarkRow:
+    """A peer's row of the imported teacher on the CPU, nothing measured yet."""
+    return BenchmarkRow.of(
+        Variant(
+            name=f"{runtime}_teacher_{compute_type}",
+            variant="teacher",
+            node="teacher",
+            source="teacher",
+            runtime=runtime,
+            compute_type=compute_type,
+        )
+    )
+
+
+def imported_teacher(ctx: StageContext):
+    """The teacher's artifact where it was imported from a checkpoint, else None."""
+    artifact = ctx.inputs.variants.get("teacher")
+    return artifact if artifact is not None and artifact.metrics.get("imported") else None
+
+
 def imported_teacher_rows(ctx: StageContext, cfg: BenchmarkNode) -> list[BenchmarkRow]:
     """An imported teacher through CTranslate2 (its own converter), int8 and float32 on the CPU,
     beside its transformers row: what the model the user started from costs at its fastest."""
-    artifact = ctx.inputs.variants.get("teacher")
-    if artifact is None or not artifact.metrics.get("imported"):
+    artifact = imported_teacher(ctx)
+    if artifact is None:
         return []
     rows = []
     for ct in CT2_TYPES["cpu"]:
-        row = BenchmarkRow.of(
-            Variant(
-                name=f"ctranslate2_teacher_{ct}",
-                variant="teacher",
-                node="teacher",
-                source="teacher",
-                runtime="ctranslate2",
-                compute_type=ct,
-            )
-        )
-        row = row.but(
-            skipped=skip_reason(row, cfg, False, onnx_ready=True)
-            or (
-                None
-                if importlib.util.find_spec("ctranslate2")
-                else "ctranslate2 is not installed (pip install '.[peer]')"
-            )
-        )
+        row = teacher_peer_row("ctranslate2", ct)
+        row = row.but(skipped=skip_reason(row, cfg, False, onnx_ready=True) or ctranslate2_missing())
         if row.skipped:
             rows.append(row)
             continue
@@ -279,14 +287,38 @@ def imported_teacher_rows(ctx: StageContext, cfg: BenchmarkNode) -> list[Benchma
                 row.but(skipped=f"CTranslate2 cannot convert this model: {type(exc).__name__}: {str(exc)[:200]}")
             )
             continue
-        rows.append(
-            row.but(
-                artifact=artifact.id,
-                folder=str(folder),
-                bytes=model_bytes(folder),
-                params=artifact.metrics["params"],
-                source="teacher",
-                files=folder.relative_to(ctx.out).as_posix(),
-            )
-        )
+        rows.append(converted(ctx, row, artifact, folder))
+    return rows + optimum_teacher_rows(ctx, cfg, artifact)
+
+
+def optimum_teacher_rows(ctx: StageContext, cfg: BenchmarkNode, artifact) -> list[BenchmarkRow]:
+    """The imported teacher as a Hugging Face user would run it by default: Optimum's export and
+    its own int8 quantization, ORTModelForSeq2SeqLM's generate, int8 and float32 on the CPU, in
+    the Optimum environment (pipeline/measure/optimum_peer.py); skipped with the reason without one."""
+    rows = []
+    for ct in optimum_peer.COMPUTE_TYPES:
+        row = teacher_peer_row(optimum_peer.RUNTIME, ct)
+        row = row.but(skipped=skip_reason(row, cfg, False, onnx_ready=True) or optimum_peer.missing(cfg.optimum_env))
+        if row.skipped:
+            rows.append(row)
+            continue
+        folder = ctx.out / "optimum" / f"teacher-{ct}"
+        try:
+            facts = optimum_peer.export(artifact.path / "checkpoint", folder, ct)
+        except optimum_peer.OptimumFailed as exc:
+            rows.append(row.but(skipped=str(exc)))
+            continue
+        ctx.log(f"Optimum teacher {ct}: {optimum_peer.note(facts)}")
+        rows.append(converted(ctx, row, artifact, folder).but(note=optimum_peer.note(facts)))
     return rows
+
+
+def converted(ctx: StageContext, row: BenchmarkRow, teacher, folder) -> BenchmarkRow:
+    """A peer's row of the imported teacher with the folder its converter wrote, to be measured."""
+    return row.but(
+        artifact=teacher.id,
+        folder=str(folder),
+        bytes=model_bytes(folder),
+        params=teacher.metrics["params"],
+        files=folder.relative_to(ctx.out).as_posix(),
+    )
