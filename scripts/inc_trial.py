@@ -499,7 +499,7 @@ def torch_step(store: Path, work: Path, n: int) -> None:
         "chosen_bits": sorted({getattr(m, "bits", None) for m in tuned.modules() if hasattr(m, "bits")} - {None}),
     }
     print("autotune:", autotune_result)
-    examples = {name: tokenizer.decode(hyps[:3]) for name, hyps in outputs_full.items()}
+    examples = {name: tokenizer.decode(hyps) for name, hyps in outputs_full.items()}
     result = {
         "examples": examples,
         "autotune": autotune_result,
