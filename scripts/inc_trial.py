@@ -9,7 +9,7 @@ its GPTQ `accelerate` (undeclared):
     python3.11 -m venv /tmp/inc/venv-onc
     /tmp/inc/venv-onc/bin/pip install onnx-neural-compressor==1.0 prettytable scipy
     python3.11 -m venv /tmp/inc/venv-inc
-    /tmp/inc/venv-inc/bin/pip install "neural-compressor[pt]==3.10" accelerate torch==2.13.0 \
+    /tmp/inc/venv-inc/bin/pip install "neural-compressor[pt]==3.10" accelerate pytest torch==2.13.0 \
         transformers==5.25.0 sentencepiece tokenizers sacrebleu pydantic typer rich safetensors \
         pyyaml onnx onnxruntime-gpu==1.31.1
 
@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -518,65 +519,31 @@ def torch_step(store: Path, work: Path, n: int) -> None:
 
 # ------------------------------------------------------------------ marian (venv-inc)
 def marian(work: Path, data: Path) -> None:
-    """The tests' tiny Marian (tests/training/conftest.py: random weights, d_model 32, one layer
-    each side), fp32 against INC's PT2E dynamic int8: teacher-forced argmax on 50 sentences."""
+    """The tests' tiny Marian (tests/helpers/marian.py: random weights, d_model 32, one layer a
+    side), fp32 against INC's PT2E dynamic int8: teacher-forced argmax on 50 pairs."""
     import gzip
 
-    import sentencepiece as spm
     import torch
     import transformers
     from neural_compressor.torch.export import export
     from neural_compressor.torch.quantization import DynamicQuantConfig, convert, prepare
 
+    from tests.helpers.marian import tiny_marian
+
     folder = work / "marian"
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = {"</s>": 0, "<unk>": 1}
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    ckpt = tiny_marian(folder, data)
+    model = transformers.MarianMTModel.from_pretrained(ckpt).eval()
+    tokenizer = transformers.MarianTokenizer.from_pretrained(ckpt)
     lines = {}
-    for side, lang in (("source", "en"), ("target", "fr")):
+    for lang in ("en", "fr"):
         with gzip.open(data / "multi30k" / f"train.{lang}.gz", "rt") as f:
-            lines[side] = [s.strip() for _, s in zip(range(400), f)]
-        (folder / f"{side}.txt").write_text("\n".join(lines[side]) + "\n", encoding="utf-8")
-        spm.SentencePieceTrainer.train(
-            input=str(folder / f"{side}.txt"),
-            model_prefix=str(folder / side),
-            vocab_size=250,
-            character_coverage=1.0,
-            bos_id=-1,
-            eos_id=1,
-            pad_id=-1,
-            unk_id=0,
-            minloglevel=2,
-        )
-        pieces = spm.SentencePieceProcessor(model_file=str(folder / f"{side}.model"))
-        for i in range(pieces.get_piece_size()):
-            vocab.setdefault(pieces.id_to_piece(i), len(vocab))
-    vocab["<pad>"] = len(vocab)
-    config = transformers.MarianConfig(
-        vocab_size=len(vocab),
-        d_model=32,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=128,
-        pad_token_id=vocab["<pad>"],
-        eos_token_id=0,
-        decoder_start_token_id=vocab["<pad>"],
-        forced_eos_token_id=0,
-    )
-    transformers.set_seed(0)
-    model = transformers.MarianMTModel(config).eval()
-    sp_src = spm.SentencePieceProcessor(model_file=str(folder / "source.model"))
-    sp_tgt = spm.SentencePieceProcessor(model_file=str(folder / "target.model"))
-
-    def ids(sp, text):
-        return [vocab.get(p, 1) for p in sp.encode(text, out_type=str)][:60] + [0]
-
+            lines[lang] = [s.strip() for _, s in zip(range(50), f)]
+    pad = model.config.decoder_start_token_id
     pairs = [
-        (ids(sp_src, s), [vocab["<pad>"]] + ids(sp_tgt, t)[:-1])
-        for s, t in zip(lines["source"][:50], lines["target"][:50])
+        (tokenizer(s).input_ids, [pad] + tokenizer(text_target=t).input_ids[:-1])
+        for s, t in zip(lines["en"], lines["fr"])
     ]
 
     class Forward(torch.nn.Module):
