@@ -528,12 +528,12 @@ def marian(work: Path, data: Path) -> None:
     from neural_compressor.torch.export import export
     from neural_compressor.torch.quantization import DynamicQuantConfig, convert, prepare
 
-    from tests.helpers.marian import tiny_marian
+    from tests.helpers.marian import make_marian
 
     folder = work / "marian"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    ckpt = tiny_marian(folder, data)
+    ckpt = make_marian(folder / "opus-mt-tiny", data)
     model = transformers.MarianMTModel.from_pretrained(ckpt).eval()
     tokenizer = transformers.MarianTokenizer.from_pretrained(ckpt)
     lines = {}

@@ -1,5 +1,5 @@
-"""A tiny Marian checkpoint (tiny_marian; the `marian` fixture of tests/training/conftest.py) as the
-teacher of a small recipe."""
+"""A tiny Marian checkpoint as the teacher of a small recipe (the `marian` fixture itself is in
+tests/training/conftest.py)."""
 
 from __future__ import annotations
 
@@ -79,30 +79,6 @@ def make_marian(
             input=str(work / f"{side}.txt"),
             model_prefix=str(work / side),
             vocab_size=vocab_size,
-
-def tiny_marian(folder, data_dir):
-    """A Marian checkpoint folder (folder/opus-mt-tiny) as OPUS-MT's are laid out: a
-    SentencePiece model per language (source.spm, target.spm) over one joint vocab.json, trained
-    on Multi30k's first 400 pairs under data_dir; random weights, d_model 32, one layer a side.
-    The training tests' imported teacher, and scripts/inc_trial.py's Marian."""
-    import gzip
-    import json
-    import shutil
-
-    import sentencepiece as spm
-    import transformers
-
-    ckpt = folder / "opus-mt-tiny"
-    ckpt.mkdir()
-    vocab = {"</s>": 0, "<unk>": 1}
-    for side, lang in (("source", "en"), ("target", "fr")):
-        with gzip.open(data_dir / "multi30k" / f"train.{lang}.gz", "rt") as f:
-            lines = [s.strip() for _, s in zip(range(400), f)]
-        (folder / f"{side}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        spm.SentencePieceTrainer.train(
-            input=str(folder / f"{side}.txt"),
-            model_prefix=str(folder / side),
-            vocab_size=250,
             character_coverage=1.0,
             bos_id=-1,
             eos_id=1,
@@ -120,17 +96,6 @@ def tiny_marian(folder, data_dir):
         vocab=str(dest / "vocab.json"),
         source_spm=str(dest / "source.spm"),
         target_spm=str(dest / "target.spm"),
-
-        shutil.copyfile(folder / f"{side}.model", ckpt / f"{side}.spm")
-        pieces = spm.SentencePieceProcessor(model_file=str(folder / f"{side}.model"))
-        for i in range(pieces.get_piece_size()):
-            vocab.setdefault(pieces.id_to_piece(i), len(vocab))
-    vocab["<pad>"] = len(vocab)  # Marian's pad is the last id
-    (ckpt / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
-    tokenizer = transformers.MarianTokenizer(
-        vocab=str(ckpt / "vocab.json"),
-        source_spm=str(ckpt / "source.spm"),
-        target_spm=str(ckpt / "target.spm"),
         source_lang="en",
         target_lang="fr",
     )
@@ -143,14 +108,6 @@ def tiny_marian(folder, data_dir):
         decoder_attention_heads=heads,
         encoder_ffn_dim=ffn_dim,
         decoder_ffn_dim=ffn_dim,
-
-        d_model=32,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
         max_position_embeddings=128,
         pad_token_id=vocab["<pad>"],
         eos_token_id=0,
@@ -162,8 +119,3 @@ def tiny_marian(folder, data_dir):
     tokenizer.save_pretrained(dest)
     shutil.rmtree(work)
     return dest
-
-    transformers.set_seed(0)
-    transformers.MarianMTModel(config).save_pretrained(ckpt)
-    tokenizer.save_pretrained(ckpt)
-    return ckpt

@@ -6,8 +6,6 @@ import pytest
 
 from tests.helpers.marian import make_marian
 
-from tests.helpers.marian import tiny_marian
-
 
 @pytest.fixture(scope="module")
 def marian(tmp_path_factory, data_dir):
@@ -16,8 +14,3 @@ def marian(tmp_path_factory, data_dir):
     pytest.importorskip("transformers")
     pytest.importorskip("sentencepiece")
     return make_marian(tmp_path_factory.mktemp("marian") / "opus-mt-tiny", data_dir)
-
-    """tests/helpers/marian.py's tiny Marian checkpoint."""
-    pytest.importorskip("transformers")
-    pytest.importorskip("sentencepiece")
-    return tiny_marian(tmp_path_factory.mktemp("marian"), data_dir)
