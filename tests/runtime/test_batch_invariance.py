@@ -80,3 +80,25 @@ def test_a_sentence_translates_the_same_alone_and_in_any_batch(packages, variant
             [translator.tokenizer.decode([s[:-1]])[0] for s in sources], beam=beam, max_batch=16
         )
         assert len(texts) == len(sources)
+
+
+@pytest.mark.parametrize("variant,listed", [("fp32", False), ("int8_static", True)])
+def test_more_threads_split_batches_and_change_no_translation(packages, variant, listed):
+    """threads=3: batches split into three shards on one-thread sessions, and a single sentence on
+    generate.onnx at 1 or 3 threads, whichever its first calls measured faster (mt_runtime/cores.py);
+    every translation is the one-thread Translator's."""
+    built, sources = packages
+    one, three = Translator(built[variant, listed], threads=1), Translator(built[variant, listed], threads=3)
+    assert one.describe()["shards"] == 1 and three.describe()["shards"] == 3
+    for beam in (1, 3):
+        gen = dataclasses.replace(one.generation, beam=beam)
+        for size in (48, 5, 2):
+            batches = [sources[i : i + size] for i in range(0, len(sources), size)]
+            assert [three.searcher(b, gen) for b in batches] == [one.searcher(b, gen) for b in batches]
+        assert [three.searcher([s], gen) for s in sources[:12]] == [one.searcher([s], gen) for s in sources[:12]]
+        # The shortlist switch reaches every shard's decoder.
+        three.decoder.use_shortlist = one.decoder.use_shortlist = False
+        assert three.searcher(sources[:9], gen) == one.searcher(sources[:9], gen)
+        three.decoder.use_shortlist = one.decoder.use_shortlist = listed
+    chosen = three.describe()["one_sentence_threads"]
+    assert set(chosen) == {"greedy", "beam"} and set(chosen.values()) <= {1, "n"}

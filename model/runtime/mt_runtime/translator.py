@@ -20,14 +20,16 @@ there (search="auto"); search="python" uses the step graphs and mt_runtime/searc
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import onnxruntime as ort
 
 from . import graph_checks, package_checks
+from .cores import FasterOfTwo, ShardPool
 from .files import PACKAGE_JSON, PackageError, reason, sha256_file, verify_package  # noqa: F401 (re-exported)
 from .layout import (
     CACHE_INDEX,
@@ -64,6 +66,20 @@ _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 _ARRAY_TYPES = {**_DTYPES, "tensor(int8)": np.int8, "tensor(bool)": np.bool_}
 
 
+def session_options(threads: int | None) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.inter_op_num_threads = 1
+    options.intra_op_num_threads = threads or 0  # 0: ORT's default, one per physical core
+    options.log_severity_level = 3
+    if threads != 1:
+        # Idle pool threads spin after each run, taking the cores from the search loop's own
+        # Python between steps: at 2 threads, batch 32 greedy ran 348 sent/s spinning, 651 not.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
 class OnnxDecoder:
     """The two graphs as an IncrementalDecoder (mt_runtime/search.py): encode once, then step.
 
@@ -84,6 +100,7 @@ class OnnxDecoder:
         shortlist: tuple[Shortlist, ort.InferenceSession] | None = None,
     ):
         self.encoder, self.decoder, self.pad_id = encoder, decoder, pad_id
+        self._sessions = (encoder, decoder, pad_id, device, device_id, many_rows, greedy, shortlist)
         # decoder_batch.onnx: the same step with int8 kernels for many rows and the top k words
         # per row instead of the whole distribution (model/onnx_passes/many_rows.py); CPU only.
         self.many_rows = many_rows if device == "cpu" else None
@@ -118,6 +135,13 @@ class OnnxDecoder:
         self.feed: dict = {}
         self.rows = 0
         self.arange = np.zeros(0, dtype=np.int64)
+
+    def twin(self) -> OnnxDecoder:
+        """A decoder over the same sessions with search state of its own: a shard of a batch runs
+        on it in another thread (mt_runtime/cores.py)."""
+        twin = OnnxDecoder(*self._sessions)
+        twin.use_shortlist = self.use_shortlist
+        return twin
 
     def _empty_past(self, rows: int) -> dict:
         return {n: np.zeros((rows, heads, 0, dim), dtype=dtype) for n, (heads, dim, dtype) in self.past_specs.items()}
@@ -353,20 +377,51 @@ class PackageSearch:
     one sentence; for several, where the package has decoder_batch.onnx, mt_runtime/search.py's loop
     over it, which reads each step's top k words instead of the whole distribution, runs int8
     matrices with the kernel for many rows and drops finished sentences: at batch 32 it was the
-    faster (docs/decisions.md, issue 31). mode "graph" sends every batch to generate.onnx."""
+    faster (docs/decisions.md, issue 31). mode "graph" sends every batch to generate.onnx.
 
-    def __init__(self, decoder: OnnxDecoder, graph: GraphSearch | None, mode: str = "auto"):
+    With `shards` above 1 a batch is split among that many threads, each with a decoder of its own
+    over one-thread sessions, and a single sentence runs on `one_thread_graph` (generate.onnx at one
+    intra-op thread) or `graph` (at the Translator's), whichever the first calls measured faster
+    (mt_runtime/cores.py)."""
+
+    def __init__(
+        self,
+        decoder: OnnxDecoder,
+        graph: GraphSearch | None,
+        mode: str = "auto",
+        shards: int = 1,
+        one_thread_graph: Callable[[], GraphSearch] | None = None,
+    ):
         self.decoder, self.graph = decoder, graph
         self.one = "graph" if graph is not None else "python"
         self.many = "python" if mode != "graph" and decoder.many_rows is not None else self.one
+        self.shards = ShardPool([decoder, *(decoder.twin() for _ in range(shards - 1))])
+        self.one_thread_graph = one_thread_graph if shards > 1 else None
+        self.single = None
+        if graph is not None and self.one_thread_graph is not None:
+            self.single = FasterOfTwo(lambda *a: self.one_thread_graph()(*a), graph)
 
     def which(self, batch: list[list[int]]) -> str:
         return self.one if len(batch) == 1 else self.many
 
     def __call__(self, batch: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
-        if self.which(batch) == "graph":
-            return self.graph(batch, gen)
-        return search(self.decoder, batch, gen)
+        if len(batch) == 1 and self.one == "graph":
+            if self.single is None:
+                return self.graph(batch, gen)
+            return self.single("beam" if gen.beam > 1 else "greedy", lambda out: len(out[0]) + 1, batch, gen)
+        return self.shards(batch, lambda decoder, part: self._part(decoder, part, gen))
+
+    def _part(self, decoder: OnnxDecoder, part: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
+        if self.which(part) == "graph":  # shards share the one-thread session; alone, the Translator's
+            return (self.one_thread_graph() if self.shards.pool is not None else self.graph)(part, gen)
+        decoder.use_shortlist = self.decoder.use_shortlist  # a caller may have turned it off
+        return search(decoder, part, gen)
+
+    def describe(self) -> dict:
+        return {
+            "shards": len(self.shards.states),
+            "one_sentence_threads": self.single.describe() if self.single is not None else None,
+        }
 
 
 class Translator:
@@ -390,24 +445,18 @@ class Translator:
         self.folder = Path(folder)
         self.package = verify_package(self.folder)
 
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.inter_op_num_threads = 1
-        options.intra_op_num_threads = threads or 0  # 0: ORT's default, one per physical core
-        options.log_severity_level = 3
-        if threads != 1:
-            # Idle pool threads spin after each run, taking the cores from the search loop's own
-            # Python between steps: at 2 threads, batch 32 greedy ran 348 sent/s spinning, 651 not.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
         self.threads = threads
+        # threads=N on the CPU: batches split into N shards on one-thread sessions (mt_runtime/cores.py).
+        shards = threads if device == "cpu" and threads and threads > 1 else 1
+        options = session_options(threads)
+        step_options = options if shards == 1 else session_options(1)
         providers = ["CPUExecutionProvider"]
         if device == "cuda":
             providers = [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
-        elif device != "cpu":
-            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
-        encoder = self._open(ENCODER, options, providers)
-        decoder = self._open(DECODER, options, providers)
+        encoder = self._open(ENCODER, step_options, providers)
+        decoder = self._open(DECODER, step_options, providers)
         # What really loaded: a CUDA provider that is listed but cannot start falls back to the CPU.
         self.providers = decoder.get_providers()
         self.device = "cuda" if self.providers[0] == "CUDAExecutionProvider" else "cpu"
@@ -416,7 +465,7 @@ class Translator:
         self.tokenizer, self.generation = self._check_content(decoder)
         listed = self.package["files"]
         many_rows, greedy = (
-            self._open(name, options) if self.device == "cpu" and name in listed else None
+            self._open(name, step_options) if self.device == "cpu" and name in listed else None
             for name in (DECODER_BATCH, DECODER_GREEDY)
         )
         lexical = None
@@ -427,7 +476,7 @@ class Translator:
                 raise PackageError(str(exc)) from None
             lexical = (
                 table,
-                self._open(SHORTLIST_GRAPH, options),
+                self._open(SHORTLIST_GRAPH, step_options),
                 (self.generation.pad_id, self.generation.bos_id, self.generation.eos_id),
             )
         self.decoder = OnnxDecoder(
@@ -455,7 +504,13 @@ class Translator:
                     f"({exc}); searching over the step graphs instead",
                     stacklevel=2,
                 )
-        self.searcher = PackageSearch(self.decoder, self.graph_search, search)
+        self.searcher = PackageSearch(
+            self.decoder,
+            self.graph_search,
+            search,
+            shards if self.device == "cpu" else 1,
+            functools.cache(lambda: GraphSearch.load(self.folder, step_options, listed, shortlist, self.layers)),
+        )
         self.search, self.batch_search = self.searcher.one, self.searcher.many  # one sentence, several
 
     def _open(self, name: str, options: ort.SessionOptions, providers=("CPUExecutionProvider",)):
@@ -519,5 +574,6 @@ class Translator:
             "search": self.search,
             "batch_search": self.batch_search,
             "shortlist": self.decoder.use_shortlist,
+            **self.searcher.describe(),
             "onnxruntime": ort.__version__,
         }
