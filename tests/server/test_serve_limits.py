@@ -318,6 +318,31 @@ def test_the_end_of_the_headers_is_found_across_reads():
     assert _header_end(b"\r\n", b"x\r\n") == -1 and _header_end(b"", b"a\r\nb") == -1
 
 
+def test_a_client_whose_request_waits_unread_is_not_evicted_as_idle():
+    # A loop too busy to read for a second must not take a waiting request for an idle client:
+    # the eviction is checked before the loop gets a turn to read what the client sent.
+    from mt_runtime.serve_limits import Connections, _Guard
+
+    async def main():
+        conns = Connections(asyncio.Protocol, HttpLimits(idle_timeout=30), max_connections=2)
+        loop, pairs = asyncio.get_running_loop(), [socket.socketpair() for _ in range(2)]
+        for ours, _ in pairs:
+            ours.setblocking(False)
+            await loop.connect_accepted_socket(lambda: _Guard(conns), ours)
+        for guard in conns.open.values():
+            guard.since -= 5  # idle for five seconds, as far as the registry knows
+        (_, waiting), (_, silent) = pairs
+        waiting.sendall(POST.encode())
+        evicted = conns._evict()  # no await since the send: the loop has not read it
+        left = [g.transport.get_extra_info("socket").fileno() for g in conns.open.values()]
+        for _, theirs in pairs:
+            theirs.close()
+        return evicted, left, pairs[0][0].fileno()
+
+    evicted, left, waiting_fd = asyncio.run(main())
+    assert evicted and left == [waiting_fd]
+
+
 def test_the_command_line_takes_the_limits(package, capsys):
     from mt_runtime.serve_settings import parser, settings_from
 

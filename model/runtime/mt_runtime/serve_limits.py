@@ -323,7 +323,7 @@ class Connections:
         """Close the longest-idle connection that has waited at least a second (or half the idle
         timeout): a client between requests or that connected and said nothing."""
         least = time.monotonic() - min(1.0, self.limits.idle_timeout / 2)
-        idle = [g for g in self.open.values() if g.state == IDLE and g.since <= least]
+        idle = [g for g in self.open.values() if g.state == IDLE and g.since <= least and not _unread(g.transport)]
         if not idle:
             return False
         oldest = min(idle, key=lambda g: g.since)
@@ -371,6 +371,21 @@ class Connections:
 
     def describe(self) -> dict:
         return {"open": len(self.open), "max": self.max, **self.counts}
+
+
+def _unread(transport) -> bool:
+    """Whether the client sent bytes the loop has not read yet: a request waiting its turn on a
+    busy loop, not an idle client (a CI run evicted one that had sent its headers a second before)."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    probe = socket.socket(fileno=sock.fileno())  # asyncio's TransportSocket has no recv
+    try:
+        return bool(probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))  # b"": the client left
+    except OSError:  # nothing waiting (EAGAIN), or the socket is gone
+        return False
+    finally:
+        probe.detach()
 
 
 def _malloc_trim():
