@@ -318,17 +318,27 @@ def test_the_end_of_the_headers_is_found_across_reads():
     assert _header_end(b"\r\n", b"x\r\n") == -1 and _header_end(b"", b"a\r\nb") == -1
 
 
+async def admitted(conns, sock: socket.socket) -> list[int]:
+    """`sock` admitted as the listener admits one, and twenty turns of the loop after: the places
+    held under the cap at each turn."""
+    conns.admit(sock)
+    held = []
+    for _ in range(20):
+        held.append(len(conns.open) + conns.accepting)
+        await asyncio.sleep(0)
+    return held
+
+
 def test_a_client_whose_request_waits_unread_is_not_evicted_as_idle():
     # A loop too busy to read for a second must not take a waiting request for an idle client:
     # the eviction is checked before the loop gets a turn to read what the client sent.
-    from mt_runtime.serve_limits import Connections, _Guard
+    from mt_runtime.serve_limits import Connections
 
     async def main():
         conns = Connections(asyncio.Protocol, HttpLimits(idle_timeout=30), max_connections=2)
-        loop, pairs = asyncio.get_running_loop(), [socket.socketpair() for _ in range(2)]
+        pairs = [socket.socketpair() for _ in range(2)]
         for ours, _ in pairs:
-            ours.setblocking(False)
-            await loop.connect_accepted_socket(lambda: _Guard(conns), ours)
+            await admitted(conns, ours)
         for guard in conns.open.values():
             guard.since -= 5  # idle for five seconds, as far as the registry knows
         (_, waiting), (_, silent) = pairs
@@ -341,6 +351,31 @@ def test_a_client_whose_request_waits_unread_is_not_evicted_as_idle():
 
     evicted, left, waiting_fd = asyncio.run(main())
     assert evicted and left == [waiting_fd]
+
+
+def test_a_connection_holds_one_place_from_accept_to_close_and_none_while_closing():
+    # Counted twice between its transport being made and the task that made it resuming, or once
+    # while closing (its descriptor comes back when the loop turns), a connection had the server
+    # refuse clients under the cap: a CI run got 503 for the third of four with two open.
+    from mt_runtime.serve_limits import Connections
+
+    async def main():
+        conns = Connections(asyncio.Protocol, HttpLimits(idle_timeout=30), max_connections=1)
+        (ours, theirs), (late, late_peer) = socket.socketpair(), socket.socketpair()
+        held = await admitted(conns, ours)
+        (guard,) = conns.open.values()
+        guard.transport.close()  # its connection_lost comes when the loop turns
+        still_open = len(conns.open)
+        await admitted(conns, late)
+        counts, now_open = dict(conns.counts), len(conns.open)
+        for guard in list(conns.open.values()):
+            guard.transport.close()
+        theirs.close(), late_peer.close()
+        return held, still_open, counts, now_open
+
+    held, still_open, counts, now_open = asyncio.run(main())
+    assert set(held) == {1}, held
+    assert still_open == 1 and (counts["refused"], counts["evicted"]) == (0, 0) and now_open == 1
 
 
 def test_the_command_line_takes_the_limits(package, capsys):

@@ -196,8 +196,11 @@ class _Guard(asyncio.BufferedProtocol):
         self.header_bytes, self.tail, self.payload = 0, b"", None
 
     def connection_made(self, transport) -> None:
+        # The place it took as being opened is now held as open, in the same step: a task that
+        # resumes later would count it twice meanwhile (a CI run refused clients under the cap).
         self.transport = transport
         self.conns.open[transport] = self
+        self.conns.accepting -= 1
         self.inner.connection_made(transport)
 
     def connection_lost(self, exc) -> None:
@@ -301,7 +304,7 @@ class Connections:
         """An accepted socket: served, or room made for it, or refused with a 503; False when a
         connection was closed to make room (its descriptor is freed when the loop turns)."""
         evicted = False
-        if len(self.open) + self.accepting >= self.max and not (evicted := self._evict()):
+        if self._held() >= self.max and not (evicted := self._evict()):
             self.counts["refused"] += 1
             message = f"the server holds its most connections ({self.max}): retry later"
             _refuse_socket(sock, raw_response(503, "too_many_connections", message))
@@ -311,13 +314,23 @@ class Connections:
         return not evicted
 
     async def _connect(self, sock: socket.socket) -> None:
+        guard = _Guard(self)
         try:
             sock.setblocking(False)
-            await asyncio.get_running_loop().connect_accepted_socket(lambda: _Guard(self), sock)
+            await asyncio.get_running_loop().connect_accepted_socket(lambda: guard, sock)
         except OSError:  # the client left already
             sock.close()
         finally:
-            self.accepting -= 1
+            if guard.transport is None:  # never made: its place is given back here
+                self.accepting -= 1
+
+    def _held(self) -> int:
+        """Places taken under the cap: sockets being opened and open connections not closing. A
+        closing one gives its descriptor back when the loop turns; counted, it refused the client
+        that came a millisecond after it (a CI run: the readiness probe's connection, closed)."""
+        if len(self.open) + self.accepting < self.max:
+            return len(self.open) + self.accepting
+        return self.accepting + sum(1 for transport in self.open if not transport.is_closing())
 
     def _evict(self) -> bool:
         """Close the longest-idle connection that has waited at least a second (or half the idle
