@@ -118,12 +118,12 @@ def test_the_page_translates_int8_as_the_spec_says(browser, packages, tmp_path, 
     for beam in (1, 4):
         want = python.translate(lines, beam=beam, max_batch=1)
         differ = [i for i, (a, b) in enumerate(zip(alone[str(beam)], want)) if a != b]
-        # int8_static's fixed scales: identical here. int8_dynamic: each row's scale is its
-        # max|x| / 127, so an ulp's difference in the float32 parts (wasm vs the native CPU
-        # kernels) can move a rounding and part a near tie: 1 or 2 of 56 lines here.
-        assert len(differ) <= (0 if variant == "int8_static" else 3), [
-            (lines[i], want[i], alone[str(beam)][i]) for i in differ
-        ]
+        # The spec's "another instruction set may round the float32 parts differently": wasm's
+        # float32 kernels and the native ones differ by an ulp, which can move an activation's
+        # rounding to int8 (int8_static: a LayerNorm output at x/scale = -25.499996 natively,
+        # -25.5 in wasm, on an AMD EPYC; int8_dynamic: its row scale too) and part a near tie of
+        # this barely trained model: 0-2 of 56 lines, by run.
+        assert len(differ) <= 3, [(lines[i], want[i], alone[str(beam)][i]) for i in differ]
 
 
 def test_the_page_refuses_a_changed_file(browser, packages, tmp_path):
