@@ -112,7 +112,7 @@ def add_serve(commands) -> argparse.ArgumentParser:
         "--threads",
         type=positive(int),
         default=None,
-        help="onnxruntime threads of each worker (default: the cores but one, divided among the workers)",
+        help="threads of each worker, its batches split among them (default: the cores, divided among the workers)",
     )
     p.add_argument(
         "--batch-size",
@@ -202,10 +202,10 @@ def add_serve(commands) -> argparse.ArgumentParser:
 def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Settings:
     """The settings the command line asks for; a bad combination exits 2 with one line."""
     workers = args.workers or 1
-    # A core for the event loop (HTTP, JSON) where there are several: on 2 cores, 1 thread against
-    # 2 gave p99 at 8 clients 29-37 ms against 38-59 ms and 326-375 sentences/s against 272-283
-    # (docs/serving.md).
-    threads = args.threads or max(1, (cores() - 1) // workers if cores() > 1 else 1)
+    # Every core, divided among the workers: since threads split batches into shards, 2 threads
+    # on 2 cores served 1.3-1.6x what 1 did at 8 and 64 clients and the same to one client, the
+    # event loop and the load test's clients on the same cores (docs/serving.md, "Using the cores").
+    threads = args.threads or max(1, cores() // workers)
     if args.max_texts > args.queue:
         parser.error(f"--max-texts ({args.max_texts}) must not exceed --queue ({args.queue})")
     if args.max_bytes > args.max_inflight_bytes:
