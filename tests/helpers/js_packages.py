@@ -17,8 +17,8 @@ from mt_runtime.shortlist import build_shortlist
 
 from model.subword_training import train_subword
 from model.transformer import Transformer
-from pipeline.export.package_builder import build_package
 from tests.helpers import multi30k_head, pruned_shape_config
+from tests.helpers.packages import build_packages
 
 NETWORK_ERRORS = (
     "ENOTFOUND",
@@ -134,18 +134,9 @@ def trained_packages(
             offsets=np.zeros(601, np.int64),
             words=np.zeros(0, np.int32),
         )
-        built = {}
-        for variant, shortlist in packages:
-            built[variant, shortlist] = folder / f"{variant}-{shortlist}"
-            build_package(
-                model,
-                variant,
-                built[variant, shortlist],
-                tokenizer=folder / "tokenizer.json",
-                work=folder / "work" / f"{variant}-{shortlist}",
-                calibration=calibration,
-                shortlist={"none": None, "listed": folder / "shortlist.npz", "wide": folder / "wide.npz"}[shortlist],
-            )
+        lists = {"none": None, "listed": folder / "shortlist.npz", "wide": folder / "wide.npz"}
+        wanted = {(variant, shortlist): (variant, lists[shortlist]) for variant, shortlist in packages}
+        built = build_packages(model, folder, wanted, calibration)
     finally:
         torch.set_num_threads(threads)
     long = [" ".join(en[i : i + 4]) for i in range(200, 240, 10)]

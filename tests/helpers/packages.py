@@ -1,5 +1,6 @@
-"""A copy of a package to change, and a file in it rewritten with its digest re-signed in
-package.json, as the package's author could (the `package` fixture is in tests/runtime/conftest.py)."""
+"""Packages of a test model built side by side; a copy of a package to change, and a file in it
+rewritten with its digest re-signed in package.json, as the package's author could (the `package`
+fixture is in tests/runtime/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,27 @@ import shutil
 from pathlib import Path
 
 POSITIONS = 32  # the test model's position table: what generation.json's max_positions may reach
+
+
+def build_packages(model, folder: Path, wanted: dict, calibration: list[list[int]] | None = None) -> dict:
+    """One package of `model` per key of `wanted`, whose value is (variant, shortlist.npz or None),
+    in folder/<the key's parts joined by '-'>, with folder/tokenizer.json; the key -> its folder."""
+    from pipeline.export.package_builder import build_package  # torch and onnx: only where building
+
+    built = {}
+    for key, (variant, shortlist) in wanted.items():
+        name = "-".join(map(str, key))
+        built[key] = folder / name
+        build_package(
+            model,
+            variant,
+            built[key],
+            tokenizer=folder / "tokenizer.json",
+            work=folder / "work" / name,
+            calibration=calibration,
+            shortlist=shortlist,
+        )
+    return built
 
 
 def _copy(package: Path, tmp_path: Path) -> Path:

@@ -12,8 +12,8 @@ from mt_runtime.search import prepare_sources
 from mt_runtime.shortlist import build_shortlist
 from mt_runtime.translator import Translator
 
-from pipeline.export.package_builder import build_package
 from tests.helpers import tiny_model
+from tests.helpers.packages import build_packages
 
 pytestmark = pytest.mark.slow  # the packages fixture builds every CPU variant (about 20 s)
 
@@ -30,27 +30,11 @@ def packages(tmp_path_factory, data_dir):
     bare, _ = build_shortlist(pairs, tokenizer.vocab_size, frequent=30, per_word=6)
     bare.save(folder / "bare.npz")
     calibration = prepare_sources(tokenizer, en[100:140], 64)
-    built = {("int8_dynamic", "bare"): folder / "int8_dynamic-bare"}
-    build_package(
-        model,
-        "int8_dynamic",
-        built["int8_dynamic", "bare"],
-        tokenizer=folder / "tokenizer.json",
-        work=folder / "work" / "bare",
-        shortlist=folder / "bare.npz",
-    )
+    wanted = {("int8_dynamic", "bare"): ("int8_dynamic", folder / "bare.npz")}
     for variant in VARIANTS:
         for listed in (True, False):
-            built[variant, listed] = folder / f"{variant}-{listed}"
-            build_package(
-                model,
-                variant,
-                built[variant, listed],
-                tokenizer=folder / "tokenizer.json",
-                work=folder / "work" / f"{variant}-{listed}",
-                calibration=calibration,
-                shortlist=folder / "shortlist.npz" if listed else None,
-            )
+            wanted[variant, listed] = (variant, folder / "shortlist.npz" if listed else None)
+    built = build_packages(model, folder, wanted, calibration)
     return built, prepare_sources(tokenizer, en[:48], 64)
 
 

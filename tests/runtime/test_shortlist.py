@@ -20,8 +20,8 @@ from model.onnx_passes.edit import graph_nodes
 from model.onnx_passes.output_vocabulary import output_vocabulary
 from model.subword_training import train_subword
 from model.transformer import Transformer, TransformerConfig
-from pipeline.export.package_builder import build_package
 from tests.helpers import multi30k_head
+from tests.helpers.packages import build_packages
 
 NO_PRUNE = "prune=null"
 
@@ -87,27 +87,14 @@ def packages(tmp_path_factory, data_dir):
     with torch.no_grad():  # sharper outputs than the init gives: fewer near-ties
         for p in model.parameters():
             p.mul_(1.5)
-    built = {}
     for name, table in tables.items():
         table.save(folder / f"{name}.npz")
-        for precision in ("fp32", "int8_dynamic"):
-            built[precision, name] = folder / f"{precision}-{name}"
-            build_package(
-                model,
-                precision,
-                built[precision, name],
-                tokenizer=folder / "tokenizer.json",
-                work=folder / "work" / f"{precision}-{name}",
-                shortlist=folder / f"{name}.npz",
-            )
-    built["int8_dynamic", None] = folder / "int8-none"
-    build_package(
-        model,
-        "int8_dynamic",
-        built["int8_dynamic", None],
-        tokenizer=folder / "tokenizer.json",
-        work=folder / "work" / "int8-none",
-    )
+    wanted = {
+        (precision, name): (precision, folder / f"{name}.npz")
+        for name in tables
+        for precision in ("fp32", "int8_dynamic")
+    }
+    built = build_packages(model, folder, {**wanted, ("int8_dynamic", None): ("int8_dynamic", None)})
     return built, tables, tokenizer, en[:24]
 
 
