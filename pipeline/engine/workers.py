@@ -255,12 +255,14 @@ def worker_main(job_fn: Callable[..., dict]) -> None:
         (lambda msg: console.print(f"  [dim]{escape(name)}:[/dim] {escape(msg)}")) if rank == 0 else (lambda msg: None)
     )
     progress = progress_bar if rank == 0 else silent_progress
+    finished = False
     try:
         metrics = job_fn(job, log, progress, rank=rank, device=f"cuda:{local_rank}" if cuda else "cpu")
         if rank == 0:
             tmp = job_path.with_name("metrics.json.tmp")
             tmp.write_text(json.dumps(metrics), encoding="utf-8")
             os.replace(tmp, job_path.with_name("metrics.json"))
+        finished = True
     except KeyboardInterrupt:
         # The runner that started this worker says what happened; its checkpoints are kept.
         sys.stdout.flush()
@@ -268,6 +270,11 @@ def worker_main(job_fn: Callable[..., dict]) -> None:
         os._exit(130)
     finally:
         if distributed:
+            if finished:
+                # Every rank tears the group down together, as torch's docs ask: rank 0 still
+                # averages checkpoints when the others return, and a CI run's rank 1 aborted
+                # (SIGABRT, "terminate called without an active exception") while it did.
+                dist.barrier()
             dist.destroy_process_group()
 
 
