@@ -314,14 +314,15 @@ class Connections:
         return not evicted
 
     async def _connect(self, sock: socket.socket) -> None:
-        guard = _Guard(self)
+        guard = None
         try:
+            guard = _Guard(self)
             sock.setblocking(False)
             await asyncio.get_running_loop().connect_accepted_socket(lambda: guard, sock)
         except OSError:  # the client left already
             sock.close()
         finally:
-            if guard.transport is None:  # never made: its place is given back here
+            if guard is None or guard.transport is None:  # never made: its place is given back here
                 self.accepting -= 1
 
     def _held(self) -> int:
