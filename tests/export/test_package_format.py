@@ -13,8 +13,8 @@ import onnx
 import pytest
 from mt_runtime import PackageError, Translator, __version__, layout
 
-from pipeline.export.package_builder import build_package
 from tests.helpers import REPO, tiny_model
+from tests.helpers.packages import build_packages
 
 SPEC = REPO / "docs" / "package-format.md"
 ONNX_TYPES = {"float": "float", "int64": "int64", "int32": "int32", "bool": "bool", "int8": "int8"}
@@ -55,17 +55,7 @@ def written(tmp_path_factory, data_dir):
     """A float32 package and an int8 one with a shortlist: between them every graph of the format."""
     folder = tmp_path_factory.mktemp("format")
     model, _, _, _ = tiny_model(data_dir, folder)
-    out = {}
-    for variant in ("fp32", "int8_dynamic"):
-        out[variant] = folder / variant
-        build_package(
-            model,
-            variant,
-            out[variant],
-            tokenizer=folder / "tokenizer.json",
-            work=folder / "work" / variant,
-            shortlist=folder / "shortlist.npz",
-        )
+    out = build_packages(model, folder, {v: (v, folder / "shortlist.npz") for v in ("fp32", "int8_dynamic")})
     return model, out
 
 

@@ -14,12 +14,12 @@ POSITIONS = 32  # the test model's position table: what generation.json's max_po
 
 def build_packages(model, folder: Path, wanted: dict, calibration: list[list[int]] | None = None) -> dict:
     """One package of `model` per key of `wanted`, whose value is (variant, shortlist.npz or None),
-    in folder/<the key's parts joined by '-'>, with folder/tokenizer.json; the key -> its folder."""
+    in folder/<the key, or its parts joined by '-'>, with folder/tokenizer.json; the key -> its folder."""
     from pipeline.export.package_builder import build_package  # torch and onnx: only where building
 
     built = {}
     for key, (variant, shortlist) in wanted.items():
-        name = "-".join(map(str, key))
+        name = "-".join(map(str, key)) if isinstance(key, tuple) else str(key)
         built[key] = folder / name
         build_package(
             model,
