@@ -7,6 +7,7 @@ compose its passes, and save; it returns the layout record (file -> role, mt_run
     generate_batch.onnx   beam_search + output_vocabulary                 int8 with a shortlist
     decoder_batch.onnx    many_rows (+ batch_words, output_vocabulary, top_k)          float32
     decoder_greedy.onnx   greedy (many_rows' copy, cache)                              float32
+    decoder_greedy_inplace.onnx  decoder_greedy.onnx + cache.cache_in_place               float32
     shortlist.onnx        batch_words                                    with a shortlist
 
 Every derived graph runs decoder.onnx's own nodes and reads its weights from the step graphs'
@@ -30,6 +31,7 @@ from mt_runtime.layout import (
     DECODER,
     DECODER_BATCH,
     DECODER_GREEDY,
+    DECODER_GREEDY_INPLACE,
     ENCODER,
     GENERATE,
     GENERATE_BATCH,
@@ -52,7 +54,7 @@ from .batch_words import shortlist_selector
 from .beam_search import decoder_subgraph, encoder_subgraph, search_model
 from .edit import compact_names, expect, shape
 from .external import share_weights
-from .greedy import greedy_decoder
+from .greedy import greedy_decoder, greedy_inplace_decoder
 from .many_rows import top_k_decoder
 from .output_vocabulary import output_vocabulary, search_vocabulary
 from .sentence_words import sentence_word_list, special_ids
@@ -86,6 +88,10 @@ class Source:
         if not self.shortlist or not isinstance(vocab, int):
             return None
         return Shortlist.load(self.folder / SHORTLIST_FILE, vocab)
+
+    @cached_property
+    def greedy(self) -> onnx.ModelProto | None:
+        return greedy_decoder(self.decoder, self.blobs[DECODER], self.shortlist)
 
     @cached_property
     def search(self) -> SearchGraphs:
@@ -138,7 +144,11 @@ def _decoder_batch(src: Source) -> onnx.ModelProto:
 
 
 def _decoder_greedy(src: Source) -> onnx.ModelProto | None:
-    return greedy_decoder(src.decoder, src.blobs[DECODER], src.shortlist)
+    return src.greedy
+
+
+def _decoder_greedy_inplace(src: Source) -> onnx.ModelProto | None:
+    return greedy_inplace_decoder(src.greedy) if src.greedy is not None else None
 
 
 def _shortlist_graph(src: Source) -> onnx.ModelProto | None:
@@ -151,6 +161,7 @@ DERIVED: tuple[tuple[str, Callable[[Source], onnx.ModelProto | None]], ...] = (
     (GENERATE_BATCH, _generate_batch),
     (DECODER_BATCH, _decoder_batch),
     (DECODER_GREEDY, _decoder_greedy),
+    (DECODER_GREEDY_INPLACE, _decoder_greedy_inplace),
     (SHORTLIST_GRAPH, _shortlist_graph),
 )
 

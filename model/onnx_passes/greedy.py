@@ -3,10 +3,12 @@ logits out (no softmax; the loop takes the argmax)."""
 
 from __future__ import annotations
 
+import copy
+
 import onnx
 from mt_runtime.layout import CACHE_INDEX, LOG_PROBS, LOGITS
 
-from .cache import drop_cache_reorder
+from .cache import cache_in_place, drop_cache_reorder
 from .edit import compact_names, expect, prune_dead_nodes, rename
 from .many_rows import many_rows_copy
 
@@ -35,3 +37,10 @@ def greedy_decoder(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = Fals
     compact_names(g)
     del g.value_info[:]
     return model
+
+
+def greedy_inplace_decoder(greedy: onnx.ModelProto) -> onnx.ModelProto | None:
+    """decoder_greedy.onnx with the cache written in place (cache.cache_in_place); None where the
+    graph's cache is not one that pass knows."""
+    model = copy.deepcopy(greedy)
+    return model if cache_in_place(model.graph) else None

@@ -8,6 +8,7 @@
     decoder_batch.onnx           CPU packages: decoder.onnx for many rows (batches): the top k
                                  words per row instead of the distribution
     decoder_greedy.onnx          CPU packages: decoder_batch.onnx for greedy steps, no cache reorder
+    decoder_greedy_inplace.onnx  the same with the cache written in place (format 2.1; mt-runtime 0.4)
     shortlist.npz, shortlist.onnx  int8 packages where the export made one: the words each source word
                                  may become, and the output projection restricted to a batch's
                                  (mt_runtime/shortlist.py); float32 packages carry shortlist.npz only
@@ -39,7 +40,7 @@ from mt_runtime.files import PackageError, UnsafeFile, open_regular, sha256_file
 from mt_runtime.layout import (
     DECODER,
     ENCODER,
-    FORMAT,
+    FORMAT_WRITTEN,
     GENERATION,
     GRAPH_FILES,
     MODEL_CARD,
@@ -121,7 +122,7 @@ def _write_card_and_manifest(
         else:
             files[rel] = {"sha256": sha256_file(dest / rel), "bytes": (dest / rel).stat().st_size}
     meta = {
-        "format": FORMAT,
+        "format": FORMAT_WRITTEN,
         "runtime": runtime_requirement(),
         "created": now_iso(),
         **about,
@@ -216,7 +217,8 @@ onnxruntime call per batch. Inputs: `input_ids` int32 [batch, src_len] (as `src_
 `Translator(folder, search="python")` drives the two step graphs from Python instead.
 {_ONE_SENTENCE_LIST if any(i["name"] == SHORTLISTED for i in io["generate"]["inputs"]) else ""}\
 {_MANY_ROWS if "generate_batch" in io else ""}{_DECODER_MANY_ROWS if "decoder_batch" in io else ""}\
-{_DECODER_GREEDY if "decoder_greedy" in io else ""}{_SHORTLIST if "shortlist" in io else ""}"""
+{_DECODER_GREEDY if "decoder_greedy" in io else ""}\
+{_DECODER_GREEDY_INPLACE if "decoder_greedy_inplace" in io else ""}{_SHORTLIST if "shortlist" in io else ""}"""
 
 
 _ONE_SENTENCE_LIST = """A greedy call of one sentence (batch 1, `num_beams` 1) chooses from that sentence's word list
@@ -246,6 +248,13 @@ _DECODER_GREEDY = """`decoder_greedy.onnx` is `decoder_batch.onnx` for the greed
 its own: no `cache_index` (row i of `past_*` is row i of the batch), no `top_k` or `normalize`,
 and `logits` float [batch, vocab] out instead of the top entries. It saves the copy of every
 cache tensor that the reorder makes each step; the loop takes the argmax.
+"""
+
+_DECODER_GREEDY_INPLACE = """`decoder_greedy_inplace.onnx` is `decoder_greedy.onnx` with the cache written in place:
+`past_*` are buffers of `capacity` positions, `past_sequence_length` int32 [1] says how many are
+filled (the step's index), and each `present_*` is its `past_*` buffer with this step's row
+written at that position, so bind both to the same memory (onnxruntime's I/O binding). The same
+numbers as `decoder_greedy.onnx`, without copying the cache into a new one each step.
 """
 
 _SHORTLIST = """`shortlist.npz` lists the words each source word may become (and the most frequent words,

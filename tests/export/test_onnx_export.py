@@ -204,7 +204,7 @@ def test_export_stage_parity_and_packages(export_artifact):
         "MODEL_CARD.md",
     } <= set(package["files"])
     # The runtime is named, not copied (format 2): mt-runtime's minor series.
-    assert package["format"] == "mt-onnx-package/2" and package["runtime"] == "mt-runtime>=0.3,<0.4"
+    assert package["format"] == "mt-onnx-package/2.1" and package["runtime"] == "mt-runtime>=0.4,<0.5"
     assert not any(name.endswith(".py") for name in package["files"])
     # generate.onnx: the search inside onnxruntime, greedy token-for-token ours, no copy of the weights
     graph = m["parity"]["fp32"]["graph_search"]
@@ -213,7 +213,14 @@ def test_export_stage_parity_and_packages(export_artifact):
     assert files["generate.onnx"]["bytes"] < 0.5 * (files["encoder.onnx"]["bytes"] + files["decoder.onnx"]["bytes"])
     assert package["onnx_bytes"] == sum(
         files[g]["bytes"]
-        for g in ("encoder.onnx", "decoder.onnx", "generate.onnx", "decoder_batch.onnx", "decoder_greedy.onnx")
+        for g in (
+            "encoder.onnx",
+            "decoder.onnx",
+            "generate.onnx",
+            "decoder_batch.onnx",
+            "decoder_greedy.onnx",
+            "decoder_greedy_inplace.onnx",
+        )
     )
     assert "generate.onnx" not in json.loads((art.path / "fp16" / "package.json").read_text())["files"]
     assert Translator(art.path / "fp32").search == "graph" and Translator(art.path / "fp16").search == "python"

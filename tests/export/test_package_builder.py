@@ -68,16 +68,25 @@ def test_fp32_package_decodes_as_pytorch_does(built):
     # Several sentences at once: the search loop over decoder_batch.onnx (top k in the graph,
     # finished sentences dropped) gives what PyTorch gives, greedy and beam.
     assert translator.batch_search == "python" and translator.decoder.many_rows is not None
-    # Greedy steps where every row continues its own run decoder_greedy.onnx (no cache reorder,
-    # logits out); a step after a sentence has ended reorders through decoder_batch.onnx.
-    calls = {"greedy": 0, "batch": 0}
-    for name, session in (("greedy", translator.decoder.greedy), ("batch", translator.decoder.many_rows)):
+    # Greedy steps run decoder_greedy_inplace.onnx (the cache written in place, rows of ended
+    # sentences gathered in NumPy): neither decoder_greedy.onnx nor decoder_batch.onnx is needed.
+    calls = {"greedy": 0, "batch": 0, "inplace": 0}
+    for name, session, method in (
+        ("greedy", translator.decoder.greedy, "run"),
+        ("batch", translator.decoder.many_rows, "run"),
+        ("inplace", translator.decoder.inplace.session, "run_with_iobinding"),
+    ):
 
-        def counted(*args, _run=session.run, _name=name, **kwargs):
+        def counted(*args, _run=getattr(session, method), _name=name, **kwargs):
             calls[_name] += 1
             return _run(*args, **kwargs)
 
-        session.run = counted
+        setattr(session, method, counted)
+    assert translator.searcher(sources, gen) == greedy_search(TorchDecoder(model), sources, gen)
+    assert calls["inplace"] > 0 and calls["greedy"] == calls["batch"] == 0, calls
+    # Without it (a package of format 2.0): decoder_greedy.onnx, and decoder_batch.onnx to reorder
+    # after a sentence has ended.
+    translator.decoder.inplace = None
     assert translator.searcher(sources, gen) == greedy_search(TorchDecoder(model), sources, gen)
     assert calls["greedy"] > 0 and calls["batch"] > 0, calls
     beam = dataclasses.replace(gen, beam=4)
@@ -110,7 +119,7 @@ def test_every_graph_runs_residual_norms_unfused(built, tmp_path):
     _, _, packages, _ = built
     for precision in ("fp32", "int8_dynamic"):
         folder = packages[precision]
-        for name in ("decoder.onnx", "decoder_batch.onnx", "decoder_greedy.onnx"):
+        for name in ("decoder.onnx", "decoder_batch.onnx", "decoder_greedy.onnx", "decoder_greedy_inplace.onnx"):
             ops = _ops_after_loading(folder / name, tmp_path)
             assert "SkipLayerNormalization" not in ops and ops.count("Sum") == ops.count("LayerNormalization"), (
                 precision,

@@ -80,7 +80,7 @@ def test_the_writer_makes_the_graphs_the_layout_describes(written):
     seen = set()
     for variant, folder in packages.items():
         meta = json.loads((folder / layout.PACKAGE_JSON).read_text())
-        assert meta["format"] == layout.FORMAT and meta["runtime"].startswith(f"mt-runtime>={__version__[:3]}")
+        assert meta["format"] == layout.FORMAT_WRITTEN and meta["runtime"].startswith(f"mt-runtime>={__version__[:3]}")
         shortlisted = variant.startswith("int8")
         for graph in layout.GRAPHS:
             if not (folder / graph.file).is_file():
@@ -132,3 +132,20 @@ def test_the_reader_refuses_a_newer_major_and_loads_version_one_with_a_warning(w
         old = Translator(_with_format(packages["fp32"], tmp_path / "v1", "mt-onnx-package/1"), threads=1)
     assert any("mt-onnx-package/1" in str(w.message) and "re-export" in str(w.message) for w in caught)
     assert old.translate(text, beam=2) == current.translate(text, beam=2)
+
+
+def test_a_package_of_format_2_0_without_the_in_place_greedy_graph_translates_the_same(written, tmp_path):
+    """2.1 only adds decoder_greedy_inplace.onnx: a package without it (as 2.0 wrote them) loads,
+    greedy batches go through decoder_greedy.onnx, and every sentence comes out the same."""
+    _, packages = written
+    for variant in ("fp32", "int8_dynamic"):
+        old = _with_format(packages[variant], tmp_path / variant, "mt-onnx-package/2")
+        meta = json.loads((old / layout.PACKAGE_JSON).read_text())
+        del meta["files"][layout.DECODER_GREEDY_INPLACE]
+        (old / layout.PACKAGE_JSON).write_text(json.dumps(meta))
+        (old / layout.DECODER_GREEDY_INPLACE).unlink()
+        before, now = Translator(old, threads=1), Translator(packages[variant], threads=1)
+        assert before.decoder.inplace is None and now.decoder.inplace is not None
+        text = ["A man is riding a bicycle.", "Two dogs play in the snow.", "A girl.", "People walk down a street."]
+        for beam in (1, 2):
+            assert before.translate(text, beam=beam) == now.translate(text, beam=beam), (variant, beam)

@@ -399,6 +399,7 @@ def test_quantize_stage_writes_guarded_packages(quantized):
         package = json.loads((art.path / variant / "package.json").read_text())
         files, fp32_files = package["files"], fp32.package["files"]
         graphs = ["encoder.onnx", "decoder.onnx", "generate.onnx", "decoder_batch.onnx", "decoder_greedy.onnx"]
+        graphs.append("decoder_greedy_inplace.onnx")
         assert report["onnx_bytes"] == package["onnx_bytes"] == sum(files[g]["bytes"] for g in graphs)
         assert set(graphs) == {f for f in files if f.endswith(".onnx")}  # no shortlist: no output vocabulary graph
         # Smoke-sized, structure weighs a lot (generate.onnx is all structure): the weights' graphs
@@ -425,7 +426,8 @@ def test_int8_search_graphs_run_the_step_graphs_numbers(tiny, tmp_path, form):
     out = _quantize(form, paths, folder, node_groups(paths))
     gen = GenerationConfig(beam=1, max_len_b=3, max_positions=64)
     written = derive_graphs(folder, dataclasses.asdict(gen))
-    assert list(written) == [GENERATE, DECODER_BATCH, "decoder_greedy.onnx"]  # no shortlist: no output vocabulary graph
+    # No shortlist: no output vocabulary graph.
+    assert list(written) == [GENERATE, DECODER_BATCH, "decoder_greedy.onnx", "decoder_greedy_inplace.onnx"]
     proto = onnx.load(str(folder / GENERATE), load_external_data=False)
     [decoder] = [a.g for a in proto.graph.node[-1].attribute if a.name == "decoder"]
     assert [n.op_type for n in decoder.node if "logits" in n.output] == ["MatMulIntegerToFloat"]

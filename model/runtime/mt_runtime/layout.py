@@ -15,10 +15,12 @@ from dataclasses import dataclass
 # ----------------------------------------------------------------------------- the format
 # A reader refuses a major version it does not know; a minor version only adds what a reader of
 # the same major may ignore. Version 1: packages written before 2026-12-04 (the same graphs' first
-# forms, with a copy of the Python runtime inside); version 2 names the runtime instead.
+# forms, with a copy of the Python runtime inside); version 2 names the runtime instead; 2.1 adds
+# decoder_greedy_inplace.onnx, which a 2.0 reader does without.
 FORMAT_NAME = "mt-onnx-package"
 FORMAT_MAJOR = 2
 FORMAT = f"{FORMAT_NAME}/{FORMAT_MAJOR}"
+FORMAT_WRITTEN = f"{FORMAT}.1"  # what package.json says of a package written now
 READS = (1, 2)  # the majors this runtime loads
 
 
@@ -39,6 +41,7 @@ GENERATE = "generate.onnx"
 GENERATE_BATCH = "generate_batch.onnx"
 DECODER_BATCH = "decoder_batch.onnx"
 DECODER_GREEDY = "decoder_greedy.onnx"
+DECODER_GREEDY_INPLACE = "decoder_greedy_inplace.onnx"
 SHORTLIST_GRAPH = "shortlist.onnx"
 SHORTLIST_FILE = "shortlist.npz"
 TOKENIZER = "tokenizer.json"
@@ -88,6 +91,8 @@ GROUP = "group"  # int64 [1]: consecutive rows of one sentence (its beams)
 TOP_LOG_PROBS, TOP_IDS = "top_log_probs", "top_ids"
 # decoder_greedy.onnx: greedy steps of many rows, the logits out.
 LOGITS = "logits"
+# decoder_greedy_inplace.onnx: the same with the cache written in place.
+PAST_SEQUENCE_LENGTH = "past_sequence_length"  # int32 [1]
 # shortlist.onnx: a batch's words -> the output projection over them (the step graphs' inputs).
 WORDS = "words"
 SHORTLIST_WEIGHT, SHORTLIST_SCALE = "shortlist_weight", "shortlist_scale"
@@ -263,6 +268,48 @@ GRAPHS = (
                 LOGITS, "float", ("rows", "words"), "every word's logit, or the shortlist's `words`' in their order"
             ),
             *_PRESENTS,
+        ),
+    ),
+    Graph(
+        DECODER_GREEDY_INPLACE,
+        "`decoder_greedy.onnx`'s step with the cache written in place (each `present_*` bound to its "
+        "`past_*`'s memory)",
+        "float32 and int8 packages of format 2.1 (the CPU)",
+        (
+            _TOKENS,
+            Tensor(SRC_MASK, "bool", ("rows", "src_len"), _SRC_MASK),
+            Tensor(
+                PAST_SEQUENCE_LENGTH, "int32", ("1",), "how many positions of the cache are filled (the step's index)"
+            ),
+            *_pair(
+                "past_k_i",
+                "past_v_i",
+                "float",
+                ("rows", "self_heads_i", "capacity", "head_size"),
+                "the self-attention {kv}: a buffer of `capacity` > `past_sequence_length` positions, the first "
+                "`past_sequence_length` filled (at the first step 0: zeros will do)",
+            ),
+            *_pair(
+                "cross_k_i",
+                "cross_v_i",
+                "float",
+                ("rows", "heads_i", "src_len", "head_size"),
+                "the encoder's {kv}, one copy per row",
+            ),
+            *_SHORTLIST_INPUTS,
+        ),
+        (
+            Tensor(
+                LOGITS, "float", ("rows", "words"), "every word's logit, or the shortlist's `words`' in their order"
+            ),
+            *_pair(
+                "present_k_i",
+                "present_v_i",
+                "float",
+                ("rows", "self_heads_i", "capacity", "head_size"),
+                "the past_* buffer itself, this step's row written at position `past_sequence_length`: bound to "
+                "the same memory as past_* (any other buffer is left unfilled)",
+            ),
         ),
     ),
     Graph(

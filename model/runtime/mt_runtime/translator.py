@@ -31,11 +31,13 @@ import onnxruntime as ort
 from . import graph_checks, package_checks
 from .cores import FasterOfTwo, ShardPool
 from .files import PACKAGE_JSON, PackageError, reason, sha256_file, verify_package  # noqa: F401 (re-exported)
+from .inplace import InPlaceCache
 from .layout import (
     CACHE_INDEX,
     DECODER,
     DECODER_BATCH,
     DECODER_GREEDY,
+    DECODER_GREEDY_INPLACE,
     ENCODER,
     GENERATE,
     GENERATE_BATCH,
@@ -98,9 +100,10 @@ class OnnxDecoder:
         many_rows: ort.InferenceSession | None = None,
         greedy: ort.InferenceSession | None = None,
         shortlist: tuple[Shortlist, ort.InferenceSession] | None = None,
+        greedy_inplace: ort.InferenceSession | None = None,
     ):
         self.encoder, self.decoder, self.pad_id = encoder, decoder, pad_id
-        self._sessions = (encoder, decoder, pad_id, device, device_id, many_rows, greedy, shortlist)
+        self._sessions = (encoder, decoder, pad_id, device, device_id, many_rows, greedy, shortlist, greedy_inplace)
         # decoder_batch.onnx: the same step with int8 kernels for many rows and the top k words
         # per row instead of the whole distribution (model/onnx_passes/many_rows.py); CPU only.
         self.many_rows = many_rows if device == "cpu" else None
@@ -135,6 +138,12 @@ class OnnxDecoder:
         self.feed: dict = {}
         self.rows = 0
         self.arange = np.zeros(0, dtype=np.int64)
+        # decoder_greedy_inplace.onnx (format 2.1): the greedy steps with the cache written in
+        # place (mt_runtime/inplace.py); `in_place` says whether the live cache is there or in feed.
+        self.inplace = None
+        if self.greedy is not None and greedy_inplace is not None:
+            self.inplace = InPlaceCache(greedy_inplace, self.past_names)
+        self.in_place = False
 
     def twin(self) -> OnnxDecoder:
         """A decoder over the same sessions with search state of its own: a shard of a batch runs
@@ -166,6 +175,7 @@ class OnnxDecoder:
             mask = np.repeat(mask, beam, axis=0)
         self.feed = {SRC_MASK: mask, **dict(zip(self.cross_names, cross)), **self._empty_past(self.rows)}
         self.batch_sources, self.words, self.shortlist_feed, self.masked = src, None, None, None
+        self.in_place = False
 
     def _setup_shortlist(self, shortlist) -> None:
         """A package's lexical shortlist (mt_runtime/shortlist.py) and the special ids, used by
@@ -220,6 +230,7 @@ class OnnxDecoder:
     def step(self, tokens: np.ndarray, parents: np.ndarray | None) -> np.ndarray:
         if self.device == "cuda":
             return self._step_cuda(tokens, parents)
+        self._cache_in_feed()
         feed = self.feed
         feed[TOKENS] = tokens.reshape(-1, 1)
         feed[CACHE_INDEX] = self.arange if parents is None else parents
@@ -237,6 +248,16 @@ class OnnxDecoder:
         feed = self.feed
         feed[TOKENS] = tokens.reshape(-1, 1)
         projection, words = self._projection_feed(scores)
+        if self.inplace is not None and not scores and self.group == 1:
+            if not self.in_place:
+                self.inplace.load({n: feed.pop(n) for n in self.past_names})
+                self.in_place = True
+            if parents is not None:
+                self.inplace.reorder(parents)
+            logits = self.inplace.step(tokens, {**feed, **projection})
+            values, ids = best_of(logits if words is None else logits + self.masked, m)
+            return values, ids if words is None else words[ids]
+        self._cache_in_feed()
         if self.greedy is not None and parents is None and not scores:
             logits, *present = self.greedy.run(
                 self.greedy_outputs, {**{n: feed[n] for n in self.greedy_inputs if n in feed}, **projection}
@@ -258,6 +279,12 @@ class OnnxDecoder:
         if ids.shape[1] == 0:  # normalize false: the logits of the whole vocabulary (or the shortlist)
             values, ids = best_of(values if words is None else values + self.masked, m)
         return values, ids if words is None else words[ids]
+
+    def _cache_in_feed(self) -> None:
+        """The cache as past_* arrays in the feed again (from the in-place buffers, where it is)."""
+        if self.in_place:
+            self.feed.update(self.inplace.arrays())
+            self.in_place = False
 
     def _keep(self, rows: np.ndarray) -> None:
         """Only these rows of the encoder state from now on (the searches drop finished sentences);
@@ -464,9 +491,9 @@ class Translator:
             warnings.warn(f"{self.folder}: CUDA execution provider unavailable; running on the CPU", stacklevel=2)
         self.tokenizer, self.generation = self._check_content(decoder)
         listed = self.package["files"]
-        many_rows, greedy = (
+        many_rows, greedy, greedy_inplace = (
             self._open(name, step_options) if self.device == "cpu" and name in listed else None
-            for name in (DECODER_BATCH, DECODER_GREEDY)
+            for name in (DECODER_BATCH, DECODER_GREEDY, DECODER_GREEDY_INPLACE)
         )
         lexical = None
         if shortlist and many_rows is not None and SHORTLIST_FILE in listed and SHORTLIST_GRAPH in listed:
@@ -480,7 +507,7 @@ class Translator:
                 (self.generation.pad_id, self.generation.bos_id, self.generation.eos_id),
             )
         self.decoder = OnnxDecoder(
-            encoder, decoder, self.generation.pad_id, self.device, device_id, many_rows, greedy, lexical
+            encoder, decoder, self.generation.pad_id, self.device, device_id, many_rows, greedy, lexical, greedy_inplace
         )
         if search not in ("auto", "graph", "python"):
             raise ValueError(f"search must be 'auto', 'graph' or 'python', got {search!r}")
