@@ -153,6 +153,16 @@ _TOKENS = Tensor(TOKENS, "int64", ("rows", "1"), "the previous token of each row
 _CACHE_INDEX = Tensor(CACHE_INDEX, "int64", ("rows",), "which row of `past_*` each row continues (its parent beam)")
 _PASTS = _pair("past_k_i", "past_v_i", "float", ("past_rows", "self_heads_i", "steps", "head_size"), _PAST)
 _PRESENTS = _pair("present_k_i", "present_v_i", "float", ("rows", "self_heads_i", "steps + 1", "head_size"), _PRESENT)
+_CROSS_PER_ROW = _pair(
+    "cross_k_i",
+    "cross_v_i",
+    "float",
+    ("rows", "heads_i", "src_len", "head_size"),
+    "the encoder's {kv}, one copy per row",
+)
+_GREEDY_LOGITS = Tensor(
+    LOGITS, "float", ("rows", "words"), "every word's logit, or the shortlist's `words`' in their order"
+)
 _SHORTLIST_INPUTS = (
     Tensor(SHORTLISTED, "bool", ("1",), "true: the logits of the shortlist's `words` only", _SHORTLISTED),
     Tensor(
@@ -187,13 +197,7 @@ GRAPHS = (
             Tensor(SRC_MASK, "bool", ("rows", "src_len"), _SRC_MASK),
             _CACHE_INDEX,
             *_PASTS,
-            *_pair(
-                "cross_k_i",
-                "cross_v_i",
-                "float",
-                ("rows", "heads_i", "src_len", "head_size"),
-                "the encoder's {kv}, one copy per row",
-            ),
+            *_CROSS_PER_ROW,
         ),
         (Tensor(LOG_PROBS, "float", ("rows", "vocab"), "the next token's log-softmax"), *_PRESENTS),
     ),
@@ -254,19 +258,11 @@ GRAPHS = (
             _TOKENS,
             Tensor(SRC_MASK, "bool", ("rows", "src_len"), _SRC_MASK),
             *_PASTS,
-            *_pair(
-                "cross_k_i",
-                "cross_v_i",
-                "float",
-                ("rows", "heads_i", "src_len", "head_size"),
-                "the encoder's {kv}, one copy per row",
-            ),
+            *_CROSS_PER_ROW,
             *_SHORTLIST_INPUTS,
         ),
         (
-            Tensor(
-                LOGITS, "float", ("rows", "words"), "every word's logit, or the shortlist's `words`' in their order"
-            ),
+            _GREEDY_LOGITS,
             *_PRESENTS,
         ),
     ),
@@ -289,19 +285,11 @@ GRAPHS = (
                 "the self-attention {kv}: a buffer of `capacity` > `past_sequence_length` positions, the first "
                 "`past_sequence_length` filled (at the first step 0: zeros will do)",
             ),
-            *_pair(
-                "cross_k_i",
-                "cross_v_i",
-                "float",
-                ("rows", "heads_i", "src_len", "head_size"),
-                "the encoder's {kv}, one copy per row",
-            ),
+            *_CROSS_PER_ROW,
             *_SHORTLIST_INPUTS,
         ),
         (
-            Tensor(
-                LOGITS, "float", ("rows", "words"), "every word's logit, or the shortlist's `words`' in their order"
-            ),
+            _GREEDY_LOGITS,
             *_pair(
                 "present_k_i",
                 "present_v_i",
