@@ -51,11 +51,16 @@ def test_greedy_steps_in_place_give_the_copying_graphs_numbers_bit_for_bit(packa
 
 
 def test_batches_translate_the_same_with_and_without_the_in_place_graph(package):
+    """Batches of several sizes one after another: the buffers kept from an earlier batch are
+    reused where they fit and made anew where it was more than twice as large."""
     translator = Translator(package, threads=1)
     text = ["A man is riding a bicycle.", "Two dogs.", "People walk down a busy street in the city.", "A girl."]
-    with_it = translator.translate(text, beam=1)
+    text = text * 3
+    sizes = (12, 2, 5, 3)
+    with_it = [translator.translate(text[:n], beam=1, max_batch=n) for n in sizes]
+    assert translator.decoder.inplace._store["past_k_0"].shape[0] <= 2 * 3  # not the batch of 12's
     translator.decoder.inplace = None
-    assert translator.translate(text, beam=1) == with_it
+    assert [translator.translate(text[:n], beam=1, max_batch=n) for n in sizes] == with_it
 
 
 def _greedy_graph(package) -> onnx.ModelProto:

@@ -46,17 +46,19 @@ class InPlaceCache:
     def _capacity(self) -> int:
         return next(iter(self._store.values())).shape[2] if self._store else 0
 
-    def _hold(self, rows: int, capacity: int, shapes: dict) -> None:
+    def _hold(self, rows: int, capacity: int, shapes: dict, grow: bool = False) -> None:
         """Buffers of `rows` rows: the first rows of arrays kept from search to search (a fresh
-        array is page faults and zeroing every batch), made larger when they are too small."""
+        array is page faults and zeroing every batch), made anew when they do not fit; `grow`:
+        the same search goes on in them (its filled positions are carried over)."""
         for name in self.past_names:
             _, heads, _, dim = shapes[name]
             store = self._store.get(name)
-            if store is None or store.shape[0] < rows or store.shape[2] != capacity:
-                grown = np.zeros((max(rows, 0 if store is None else store.shape[0]), heads, capacity, dim), np.float32)
-                if store is not None and self.buffers:
-                    old = self.buffers[name]
-                    grown[: old.shape[0], :, : self.filled] = old[:, :, : self.filled]
+            # A store of more than twice the rows (an earlier, larger batch) is let go: what a
+            # server holds between batches stays within twice what its batches need.
+            if store is None or not rows <= store.shape[0] <= 2 * max(rows, 1) or store.shape[2] != capacity:
+                grown = np.zeros((rows, heads, capacity, dim), np.float32)
+                if grow:
+                    grown[:, :, : self.filled] = self.buffers[name][:, :, : self.filled]
                 self._store[name] = grown
             self.buffers[name] = self._store[name][:rows]
         self._binding = None
@@ -84,14 +86,14 @@ class InPlaceCache:
         gives every other input by name (src_mask, cross_*, the shortlist's)."""
         if self.filled + 1 > self._capacity():
             rows = len(next(iter(self.buffers.values())))
-            self._hold(rows, 2 * self._capacity(), {name: b.shape for name, b in self.buffers.items()})
+            self._hold(rows, 2 * self._capacity(), {name: b.shape for name, b in self.buffers.items()}, grow=True)
         binding = self._binding
         if binding is None:
             binding = self._binding = self.session.io_binding()
             self._bound = {}
             for name, buffer in self.buffers.items():
-                # One OrtValue over the NumPy buffer as both input and output: bind_cpu_input
-                # would hand the graph a copy, and the step would write into the wrong one.
+                # One OrtValue over the NumPy buffer as both input and output: the step writes
+                # where it reads.
                 value = ort.OrtValue.ortvalue_from_numpy(buffer)
                 binding.bind_ortvalue_input(name, value)
                 binding.bind_ortvalue_output(name.replace("past_", "present_", 1), value)
