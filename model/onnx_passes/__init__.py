@@ -3,8 +3,9 @@
 CTranslate2's converters make a model: load, validate, then for each graph of the table below
 compose its passes, and save; it returns the layout record (file -> role, mt_runtime/layout.py).
 
-    generate.onnx         beam_search (+ sentence_words, output_vocabulary's check)   float32
-    generate_batch.onnx   beam_search + output_vocabulary                 int8 with a shortlist
+    generate.onnx         beam_search (+ sentence_words, output_vocabulary's check,   float32
+                          few_rows)
+    generate_batch.onnx   beam_search + output_vocabulary + few_rows       int8 with a shortlist
     decoder_batch.onnx    many_rows (+ batch_words, output_vocabulary, top_k)          float32
     decoder_greedy.onnx   greedy (many_rows' copy, cache)                              float32
     decoder_greedy_inplace.onnx  decoder_greedy.onnx + cache.cache_in_place               float32
@@ -54,6 +55,7 @@ from .batch_words import shortlist_selector
 from .beam_search import decoder_subgraph, encoder_subgraph, search_model
 from .edit import compact_names, expect, shape
 from .external import share_weights
+from .few_rows import logits_product, wide_products_as_integer
 from .greedy import greedy_decoder, greedy_inplace_decoder
 from .many_rows import top_k_decoder
 from .output_vocabulary import output_vocabulary, search_vocabulary
@@ -109,6 +111,11 @@ class Source:
             words = search_vocabulary(many_rows, output_vocabulary(shortlist, special_ids(self.generation)))
             if words is None:  # not an int8 projection of constants, or a list without the special ids
                 many_rows = None
+        # The op decodes one row or a beam's few: wide int8 products as MatMulInteger (few_rows.py);
+        # a sentence's list is narrow, so its projection keeps the fused op.
+        for graph, whole_vocabulary in ((dec, True), (many_rows, True), (one_row, False)):
+            if graph is not None:
+                wide_products_as_integer(graph, logits_product(graph) if whole_vocabulary else set())
         for graph in (enc, dec, many_rows, one_row):
             if graph is not None:
                 compact_names(graph)
