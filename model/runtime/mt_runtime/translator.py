@@ -139,11 +139,11 @@ class OnnxDecoder:
         self.rows = 0
         self.arange = np.zeros(0, dtype=np.int64)
         # decoder_greedy_inplace.onnx (format 2.1): the greedy steps with the cache written in
-        # place (mt_runtime/inplace.py); `in_place` says whether the live cache is there or in feed.
+        # place (mt_runtime/inplace.py); `cache_in_buffers`: the live cache is there, not in feed.
         self.inplace = None
         if self.greedy is not None and greedy_inplace is not None:
             self.inplace = InPlaceCache(greedy_inplace, self.past_names)
-        self.in_place = False
+        self.cache_in_buffers = False
 
     def twin(self) -> OnnxDecoder:
         """A decoder over the same sessions with search state of its own: a shard of a batch runs
@@ -175,7 +175,7 @@ class OnnxDecoder:
             mask = np.repeat(mask, beam, axis=0)
         self.feed = {SRC_MASK: mask, **dict(zip(self.cross_names, cross)), **self._empty_past(self.rows)}
         self.batch_sources, self.words, self.shortlist_feed, self.masked = src, None, None, None
-        self.in_place = False
+        self.cache_in_buffers = False
 
     def _setup_shortlist(self, shortlist) -> None:
         """A package's lexical shortlist (mt_runtime/shortlist.py) and the special ids, used by
@@ -249,9 +249,9 @@ class OnnxDecoder:
         feed[TOKENS] = tokens.reshape(-1, 1)
         projection, words = self._projection_feed(scores)
         if self.inplace is not None and not scores and self.group == 1:
-            if not self.in_place:
+            if not self.cache_in_buffers:
                 self.inplace.load({n: feed.pop(n) for n in self.past_names})
-                self.in_place = True
+                self.cache_in_buffers = True
             if parents is not None:
                 self.inplace.reorder(parents)
             logits = self.inplace.step(tokens, {**feed, **projection})
@@ -282,9 +282,9 @@ class OnnxDecoder:
 
     def _cache_in_feed(self) -> None:
         """The cache as past_* arrays in the feed again (from the in-place buffers, where it is)."""
-        if self.in_place:
+        if self.cache_in_buffers:
             self.feed.update(self.inplace.arrays())
-            self.in_place = False
+            self.cache_in_buffers = False
 
     def _keep(self, rows: np.ndarray) -> None:
         """Only these rows of the encoder state from now on (the searches drop finished sentences);
