@@ -25,7 +25,8 @@ def cache_in_place(g: onnx.GraphProto) -> bool:
     and its present_* is that buffer again (the caller binds both to the same memory).
     onnxruntime's MultiHeadAttention does this when given past_sequence_length, with the same
     products and softmax over the same positions: the outputs are bit-identical to the copying
-    form (base student, 32 rows, 30 steps: 0.90 of its time a step, docs/decisions.md).
+    form (greedy batches of 32 ran 1.03-1.05x at one thread, scripts/inplace_ab.py,
+    docs/decisions.md).
 
     The position of the step's token was read from the cache's length (Shape, then Gather 2);
     it is past_sequence_length now. Returns False, changing nothing, unless every past_* is read
