@@ -10,8 +10,10 @@ nothing (4.1 against 4.5 at [128 x 128]), and at 32 rows it loses ([128 x 8000] 
 the int32 sums are exact either way, the Cast is the kernel's conversion, and the scale it
 multiplies by is the same float product a_scale x b_scale (here a constant, folded when the
 session loads), bias added after as the kernel adds it (checked on every width above, with and
-without a bias). Only where a_scale is a constant: a per-row scale (int8_dynamic) would turn one
-rounding into two.
+without a bias). That holds on any x86 CPU, not only the one measured: the kernel's output step
+(MLAS's MLAS_QGEMM_SCALE_BIAS_OUTPUT_PROCESSOR) is the same portable code whatever the instruction
+set, a multiply then an add, no fused multiply-add. Only where a_scale is a constant: a per-row
+scale (int8_dynamic) would turn one rounding into two.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ class InPlaceCache:
     def __init__(self, session: ort.InferenceSession, past_names: list[str]):
         self.session = session
         self.past_names = past_names
-        self.inputs = [i.name for i in session.get_inputs() if i.name not in (TOKENS, PAST_SEQUENCE_LENGTH)]
-        self.inputs = [n for n in self.inputs if n not in past_names]
+        fed_each_step = {TOKENS, PAST_SEQUENCE_LENGTH, *past_names}
+        self.inputs = [i.name for i in session.get_inputs() if i.name not in fed_each_step]  # from the feed
         self.buffers: dict[str, np.ndarray] = {}  # the search's rows of _store's arrays
         self._store: dict[str, np.ndarray] = {}
         self.filled = 0  # positions of the cache that hold keys and values
@@ -72,9 +72,10 @@ class InPlaceCache:
         its ended sentences: parents increasing), the others move up within the same arrays, one
         row at a time, their filled positions only."""
         n = len(parents)
+        moved = np.flatnonzero(parents != np.arange(n)).tolist() if np.all(np.diff(parents) > 0) else None
         for name, buffer in self.buffers.items():
-            if n and np.all(np.diff(parents) > 0):
-                for row in np.flatnonzero(parents != np.arange(n)).tolist():
+            if moved is not None:
+                for row in moved:
                     buffer[row, :, : self.filled] = buffer[parents[row], :, : self.filled]
             else:
                 buffer[:n, :, : self.filled] = buffer[parents, :, : self.filled]  # the right side is a copy
