@@ -392,9 +392,10 @@ class Transformer(nn.Module):
 
 
 def unfactorised(model: Transformer) -> Transformer:
-    """The same function with one [vocab, d_model] token table (token_table()): what runtimes
-    that know no factorised table (our ONNX graphs, CTranslate2) are given. The model itself
-    where its table is not factorised."""
+    """The same function with one [vocab, d_model] token table (token_table()): what a runtime
+    that knows no factorised table (CTranslate2) is given; our ONNX graphs keep the factorised
+    form, whose output layer is half the work (docs/decisions.md). The model itself where its
+    table is not factorised."""
     if model.embed_proj is None:
         return model
     plain = Transformer(replace(model.cfg, embed_dim=None)).to(model.embed.weight.device)

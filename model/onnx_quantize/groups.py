@@ -14,7 +14,7 @@ from ..onnx_passes.edit import gathers_columns
 GRAPHS = ("encoder", "decoder")
 # Node names come from the exporter's module scopes (see model/onnx_export.py: name_nodes).
 _GROUP_PATTERNS = [
-    (re.compile(r"^/embed/"), "embeddings"),
+    (re.compile(r"^/embed(?:_proj)?/"), "embeddings"),
     (re.compile(r"^/logits/"), "output_projection"),
     (re.compile(r"^/encoder\.(\d+)/attn/"), "encoder.{}.attention"),
     (re.compile(r"^/encoder\.(\d+)/ffn/"), "encoder.{}.ffn"),
