@@ -62,15 +62,17 @@ def variant_graphs(graphs: dict[str, Path], precision: str, work: Path, d_model:
     fp32 = {name: folder / path.name for name, path in graphs.items()}
     for name, path in graphs.items():
         shutil.copyfile(path, fp32[name])
-    # The encoder runs on every token of a batch at once: there the standard ops are the faster
-    # (model/onnx_passes/edit.py). The decoder's residual norms take the form the step graphs for many
-    # rows need (Sum, which onnxruntime does not fuse back), so that one row and many rows run the
-    # same nodes: the same numbers for a sentence alone and in a batch (at one row both forms
-    # took the same time).
+    # Every residual norm as Sum + LayerNormalization: onnxruntime does not fuse Sum back into
+    # SkipLayerNormalization (model/onnx_passes/edit.py), while it fuses Add + LayerNormalization
+    # wherever it can infer both inputs' shapes: in encoder.onnx's own session but not in the
+    # search op's copy of it, so a sentence's encoder numbers depended on which graph ran it (a
+    # factorised student: 1 of 1000 beam-4 sentences translated differently alone, docs/decisions.md).
+    # One row and many rows run the same nodes: the same numbers for a sentence alone and in a
+    # batch (Sum took the time of Add + LayerNormalization at every row count measured).
     unfused = {}
-    for name, residual_op in (("encoder", "Add"), ("decoder", "Sum")):
+    for name in ("encoder", "decoder"):
         proto = onnx.load(str(fp32[name]))
-        unfused[name] = unfuse_skip_layer_norm(proto.graph, residual_op=residual_op)
+        unfused[name] = unfuse_skip_layer_norm(proto.graph, residual_op="Sum")
         onnx.save(proto, str(fp32[name]))
     return fp32, {
         "positions_as_formula": {name: positions_as_formula(path, d_model) for name, path in fp32.items()},
