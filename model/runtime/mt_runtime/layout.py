@@ -166,7 +166,11 @@ _GREEDY_LOGITS = Tensor(
 _SHORTLIST_INPUTS = (
     Tensor(SHORTLISTED, "bool", ("1",), "true: the logits of the shortlist's `words` only", _SHORTLISTED),
     Tensor(
-        SHORTLIST_WEIGHT, "int8", ("d_model", "words"), "from shortlist.onnx (empty when not shortlisted)", _SHORTLISTED
+        SHORTLIST_WEIGHT,
+        "int8",
+        ("table_width", "words"),
+        "from shortlist.onnx (empty when not shortlisted)",
+        _SHORTLISTED,
     ),
     Tensor(SHORTLIST_SCALE, "float", ("words",), "from shortlist.onnx (empty when not shortlisted)", _SHORTLISTED),
 )
@@ -306,7 +310,7 @@ GRAPHS = (
         _SHORTLISTED,
         (Tensor(WORDS, "int64", ("words",), "the word ids the projection covers"),),
         (
-            Tensor(SHORTLIST_WEIGHT, "int8", ("d_model", "words"), "the projection's columns for `words`"),
+            Tensor(SHORTLIST_WEIGHT, "int8", ("table_width", "words"), "the projection's columns for `words`"),
             Tensor(SHORTLIST_SCALE, "float", ("words",), "their scales"),
         ),
     ),
