@@ -256,19 +256,7 @@ def test_onnxruntime_fuses_no_residual_norm_of_an_int8_package(tmp_path, built):
     alone than in a batch). Fails with the encoder's residuals as Add (checked)."""
     _, tokenizer, _, sentences = built
     torch.manual_seed(0)
-    cfg = TransformerConfig(
-        vocab_size=tokenizer.vocab_size,
-        d_model=32,
-        head_dim=8,
-        enc_heads=[4, 4],
-        dec_self_heads=[4, 4],
-        dec_cross_heads=[4, 4],
-        enc_ffn=[64, 64],
-        dec_ffn=[64, 64],
-        embed_dim=16,
-        max_positions=64,
-        dropout=0.0,
-    )
+    cfg = one_layer_config(tokenizer.vocab_size, head_dim=8, embed_dim=8, max_positions=64, dropout=0.0)
     calibration = [ids + [tokenizer.eos_id] for ids in tokenizer.encode(sentences)]
     package = tmp_path / "int8_static"
     build_package(
