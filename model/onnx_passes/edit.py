@@ -40,24 +40,21 @@ def splice_and_save(
     return True
 
 
-def unfuse_skip_layer_norm(graph: onnx.GraphProto, residual_op: str = "Add", fold_bias: bool = False) -> int:
-    """Every com.microsoft SkipLayerNormalization as Add (+ Add bias) + LayerNormalization;
-    returns how many. Measured on the CPU (onnxruntime 1.24, one thread, d_model 128): the fused
-    kernel took 641 us at [32, 20, 128] and 132 at [128, 1, 128] against 179 and 45 for the three
-    standard ops, and the same at one row (10 us), so graphs that run on many rows at once (the
-    encoder, decoder_batch.onnx) take the standard form.
+def unfuse_skip_layer_norm(graph: onnx.GraphProto) -> int:
+    """Every com.microsoft SkipLayerNormalization as Sum (x, skip and the bias in one node) +
+    LayerNormalization; returns how many. Measured on the CPU (onnxruntime 1.24, one thread,
+    d_model 128): the fused kernel took 641 us at [32, 20, 128] and 132 at [128, 1, 128] against
+    179 and 45 for the standard ops, and the same at one row (10 us).
 
-    onnxruntime 1.31 fuses Add + LayerNormalization back into that kernel on the CPU too, where
-    both Add inputs are [rows, 1, d] (the decoder's residuals; not where the bias is a second Add
-    after it), and the kernel is still 4-6x slower from 4 rows on (five residual norms, d 256, one
-    thread, us at 4 / 32 / 128 rows: 33 / 214 / 839 fused, 13 / 37 / 117 Add + LayerNormalization
-    unfused, 16 / 45 / 149 with the bias as a second Add). So `residual_op` "Sum" (which it does
-    not fuse; 14 / 38 / 122) for the decoder's step graphs, and `fold_bias` puts the bias into the
-    DynamicQuantizeMatMul that makes x or skip, where that product has none and feeds nothing
-    else: one Add a residual less."""
+    Sum, not Add: onnxruntime 1.31 fuses Add + LayerNormalization back into that kernel wherever
+    it can infer both Add inputs' shapes, and the kernel is 4-6x slower from 4 rows on (five
+    residual norms, d 256, one thread, us at 4 / 32 / 128 rows: 33 / 214 / 839 fused, 13 / 37 / 117
+    Add + LayerNormalization, 14 / 38 / 122 Sum). Worse, whether it can infer them depends on the
+    session: an int8 encoder's Add was fused in encoder.onnx's own session but not inside the
+    search op's copy, so one sentence got other numbers alone than in a batch. Sum is never fused
+    and adds to the bit as Add does."""
     # Readers of each value: node inputs (branches included) and the graph's outputs.
     uses = Counter(_inputs_everywhere(graph)) + Counter(o.name for o in graph.output)
-    producer = {out: node for node in graph.node for out in node.output}
     done = 0
     for node in [n for n in graph.node if n.op_type == "SkipLayerNormalization" and n.domain == "com.microsoft"]:
         outputs = list(node.output) + [""] * (4 - len(node.output))
@@ -65,28 +62,9 @@ def unfuse_skip_layer_norm(graph: onnx.GraphProto, residual_op: str = "Add", fol
             continue  # its mean or inverse deviation is read: keep the kernel that gives them
         inputs = list(node.input) + [""] * (5 - len(node.input))
         x, skip, gamma, beta, bias = inputs[:5]
-        if bias and fold_bias:
-            for term in (x, skip):
-                product = producer.get(term)
-                if product is None or product.op_type != "DynamicQuantizeMatMul" or uses[term] != 1:
-                    continue  # not an int8 product, or its output is read elsewhere too
-                if len(product.input) > 4 and product.input[4]:
-                    continue  # it has a bias of its own
-                del product.input[4:]
-                product.input.append(bias)
-                bias = ""
-                break
         epsilon = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)
         total = outputs[3] if outputs[3] else f"{node.output[0]}/sum"
-        if residual_op == "Sum":  # Sum takes the bias as a third term: one node, one pass
-            nodes = [
-                onnx.helper.make_node("Sum", [x, skip] + ([bias] if bias else []), [total], name=f"{node.name}/add")
-            ]
-        else:
-            summed = f"{total}/no_bias" if bias else total
-            nodes = [onnx.helper.make_node(residual_op, [x, skip], [summed], name=f"{node.name}/add")]
-            if bias:
-                nodes.append(onnx.helper.make_node("Add", [summed, bias], [total], name=f"{node.name}/bias"))
+        nodes = [onnx.helper.make_node("Sum", [x, skip] + ([bias] if bias else []), [total], name=f"{node.name}/add")]
         nodes.append(
             onnx.helper.make_node(
                 "LayerNormalization",

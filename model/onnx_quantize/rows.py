@@ -61,7 +61,7 @@ def quantize_rows(paths: dict[str, Path], out: Path, groups: dict, keep_float: I
         _ort_dynamic(paths[graph], result[graph], plan[graph])
         proto = onnx.load(str(result[graph]))
         rows_int8_products(proto.graph)
-        unfuse_skip_layer_norm(proto.graph, residual_op="Sum")
+        unfuse_skip_layer_norm(proto.graph)
         import_contrib_ops(proto)
         onnx.save(proto, str(result[graph]))
     finish(result, share, paths["decoder"])

@@ -62,17 +62,13 @@ def variant_graphs(graphs: dict[str, Path], precision: str, work: Path, d_model:
     fp32 = {name: folder / path.name for name, path in graphs.items()}
     for name, path in graphs.items():
         shutil.copyfile(path, fp32[name])
-    # Every residual norm as Sum + LayerNormalization: onnxruntime does not fuse Sum back into
-    # SkipLayerNormalization (model/onnx_passes/edit.py), while it fuses Add + LayerNormalization
-    # wherever it can infer both inputs' shapes: in encoder.onnx's own session but not in the
-    # search op's copy of it, so a sentence's encoder numbers depended on which graph ran it (a
-    # factorised student: 1 of 1000 beam-4 sentences translated differently alone, docs/decisions.md).
-    # One row and many rows run the same nodes: the same numbers for a sentence alone and in a
-    # batch (Sum took the time of Add + LayerNormalization at every row count measured).
+    # Every residual norm as Sum + LayerNormalization (model/onnx_passes/edit.py): onnxruntime fuses
+    # no Sum back, so one row and many rows, the step graphs and the search op's copies, run the
+    # same nodes: the same numbers for a sentence alone and in a batch.
     unfused = {}
     for name in ("encoder", "decoder"):
         proto = onnx.load(str(fp32[name]))
-        unfused[name] = unfuse_skip_layer_norm(proto.graph, residual_op="Sum")
+        unfused[name] = unfuse_skip_layer_norm(proto.graph)
         onnx.save(proto, str(fp32[name]))
     return fp32, {
         "positions_as_formula": {name: positions_as_formula(path, d_model) for name, path in fp32.items()},

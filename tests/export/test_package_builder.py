@@ -254,7 +254,7 @@ def test_onnxruntime_fuses_no_residual_norm_of_an_int8_package(tmp_path, built):
     encoder (shapes it could not infer there): a sentence's encoder numbers then depended on the
     graph that ran it (a factorised student: 1 of 1000 beam-4 sentences translated differently
     alone than in a batch). Fails with the encoder's residuals as Add (checked)."""
-    _, tokenizer, _, sentences = built
+    _, tokenizer, packages, sentences = built
     torch.manual_seed(0)
     cfg = one_layer_config(tokenizer.vocab_size, head_dim=8, embed_dim=8, max_positions=64, dropout=0.0)
     calibration = [ids + [tokenizer.eos_id] for ids in tokenizer.encode(sentences)]
@@ -263,7 +263,7 @@ def test_onnxruntime_fuses_no_residual_norm_of_an_int8_package(tmp_path, built):
         Transformer(cfg).eval(),
         "int8_static",
         package,
-        tokenizer=_tokenizer_file(tmp_path, tokenizer),
+        tokenizer=packages["fp32"].parent / "tokenizer.json",
         work=tmp_path / "work",
         calibration=calibration,
     )
@@ -276,12 +276,5 @@ def test_onnxruntime_fuses_no_residual_norm_of_an_int8_package(tmp_path, built):
             n.op_type for n in onnx.load(str(tmp_path / f"{name}_as_loaded.onnx"), load_external_data=False).graph.node
         ]
         assert "SkipLayerNormalization" not in ops, name
-        assert ops.count("LayerNormalization") == 2 * (cfg.encoder_layers if name == "encoder" else 0) + (
-            3 * cfg.decoder_layers if name == "decoder" else 0
-        ), name
-
-
-def _tokenizer_file(folder, tokenizer):
-    path = folder / "tokenizer.json"
-    tokenizer.save(path)
-    return path
+        norms = {"encoder": 2 * cfg.encoder_layers, "decoder": 3 * cfg.decoder_layers}[name]
+        assert ops.count("LayerNormalization") == norms, name
