@@ -93,8 +93,9 @@ class _SelfAttention(torch.autograd.Function):
 
 
 class _CachedSelfAttention(torch.autograd.Function):
-    """One decoder step: q, k, v [B,1,N*H] before their bias (bias [3*N*H]); past_k, past_v
-    [B,N,P,H] (P may be 0) -> (y [B,1,N*H], present_k, present_v [B,N,P+1,H])."""
+    """One decoder step: q, k, v [B,1,N*H] before their bias (bias [3*N*H]), q and its bias
+    already scaled by 1/sqrt(H); past_k, past_v [B,N,P,H] (P may be 0) -> (y [B,1,N*H],
+    present_k, present_v [B,N,P+1,H])."""
 
     SLOTS = ("query", "key", "value", "bias", "past_key", "past_value")
 
@@ -102,12 +103,16 @@ class _CachedSelfAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, bias, past_k, past_v, heads):
         q, k, v = (_split_heads(t + b, heads) for t, b in zip((q, k, v), bias.chunk(3)))
         k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
-        return _merge_heads(F.scaled_dot_product_attention(q, k, v)), k, v
+        return _merge_heads(F.scaled_dot_product_attention(q, k, v, scale=1.0)), k, v
 
     @staticmethod
     def symbolic(g, q, k, v, bias, past_k, past_v, heads):
         y, present_k, present_v = g.op(
-            f"{_PLACEHOLDER}::CachedSelfAttention", q, k, v, bias, past_k, past_v, num_heads_i=heads, outputs=3
+            f"{_PLACEHOLDER}::CachedSelfAttention",
+            *(q, k, v, bias, past_k, past_v),
+            num_heads_i=heads,
+            scale_f=1.0,
+            outputs=3,
         )
         # Types for the exporter's shape inference (else it warns): y is shaped like q; the
         # presents like the pasts but one step longer, so their sizes are left open.
@@ -162,6 +167,25 @@ def _fused_cross_attention(m: CrossAttention, x: Tensor, k: Tensor, v: Tensor, m
     return m.out(_CrossAttention.apply(m.q(x), k, v, _key_mask(mask), m.heads))
 
 
+def _step_queries(model: Transformer) -> list[tuple[Tensor, int, float]]:
+    """The decoder's self-attention projections as (weight or bias, query rows, factor).
+
+    A decoder step's self-attention runs at scale 1 on queries already divided by sqrt(head_dim):
+    there onnxruntime's CPU kernel multiplies Q by K' with MLAS's one-row product instead of
+    packing K first (MLAS takes that path only at alpha 1), 1.2-1.5x faster at 32 rows
+    (docs/decisions.md). Every path runs it one row at a time, so all sum alike. Not the
+    cross-attention: decoder_batch.onnx runs a sentence's beams there as one product of several
+    rows (model/onnx_passes/many_rows.py), which MLAS sums in another order than one row's, so a
+    sentence's beams would score differently alone and in a batch. The encoder keeps the op's own
+    scale: its products have many rows either way."""
+    out = []
+    for layer in model.decoder:
+        attention = layer.self_attn
+        for tensor in (attention.qkv.weight, attention.qkv.bias):
+            out.append((tensor, attention.heads * attention.head_dim, attention.head_dim**-0.5))
+    return out
+
+
 @contextlib.contextmanager
 def fused_attention(model: Transformer):
     """Within the block, the model's attention modules compute through the placeholder
@@ -171,9 +195,18 @@ def fused_attention(model: Transformer):
         modules += [(layer.self_attn, _fused_self_attention), (layer.cross_attn, _fused_cross_attention)]
     for module, forward in modules:
         module.forward = types.MethodType(forward, module)
+    # The queries are scaled in the parameters themselves for the trace, so that the graph keeps
+    # the parameters' names and nodes; the originals are put back, bit for bit, afterwards.
+    originals = [(tensor, tensor.detach().clone()) for tensor, _, _ in _step_queries(model)]
     try:
+        with torch.no_grad():
+            for tensor, rows, factor in _step_queries(model):
+                tensor[:rows] *= factor
         yield model
     finally:
+        with torch.no_grad():
+            for tensor, original in originals:
+                tensor.copy_(original)
         for module, _ in modules:
             del module.forward  # the class's own forward again
 

@@ -127,6 +127,28 @@ def test_export_matches_pytorch_on_random_inputs(exported):
             assert np.allclose(ref[1 + 2 * i].numpy(), out[1 + 2 * i], rtol=1e-4, atol=1e-4)
 
 
+def test_decoder_steps_attend_at_scale_one_and_the_model_is_left_as_it_was(tmp_path):
+    """A step's self-attention takes queries already divided by sqrt(head_dim) and runs at scale 1
+    (MLAS's one-row product); the cross-attention and the encoder keep the op's own scale. The
+    export scales the query weights in place for the trace and puts them back to the bit."""
+    model = tiny_uneven(pre_ln=False)
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    paths = export_onnx(model, tmp_path)
+    assert all(torch.equal(before[name], t) for name, t in model.state_dict().items())
+    scales = {}
+    for name, path in paths.items():
+        for node in onnx.load(str(path)).graph.node:
+            if node.op_type == "MultiHeadAttention":
+                scale = [onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "scale"]
+                scales[node.name] = scale[0] if scale else None
+    layers = range(model.cfg.decoder_layers)
+    assert {n: s for n, s in scales.items() if "self_attn" in n} == {
+        f"/decoder.{i}/self_attn/CachedSelfAttention": 1.0 for i in layers
+    }
+    assert all(s is None for n, s in scales.items() if "self_attn" not in n)  # cross and encoder
+    assert len(scales) == model.cfg.encoder_layers + 2 * model.cfg.decoder_layers
+
+
 def test_greedy_and_beam_identical_to_pytorch(exported):
     model, sessions = exported
     onnx_decoder = OnnxDecoder(sessions["encoder"], sessions["decoder"], pad_id=model.cfg.pad_id)
