@@ -92,7 +92,10 @@ export class PackageSearch {
   async search(sources, beam, lengthPenalty = this.gen.length_penalty) {
     const { Tensor } = this;
     const { pad_id, bos_id, max_len_a, max_len_b, max_positions } = this.gen;
-    const srcLen = Math.max(...sources.map((s) => s.length));
+    // Padded to a multiple of 4 positions within max_positions, as every client pads (package
+    // format, "Sources"): then a sentence's numbers do not depend on its batch.
+    const longest = Math.max(...sources.map((s) => s.length));
+    const srcLen = Math.max(longest, Math.min(Math.ceil(longest / 4) * 4, max_positions));
     const srcIds = new BigInt64Array(sources.length * srcLen).fill(BigInt(pad_id));
     sources.forEach((s, b) => s.forEach((id, j) => { srcIds[b * srcLen + j] = BigInt(id); }));
     const encoded = await this.encoder.run({ src_ids: new Tensor("int64", srcIds, [sources.length, srcLen]) });

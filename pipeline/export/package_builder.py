@@ -78,6 +78,7 @@ def _recorded_feeds(graphs: dict[str, Path], sources: list[list[int]], generatio
                 for g in ("encoder", "decoder")
             ),
             pad_id=generation["pad_id"],
+            max_positions=generation["max_positions"],
         )
     )
     gen = GenerationConfig(**generation)

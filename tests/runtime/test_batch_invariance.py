@@ -86,3 +86,22 @@ def test_more_threads_split_batches_and_change_no_translation(packages, variant,
         three.decoder.use_shortlist = one.decoder.use_shortlist = listed
     chosen = three.describe()["one_sentence_threads"]
     assert set(chosen) == {"greedy", "beam"} and set(chosen.values()) <= {1, "n"}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_sentences_scores_are_the_same_bits_beside_a_longer_sentence(packages, variant):
+    """The step graphs' first scores of a sentence alone and in a batch with a longer one: equal to
+    the bit. The runtime pads sources to a multiple of four positions (mt_runtime/search.py
+    source_width); padded to its own length instead, a float32 cross-attention over 7 or 11
+    positions sums otherwise than over the batch's (onnxruntime's one-row product)."""
+    built, sources = packages
+    translator = Translator(built[variant, False], threads=1)
+    decoder, bos = translator.decoder, np.array([translator.generation.bos_id])
+    longest = max(sources, key=len)
+    assert {len(s) % 4 for s in sources} == {0, 1, 2, 3}  # lengths of every remainder
+    for source in sources:
+        decoder.encode([source], 1)
+        alone = decoder.step(bos, None)[0].copy()
+        decoder.encode([source, longest], 1)
+        beside = decoder.step(np.repeat(bos, 2), None)[0]
+        assert np.array_equal(alone, beside), (variant, len(source), len(longest))

@@ -11,6 +11,7 @@ from mt_runtime.search import (
     beam_search,
     beam_search_nbest,
     greedy_search,
+    source_width,
     top_k_indices,
 )
 
@@ -186,3 +187,11 @@ def test_dropping_finished_sentences_changes_no_output():
             assert [[tokens for _, tokens in h] for h in got] == [[tokens for _, tokens in h] for h in want]
             assert [s for h in got for s, _ in h] == pytest.approx([s for h in want for s, _ in h], rel=1e-6)
         assert dropping.kept and min(dropping.kept) < len(sources) * beam  # rows were dropped
+
+
+def test_sources_are_padded_to_a_multiple_of_four_within_the_positions():
+    assert [source_width([n], 256) for n in (1, 4, 5, 7, 8)] == [4, 4, 8, 8, 8]
+    assert source_width([3, 9, 2], 256) == 12  # the longest source's
+    assert source_width([255], 256) == 256 and source_width([257], 258) == 258  # never past the positions
+    assert source_width([300], 256) == 300  # never shorter than a source (the graphs then refuse it)
+    assert source_width([7], None) == 7  # a caller that does not know the positions

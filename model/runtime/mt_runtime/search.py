@@ -299,6 +299,22 @@ class Tokenizer(Protocol):
     def decode(self, batch: Sequence[Sequence[int]]) -> list[str]: ...
 
 
+SOURCE_ALIGN = 4
+
+
+def source_width(lengths: Sequence[int], max_positions: int | None) -> int:
+    """Columns of a batch's source ids: the longest source's length rounded up to a multiple of
+    SOURCE_ALIGN (padding ids), within max_positions. In a decoder step's cross-attention
+    onnxruntime's one-row products sum over all of a sentence's key positions, padding included,
+    and their sums come out the same for any count of positions that is a multiple of four, not
+    otherwise: padded so, a sentence translates the same alone and in any batch
+    (docs/decisions.md). None: no rounding (callers that do not know the graphs' positions)."""
+    longest = max(lengths)
+    if max_positions is None:
+        return longest
+    return max(longest, min(-(-longest // SOURCE_ALIGN) * SOURCE_ALIGN, max_positions))
+
+
 def prepare_sources(
     tokenizer: Tokenizer, sentences: Sequence[str], max_positions: int, warn: bool = True
 ) -> list[list[int]]:

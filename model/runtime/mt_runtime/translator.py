@@ -60,7 +60,7 @@ from .layout import (
     TOP_K,
     WORDS,
 )
-from .search import GenerationConfig, best_of, search, translate_sentences
+from .search import GenerationConfig, best_of, search, source_width, translate_sentences
 from .shortlist import Shortlist, ShortlistError, sentence_width
 from .subword import SubwordTokenizer
 
@@ -101,9 +101,14 @@ class OnnxDecoder:
         greedy: ort.InferenceSession | None = None,
         shortlist: tuple[Shortlist, ort.InferenceSession] | None = None,
         greedy_inplace: ort.InferenceSession | None = None,
+        max_positions: int | None = None,
     ):
         self.encoder, self.decoder, self.pad_id = encoder, decoder, pad_id
-        self._sessions = (encoder, decoder, pad_id, device, device_id, many_rows, greedy, shortlist, greedy_inplace)
+        self.max_positions = max_positions  # the graphs' positions: sources are padded within them
+        self._sessions = (
+            *(encoder, decoder, pad_id, device, device_id, many_rows, greedy, shortlist, greedy_inplace),
+            max_positions,
+        )
         # decoder_batch.onnx: the same step with int8 kernels for many rows and the top k words
         # per row instead of the whole distribution (model/onnx_passes/many_rows.py); CPU only.
         self.many_rows = many_rows if device == "cpu" else None
@@ -156,7 +161,7 @@ class OnnxDecoder:
         return {n: np.zeros((rows, heads, 0, dim), dtype=dtype) for n, (heads, dim, dtype) in self.past_specs.items()}
 
     def encode(self, src: list[list[int]], beam: int) -> None:
-        width = max(len(s) for s in src)
+        width = source_width([len(s) for s in src], self.max_positions)
         ids = np.full((len(src), width), self.pad_id, dtype=np.int64)
         for i, s in enumerate(src):
             ids[i, : len(s)] = s
@@ -373,7 +378,7 @@ class GraphSearch:
         return cls(*sessions, shortlist=shortlist) if sessions else None
 
     def __call__(self, src: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
-        width = max(len(s) for s in src)
+        width = source_width([len(s) for s in src], gen.max_positions)
         ids = np.full((len(src), width), gen.pad_id, dtype=np.int32)
         for i, s in enumerate(src):
             ids[i, : len(s)] = s
@@ -507,7 +512,9 @@ class Translator:
                 (self.generation.pad_id, self.generation.bos_id, self.generation.eos_id),
             )
         self.decoder = OnnxDecoder(
-            encoder, decoder, self.generation.pad_id, self.device, device_id, many_rows, greedy, lexical, greedy_inplace
+            *(encoder, decoder, self.generation.pad_id, self.device, device_id, many_rows, greedy, lexical),
+            greedy_inplace,
+            self.generation.max_positions,
         )
         if search not in ("auto", "graph", "python"):
             raise ValueError(f"search must be 'auto', 'graph' or 'python', got {search!r}")
