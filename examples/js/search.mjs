@@ -92,8 +92,8 @@ export class PackageSearch {
   async search(sources, beam, lengthPenalty = this.gen.length_penalty) {
     const { Tensor } = this;
     const { pad_id, bos_id, max_len_a, max_len_b, max_positions } = this.gen;
-    // Padded to a multiple of 4 positions within max_positions, as every client pads (package
-    // format, "Sources"): then a sentence's numbers do not depend on its batch.
+    // Padded to a multiple of 4 positions within max_positions, as docs/package-format.md's "Text
+    // in and out" asks of every client: then a sentence's numbers do not depend on its batch.
     const longest = Math.max(...sources.map((s) => s.length));
     const srcLen = Math.max(longest, Math.min(Math.ceil(longest / 4) * 4, max_positions));
     const srcIds = new BigInt64Array(sources.length * srcLen).fill(BigInt(pad_id));

@@ -97,6 +97,8 @@ def test_a_sentences_scores_are_the_same_bits_beside_a_longer_sentence(packages,
     built, sources = packages
     translator = Translator(built[variant, False], threads=1)
     decoder, bos = translator.decoder, np.array([translator.generation.bos_id])
+    # a shard (mt_runtime/cores.py) pads alike
+    assert decoder.twin().max_positions == decoder.max_positions == translator.generation.max_positions
     longest = max(sources, key=len)
     assert {len(s) % 4 for s in sources} == {0, 1, 2, 3}  # lengths of every remainder
     for source in sources:

@@ -105,10 +105,8 @@ class OnnxDecoder:
     ):
         self.encoder, self.decoder, self.pad_id = encoder, decoder, pad_id
         self.max_positions = max_positions  # the graphs' positions: sources are padded within them
-        self._sessions = (
-            *(encoder, decoder, pad_id, device, device_id, many_rows, greedy, shortlist, greedy_inplace),
-            max_positions,
-        )
+        self._sessions = (encoder, decoder, pad_id, device, device_id, many_rows, greedy, shortlist, greedy_inplace)
+        self._sessions += (max_positions,)
         # decoder_batch.onnx: the same step with int8 kernels for many rows and the top k words
         # per row instead of the whole distribution (model/onnx_passes/many_rows.py); CPU only.
         self.many_rows = many_rows if device == "cpu" else None
@@ -512,9 +510,16 @@ class Translator:
                 (self.generation.pad_id, self.generation.bos_id, self.generation.eos_id),
             )
         self.decoder = OnnxDecoder(
-            *(encoder, decoder, self.generation.pad_id, self.device, device_id, many_rows, greedy, lexical),
+            encoder,
+            decoder,
+            self.generation.pad_id,
+            self.device,
+            device_id,
+            many_rows,
+            greedy,
+            lexical,
             greedy_inplace,
-            self.generation.max_positions,
+            max_positions=self.generation.max_positions,
         )
         if search not in ("auto", "graph", "python"):
             raise ValueError(f"search must be 'auto', 'graph' or 'python', got {search!r}")
