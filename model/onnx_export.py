@@ -172,7 +172,7 @@ def _step_queries(model: Transformer) -> list[tuple[Tensor, int, float]]:
 
     A decoder step's self-attention runs at scale 1 on queries already divided by sqrt(head_dim):
     there onnxruntime's CPU kernel multiplies Q by K' with MLAS's one-row product instead of
-    packing K first (MLAS takes that path only at alpha 1), 1.2-1.5x faster at 32 rows
+    packing K first (MLAS takes that path only at alpha 1), 1.1-1.3x faster at 32 rows
     (docs/decisions.md). Every path runs it one row at a time, so all sum alike. Not the
     cross-attention: decoder_batch.onnx runs a sentence's beams there as one product of several
     rows (model/onnx_passes/many_rows.py), which MLAS sums in another order than one row's, so a
