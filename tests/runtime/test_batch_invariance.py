@@ -66,6 +66,20 @@ def test_a_sentence_translates_the_same_alone_and_in_any_batch(packages, variant
         assert len(texts) == len(sources)
 
 
+@pytest.mark.parametrize("variant", ["int8_static", "int8_dynamic"])
+def test_a_sentence_translates_the_same_alone_and_in_batches_without_generate_onnx(packages, variant):
+    """search="python": every call runs over the step graphs, a sentence alone as a batch of one,
+    over the shortlist as in its batches (decoder.onnx's one-row loop has no shortlist)."""
+    built, sources = packages
+    translator = Translator(built[variant, True], threads=1, search="python")
+    assert translator.describe()["search"] == "python" and translator.describe()["shortlist"]
+    for beam in (1, 3):
+        gen = dataclasses.replace(translator.generation, beam=beam)
+        alone = [translator.searcher([src], gen)[0] for src in sources]
+        batched = [out for i in range(0, len(sources), 7) for out in translator.searcher(sources[i : i + 7], gen)]
+        assert alone == batched, (variant, beam)
+
+
 @pytest.mark.parametrize("variant,listed", [("fp32", False), ("int8_static", True)])
 def test_more_threads_split_batches_and_change_no_translation(packages, variant, listed):
     """threads=3: batches split into three shards on one-thread sessions, and a single sentence on

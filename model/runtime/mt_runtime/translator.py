@@ -60,7 +60,7 @@ from .layout import (
     TOP_K,
     WORDS,
 )
-from .search import GenerationConfig, best_of, search, source_width, translate_sentences
+from .search import GenerationConfig, best_of, greedy_search_top_k, search, source_width, translate_sentences
 from .shortlist import Shortlist, ShortlistError, sentence_width
 from .subword import SubwordTokenizer
 
@@ -445,6 +445,10 @@ class PackageSearch:
         if self.which(part) == "graph":  # shards share the one-thread session; alone, the Translator's
             return (self.one_thread_graph() if self.shards.pool is not None else self.graph)(part, gen)
         decoder.use_shortlist = self.decoder.use_shortlist  # a caller may have turned it off
+        if gen.beam == 1 and len(part) == 1 and decoder.many_rows is not None:
+            # As a batch of one, over the graphs and the shortlist its batches use: search.py's
+            # one-row loop runs decoder.onnx over the whole vocabulary.
+            return greedy_search_top_k(decoder, part, gen, 0)[0]
         return search(decoder, part, gen)
 
     def describe(self) -> dict:
