@@ -3,9 +3,10 @@
     python scripts/search_paths.py PACKAGE SENTENCES [--beam 1] [--rounds 7] [--count 200]
 
 One sentence: generate.onnx (the whole search in onnxruntime's op, what a Translator runs) against
-the step graphs with mt_runtime/search.py's loop as a batch of one, taking turns in one process,
-the translations compared. Batches of 32: the wall time against the time inside onnxruntime's
-session calls, the rest being the Python between them (the best of --rounds passes).
+the step graphs with mt_runtime/search.py's loop as a batch of one, taking turns sentence by
+sentence in one process (pipeline.measure.timing.interleaved), the translations compared.
+Batches of 32: the wall time against the time inside onnxruntime's session calls, the rest being
+the Python between them (the best of --rounds passes).
 
 SENTENCES is a text file (.gz too), one sentence a line, or a shape bench package's job.json
 (`scripts/shape_bench.py --keep`): its token ids then, every hypothesis forced to its steps.
@@ -18,13 +19,14 @@ import argparse
 import dataclasses
 import gzip
 import json
-import statistics
 import time
 from pathlib import Path
 
 import onnxruntime as ort
 from mt_runtime.search import prepare_sources
 from mt_runtime.translator import Translator
+
+from pipeline.measure.timing import interleaved
 
 
 def sources(translator: Translator, path: Path, count: int):
@@ -41,20 +43,16 @@ def sources(translator: Translator, path: Path, count: int):
 
 def one_sentence(translator: Translator, src: list[list[int]], gen, rounds: int) -> str:
     steps = Translator(translator.folder, threads=1, search="python")  # a sentence alone: a batch of one
-    ways = {
-        "generate.onnx": lambda s: translator.searcher([s], gen)[0],
-        "step graphs": lambda s: steps.searcher([s], gen)[0],
-    }
-    outputs = {name: [way(s) for s in src] for name, way in ways.items()}  # also the warm-up
-    same = sum(a == b for a, b in zip(*outputs.values()))
-    times: dict[str, list[float]] = {name: [] for name in ways}
-    for r in range(rounds):
-        for name in list(ways)[:: 1 if r % 2 == 0 else -1]:
-            start = time.perf_counter()
-            for s in src:
-                ways[name](s)
-            times[name].append((time.perf_counter() - start) / len(src) * 1000)
-    op, loop = (statistics.median(t) for t in times.values())
+    timed = interleaved(
+        {
+            "generate.onnx": lambda s: translator.searcher([s], gen)[0],
+            "step graphs": lambda s: steps.searcher([s], gen)[0],
+        },
+        src,
+        repeats=rounds,
+    )
+    same = sum(a == b for a, b in zip(*timed.outputs.values()))
+    op, loop = timed.median_ms("generate.onnx"), timed.median_ms("step graphs")
     return (
         f"one sentence, beam {gen.beam}: generate.onnx {op:.3f} ms, step graphs {loop:.3f} ms a sentence "
         f"({loop / op:.2f}x the op's time); the same translation {same}/{len(src)}"
