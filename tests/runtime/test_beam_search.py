@@ -10,6 +10,7 @@ from mt_runtime.search import (
     IncrementalDecoder,
     beam_search,
     beam_search_nbest,
+    fill_from_the_end,
     greedy_search,
     source_width,
     top_k_indices,
@@ -187,6 +188,18 @@ def test_dropping_finished_sentences_changes_no_output():
             assert [[tokens for _, tokens in h] for h in got] == [[tokens for _, tokens in h] for h in want]
             assert [s for h in got for s, _ in h] == pytest.approx([s for h in want for s, _ in h], rel=1e-6)
         assert dropping.kept and min(dropping.kept) < len(sources) * beam  # rows were dropped
+
+
+def test_ended_rows_places_are_filled_from_the_end():
+    ended = np.array([False, True, False, False, True, False, False])
+    order = fill_from_the_end(ended)
+    assert order.tolist() == [0, 5, 2, 3, 6]  # the places of rows 1 and 4 to the rows past the new end
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        ended = rng.random(int(rng.integers(1, 20))) < 0.4
+        order = fill_from_the_end(ended)
+        assert sorted(order.tolist()) == np.flatnonzero(~ended).tolist()
+        assert np.count_nonzero(order != np.arange(len(order))) == np.count_nonzero(ended[: len(order)])
 
 
 def test_sources_are_padded_to_a_multiple_of_four_within_the_positions():

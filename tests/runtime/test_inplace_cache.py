@@ -18,10 +18,10 @@ from model.onnx_passes.cache import cache_in_place
 SOURCES = [[5, 9, 14, 22, 2], [7, 2], [30, 31, 32, 33, 34, 35, 2], [11, 12, 2]]
 
 
-def _steps(decoder, drop_at: int, steps: int, scores_at: int | None = None):
+def _steps(decoder, drop_at: int, steps: int, scores_at: int | None = None, kept=(0, 2, 3)):
     """Greedy steps over SOURCES, row r fed its r-th best word (so that rows' caches differ); at
-    `drop_at` the second row ends (keep, then parents); at `scores_at` one step asks for scores
-    (decoder_batch.onnx)."""
+    `drop_at` the second row ends (keep `kept`, then parents); at `scores_at` one step asks for
+    scores (decoder_batch.onnx)."""
     decoder.encode(SOURCES, 1)
     tokens, parents, seen = np.full(len(SOURCES), 1, dtype=np.int64), None, []
     for t in range(steps):
@@ -29,25 +29,42 @@ def _steps(decoder, drop_at: int, steps: int, scores_at: int | None = None):
         seen.append((values, ids))
         tokens, parents = ids[np.arange(len(ids)), np.arange(len(ids))].astype(np.int64), None
         if t == drop_at:
-            rows = np.array([0, 2, 3])[: len(tokens)] if len(tokens) == 4 else np.arange(len(tokens))
+            rows = np.array(kept) if len(tokens) == 4 else np.arange(len(tokens))
             decoder.keep(rows)
             tokens, parents = tokens[rows], rows
     return seen
 
 
+@pytest.mark.parametrize("kept", [(0, 2, 3), (0, 3, 2)])  # the rows after it moved up; the last in its place
 @pytest.mark.parametrize("scores_at", [None, 6])
-def test_greedy_steps_in_place_give_the_copying_graphs_numbers_bit_for_bit(package, monkeypatch, scores_at):
+def test_greedy_steps_in_place_give_the_copying_graphs_numbers_bit_for_bit(package, monkeypatch, scores_at, kept):
     monkeypatch.setattr(inplace, "_FIRST_CAPACITY", 4)  # so that the buffers grow twice
     translator = Translator(package, threads=1, shortlist=False)
     in_place = translator.decoder
     copying = in_place.twin()
     copying.inplace = None
     assert in_place.inplace is not None
-    got = _steps(in_place, drop_at=2, steps=12, scores_at=scores_at)
-    want = _steps(copying, drop_at=2, steps=12, scores_at=scores_at)
+    got = _steps(in_place, drop_at=2, steps=12, scores_at=scores_at, kept=kept)
+    want = _steps(copying, drop_at=2, steps=12, scores_at=scores_at, kept=kept)
     for t, ((gv, gi), (wv, wi)) in enumerate(zip(got, want)):
         assert gv.shape == wv.shape and np.array_equal(gi, wi) and np.array_equal(gv, wv), t
     assert in_place.inplace.buffers["past_k_0"].shape[2] >= 12 or scores_at is not None
+
+
+def test_take_rows_is_numpys_take_done_in_place():
+    """Rows kept in place, a dropped one's place filled from the end, a permutation, a cache's
+    filled positions only: the same as array[rows], in the array's own memory."""
+    rng = np.random.default_rng(3)
+    for rows in ([0, 1, 2, 3, 4], [0, 4, 2, 3], [2, 3], [4, 0, 3, 1, 2], [], [1, 1, 0]):
+        for positions in (None, 3):
+            array = rng.standard_normal((5, 2, 6, 4)).astype(np.float32)
+            want = array[rows].copy()
+            got = inplace.take_rows(array, np.array(rows, dtype=np.int64), positions)
+            assert np.shares_memory(got, array) or not rows
+            filled = slice(None) if positions is None else slice(0, positions)
+            assert np.array_equal(got[:, :, filled], want[:, :, filled]), (rows, positions)
+    with pytest.raises(ValueError):
+        inplace.take_rows(np.zeros((2, 3)), np.array([0, 1, 1]))
 
 
 def test_batches_translate_the_same_with_and_without_the_in_place_graph(package):

@@ -14,7 +14,7 @@ import torch
 from mt_runtime.files import sha256_file
 from mt_runtime.search import prepare_sources
 from mt_runtime.shortlist import Shortlist, ShortlistError, build_shortlist, sentence_width
-from mt_runtime.translator import PackageError, Translator
+from mt_runtime.translator import OnnxDecoder, PackageError, Translator
 
 from model.onnx_passes.edit import graph_nodes
 from model.onnx_passes.output_vocabulary import output_vocabulary
@@ -151,6 +151,24 @@ def test_the_shortlisted_projection_gives_the_whole_ones_columns_exactly(package
 
 
 @pytest.mark.slow
+def test_a_rows_best_word_is_the_best_of_its_own_sentences_words():
+    """Greedy steps over a batch's shortlist: the mask is added only to rows whose best word overall
+    is not their sentence's; the choice and value are those of masking every row, ties included."""
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        rows, width = int(rng.integers(1, 9)), int(rng.integers(2, 40))
+        logits = rng.integers(-3, 4, (rows, width)).astype(np.float32)  # many ties
+        allowed = rng.random((rows, width)) < 0.5
+        allowed[np.arange(rows), rng.integers(0, width, rows)] = True
+        masked = np.where(allowed, np.float32(0), np.float32(-np.inf))
+        words = rng.permutation(1000)[:width]
+        want = (logits + masked).argmax(axis=1)
+        step = dataclasses.make_dataclass("Step", ["masked"])(masked)  # what _best_words reads of a decoder
+        values, ids = OnnxDecoder._best_words(step, logits.copy(), words, 1)
+        assert ids[:, 0].tolist() == words[want].tolist()
+        assert values[:, 0].tolist() == logits[np.arange(rows), want].tolist()
+
+
 def test_a_float32_package_decodes_over_the_whole_vocabulary(packages):
     """Float products over a fed weight and a prepacked one may round apart: float32 packages
     keep the whole vocabulary on every path (the shortlist ships only for the int8 packages made

@@ -7,6 +7,11 @@ it reads: its present_* are bound here to the same memory as its past_* (onnxrun
 binding). Same products, same softmax over the same positions: the logits are bit-identical to
 decoder_greedy.onnx's (docs/decisions.md). Rows that change place (a batch dropping its finished
 sentences) are gathered here with NumPy, once, instead of by the graph.
+
+Everything a step writes or reads each time (the cache, the tokens, the position, the logits) is
+a NumPy array bound once and written in place: at batch 32 of the default student a step's
+graph run is a few hundred microseconds, and binding anew, allocating the logits and moving every
+row after a dropped one had added a fifth to it (docs/decisions.md, issue 58).
 """
 
 from __future__ import annotations
@@ -17,6 +22,21 @@ import onnxruntime as ort
 from .layout import LOGITS, PAST_SEQUENCE_LENGTH, TOKENS
 
 _FIRST_CAPACITY = 32  # positions; doubled when a step needs more
+
+
+def take_rows(array: np.ndarray, rows: np.ndarray, positions: int | None = None) -> np.ndarray:
+    """array[:len(rows)] = array[rows] in place, copying only the rows that change place: the
+    searches fill a dropped sentence's place with the last rows (search.fill_from_the_end), so
+    dropping one moves one row, not every row after it. `positions`: only that many of axis 2
+    (a cache's filled part). Returns the view of the rows taken."""
+    n = len(rows)
+    if n > len(array):
+        raise ValueError(f"take_rows: {n} rows asked of {len(array)}")
+    moved = np.flatnonzero(rows != np.arange(n))
+    if len(moved):
+        part = (slice(None), slice(0, positions)) if positions is not None else ()
+        array[(moved, *part)] = array[(rows[moved], *part)]  # the right side is a copy
+    return array[:n]
 
 
 class InPlaceCache:
@@ -30,9 +50,17 @@ class InPlaceCache:
         self.buffers: dict[str, np.ndarray] = {}  # the search's rows of _store's arrays
         self._store: dict[str, np.ndarray] = {}
         self.filled = 0  # positions of the cache that hold keys and values
-        self._binding = None
-        # name -> (the feed's array, the array bound): a binding holds a pointer, not a reference
+        self._binding = session.io_binding()
+        self._position = np.zeros(1, np.int32)  # past_sequence_length, bound once
+        self._tokens = np.zeros((0, 1), np.int64)  # the step's tokens: rows of _token_store
+        self._token_store = self._tokens
+        self._logits: np.ndarray | None = None  # the search's rows of _logit_store, once its width is known
+        self._logit_store: np.ndarray | None = None
+        self._stale = True  # the buffers above moved: bind them again before the next step
+        # name -> (the feed's array, what is bound): a binding holds a pointer, not a reference
         self._bound: dict[str, tuple] = {}
+        self._bound[PAST_SEQUENCE_LENGTH] = (self._position, ort.OrtValue.ortvalue_from_numpy(self._position))
+        self._binding.bind_ortvalue_input(PAST_SEQUENCE_LENGTH, self._bound[PAST_SEQUENCE_LENGTH][1])
 
     def load(self, past: dict[str, np.ndarray]) -> None:
         """Start from a cache given as arrays [rows, heads, filled, head_size] (decoder.onnx's form)."""
@@ -42,6 +70,10 @@ class InPlaceCache:
         self._hold(rows, capacity, {name: a.shape for name, a in past.items()})
         for name in self.past_names:
             self.buffers[name][:, :, : self.filled] = past[name]
+        if len(self._token_store) < rows or len(self._token_store) > 2 * max(rows, 1):
+            self._token_store = np.zeros((rows, 1), np.int64)
+        self._tokens = self._token_store[:rows]
+        self._logits = None  # a new search may project onto other words: its width is learnt at its first step
 
     def _capacity(self) -> int:
         return next(iter(self._store.values())).shape[2] if self._store else 0
@@ -61,57 +93,70 @@ class InPlaceCache:
                     grown[:, :, : self.filled] = self.buffers[name][:, :, : self.filled]
                 self._store[name] = grown
             self.buffers[name] = self._store[name][:rows]
-        self._binding = None
+        self._stale = True
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The cache as decoder.onnx's arrays (copies): for a step through another graph."""
         return {name: np.ascontiguousarray(b[:, :, : self.filled]) for name, b in self.buffers.items()}
 
     def reorder(self, parents: np.ndarray) -> None:
-        """Row i continues row parents[i] from now on. Where the rows only leave (a batch dropping
-        its ended sentences: parents increasing), the others move up within the same arrays, one
-        row at a time, their filled positions only."""
+        """Row i continues row parents[i] from now on: within the same arrays, the rows that change
+        place only, their filled positions only (take_rows)."""
         n = len(parents)
-        moved = np.flatnonzero(parents != np.arange(n)).tolist() if np.all(np.diff(parents) > 0) else None
         for name, buffer in self.buffers.items():
-            if moved is not None:
-                for row in moved:
-                    buffer[row, :, : self.filled] = buffer[parents[row], :, : self.filled]
-            else:
-                buffer[:n, :, : self.filled] = buffer[parents, :, : self.filled]  # the right side is a copy
+            take_rows(buffer, parents, self.filled)
             self.buffers[name] = self._store[name][:n]
-        self._binding = None
+        self._tokens = self._token_store[:n]
+        if self._logits is not None:
+            self._logits = self._logit_store[:n]
+        self._stale = True
+
+    def _bind_buffers(self) -> None:
+        binding = self._binding
+        for name, buffer in self.buffers.items():
+            # One OrtValue over the NumPy buffer as both input and output: the step writes
+            # where it reads.
+            value = ort.OrtValue.ortvalue_from_numpy(buffer)
+            binding.bind_ortvalue_input(name, value)
+            binding.bind_ortvalue_output(name.replace("past_", "present_", 1), value)
+            self._bound[name] = (buffer, value)
+        for name, array in ((TOKENS, self._tokens), (LOGITS, self._logits)):
+            if array is None:  # the logits' width is not known yet: onnxruntime allocates them
+                binding.bind_output(LOGITS, "cpu")
+                continue
+            value = ort.OrtValue.ortvalue_from_numpy(array)
+            (binding.bind_ortvalue_input if name == TOKENS else binding.bind_ortvalue_output)(name, value)
+            self._bound[name] = (array, value)
+        self._stale = False
 
     def step(self, tokens: np.ndarray, feed: dict) -> np.ndarray:
-        """One step: the logits [rows, words]; the buffers then hold one position more. `feed`
-        gives every other input by name (src_mask, cross_*, the shortlist's)."""
+        """One step: the logits [rows, words], an array the next step overwrites; the buffers then
+        hold one position more. `feed` gives every other input by name (src_mask, cross_*, the
+        shortlist's)."""
         if self.filled + 1 > self._capacity():
             rows = len(next(iter(self.buffers.values())))
             self._hold(rows, 2 * self._capacity(), {name: b.shape for name, b in self.buffers.items()}, grow=True)
         binding = self._binding
-        if binding is None:
-            binding = self._binding = self.session.io_binding()
-            self._bound = {}
-            for name, buffer in self.buffers.items():
-                # One OrtValue over the NumPy buffer as both input and output: the step writes
-                # where it reads.
-                value = ort.OrtValue.ortvalue_from_numpy(buffer)
-                binding.bind_ortvalue_input(name, value)
-                binding.bind_ortvalue_output(name.replace("past_", "present_", 1), value)
-                self._bound[name] = (buffer, value)
-            binding.bind_output(LOGITS, "cpu")
+        if self._stale:
+            self._bind_buffers()
         for name in self.inputs:  # rebound only when the feed holds another array (keep, a new list)
             value = feed[name]
             if self._bound.get(name, (None,))[0] is not value:
                 array = np.ascontiguousarray(value)
                 binding.bind_cpu_input(name, array)
                 self._bound[name] = (value, array)
-        for name, array in (
-            (TOKENS, np.ascontiguousarray(tokens.reshape(-1, 1), dtype=np.int64)),
-            (PAST_SEQUENCE_LENGTH, np.array([self.filled], dtype=np.int32)),
-        ):
-            binding.bind_cpu_input(name, array)
-            self._bound[name] = (array, array)
+        self._tokens[:, 0] = tokens
+        self._position[0] = self.filled
         self.session.run_with_iobinding(binding)
         self.filled += 1
-        return binding.get_outputs()[-1].numpy()
+        if self._logits is not None:
+            return self._logits
+        logits = binding.get_outputs()[-1].numpy()
+        # From the next step on they are written into arrays of ours, kept from search to search.
+        store = self._logit_store
+        rows, width = logits.shape
+        if store is None or store.shape[1] != width or not rows <= len(store) <= 2 * max(rows, 1):
+            store = self._logit_store = np.empty((rows, width), np.float32)
+        self._logits = store[:rows]
+        self._stale = True
+        return logits

@@ -13,6 +13,7 @@ NumPy only: part of mt-runtime, the runtime every package names (package.json's 
 
 from __future__ import annotations
 
+import itertools
 import math
 import zipfile
 from dataclasses import dataclass
@@ -102,7 +103,7 @@ class Shortlist:
         common = np.zeros(self.vocab_size, dtype=bool)  # every sentence's: specials and frequent words
         common[self.always] = common[specials] = True
         lengths = np.fromiter((len(s) for s in sources), dtype=np.int64, count=len(sources))
-        ids = np.fromiter((t for s in sources for t in s), dtype=np.int64, count=int(lengths.sum()))
+        ids = np.fromiter(itertools.chain.from_iterable(sources), dtype=np.int64, count=int(lengths.sum()))
         rows = np.repeat(np.arange(len(sources)), lengths)
         inside = (ids >= 0) & (ids < self.vocab_size)
         # Each (sentence, word) pair once: a word 200 times in a sentence gathers its candidates once.
@@ -113,7 +114,8 @@ class Shortlist:
         frequent = common.copy()
         frequent[specials] = False
         room = width - len(specials) - int(np.count_nonzero(frequent))
-        for row in np.flatnonzero(candidate.sum(axis=1) > room):  # a long sentence: its lowest ids stay
+        counts = candidate.view(np.uint8).sum(axis=1, dtype=np.int32)  # bool's sum widens each to int64: 3x slower
+        for row in np.flatnonzero(counts > room):  # a long sentence: its lowest ids stay
             candidate[row, np.flatnonzero(candidate[row])[room:]] = False
         union = np.flatnonzero(common | candidate.any(axis=0))
         allowed = candidate[:, union]
