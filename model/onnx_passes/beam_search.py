@@ -30,6 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .cache import drop_cache_reorder
 from .edit import expect, prune_dead_nodes, rename, shape
+from .many_rows import group_cross_attention
 from .projection import VOCABULARY_WORDS
 from .sentence_words import LISTED_SEQUENCES
 
@@ -122,6 +123,7 @@ def decoder_subgraph(decoder: onnx.ModelProto, layers: int, first_cache_heads: i
             name = producer[name].input[0]
         if name == SRC_MASK:
             node.input[KEY_PADDING_SLOT] = "encoder_attention_mask"
+    group_cross_attention(g, beams=NUM_BEAMS)
     # The op takes logits and applies its own log-softmax: ours would be done twice.
     logits = LOG_PROBS
     if logits in producer and producer[logits].op_type == "LogSoftmax":

@@ -28,13 +28,20 @@ def many_rows_copy(decoder: onnx.ModelProto, blob: bytes, shortlist: bool = Fals
     return model
 
 
-def group_cross_attention(g: onnx.GraphProto) -> int:
-    """Input `group` (int64 [1]): the rows come in groups of that many consecutive rows of one
-    sentence (its beams), and cross_k_*, cross_v_* and src_mask have one row per group. Each
-    cross-attention then runs with the group's rows as its query positions: one (sentence, head)
-    product of `group` rows instead of `group` products of one row. At 32 sentences x beam 4,
-    one thread, a cross-attention took 347 instead of 780 us (`/tmp/s34/xgroup.py`), and the
-    encoder's output is no longer repeated per beam. Returns how many attentions it grouped."""
+def group_cross_attention(g: onnx.GraphProto, beams: str | None = None) -> int:
+    """Each cross-attention runs with the rows of one sentence (its beams, consecutive) as its
+    query positions: one (sentence, head) product of `group` rows instead of `group` products of
+    one row. At 32 sentences x beam 4, one thread, a cross-attention took 347 instead of 780 us
+    (`/tmp/s34/xgroup.py`), and the encoder's output is no longer repeated per beam.
+
+    Without `beams` (decoder_batch.onnx): the group size is the input `group` (int64 [1]), and
+    cross_k_*, cross_v_* and src_mask have one row per sentence. With `beams`, the name of an
+    int32 [1] value (the search op's num_beams, read from the outer graph), the keys, values and
+    mask come one row per beam, as the op expands them, and each attention takes every group-th
+    row: the same products, so a sentence alone in the op gets decoder_batch.onnx's numbers to the
+    bit (one row at a time, MLAS summed a cross-attention in another order: 3.6e-7 apart, enough
+    to move an int8 activation by a step and, once in 1000 sentences, a beam's choice).
+    Returns how many attentions it grouped."""
     inputs = {i.name for i in g.input}
     crosses = [
         n
@@ -53,16 +60,35 @@ def group_cross_attention(g: onnx.GraphProto) -> int:
             numpy_helper.from_array(np.array([-1, 1, 0], np.int64), "group/rows"),
         ]
     )
-    g.node.insert(
-        0,
+    first = [
         helper.make_node(
             "Concat", ["group/minus_one", GROUP, "group/same"], ["group/queries"], axis=0, name="group/queries"
-        ),
-    )
-    g.input.append(helper.make_tensor_value_info(GROUP, TensorProto.INT64, [1]))
-    for value in g.input:  # one row per sentence, not per row
-        if value.name == SRC_MASK or value.name.startswith(("cross_k_", "cross_v_")):
-            value.type.tensor_type.shape.dim[0].dim_param = "sentences"
+        )
+    ]
+    if beams is None:
+        g.input.append(helper.make_tensor_value_info(GROUP, TensorProto.INT64, [1]))
+        for value in g.input:  # one row per sentence, not per row
+            if value.name == SRC_MASK or value.name.startswith(("cross_k_", "cross_v_")):
+                value.type.tensor_type.shape.dim[0].dim_param = "sentences"
+    else:
+        g.initializer.append(numpy_helper.from_array(np.array([2**62], np.int64), "group/end"))
+        first.insert(0, helper.make_node("Cast", [beams], [GROUP], to=TensorProto.INT64, name="group/beams"))
+        per_sentence = {}
+        for node in crosses:  # key, value, key padding mask: the first beam's row of each sentence
+            for slot in (1, 2, 4):
+                name = node.input[slot] if len(node.input) > slot else ""
+                if name and name not in per_sentence:
+                    per_sentence[name] = f"{name}/per_sentence"
+                    first.append(
+                        helper.make_node(
+                            "Slice",
+                            [name, "group/same", "group/end", "group/same", GROUP],
+                            [per_sentence[name]],
+                            name=f"group/{name}",
+                        )
+                    )
+                if name:
+                    node.input[slot] = per_sentence[name]
     for node in crosses:
         at = list(g.node).index(node)
         query, out = node.input[0], node.output[0]
@@ -79,6 +105,8 @@ def group_cross_attention(g: onnx.GraphProto) -> int:
             at + 2,
             helper.make_node("Reshape", [f"{out}/grouped", "group/rows"], [out], name=f"{node.name or out}/ungroup"),
         )
+    for at, node in enumerate(first):
+        g.node.insert(at, node)
     return len(crosses)
 
 
