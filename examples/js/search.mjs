@@ -1,7 +1,7 @@
 // The part of a mt-onnx-package/2 client that is the same in Node.js and in a browser, written from
 // docs/package-format.md alone: the package.json rules that need no file system, the text rules,
 // the shortlist's rules and the greedy and beam search over the step graphs (encoder.onnx,
-// decoder.onnx). It imports nothing: the caller gives it onnxruntime's sessions and Tensor class
+// decoder.onnx; decoder_batch.onnx for beams where it is given). It imports nothing: the caller gives it onnxruntime's sessions and Tensor class
 // (onnxruntime-node or onnxruntime-web) and a tokenizer (tokenizers.js), so that examples/js
 // (translate.mjs) and examples/web (the page) search with one copy of this code.
 // Section names in the comments ("## ...") are the spec's.
@@ -45,9 +45,14 @@ export class PackageSearch {
    * @param parts.encoder, parts.decoder onnxruntime InferenceSessions of encoder.onnx, decoder.onnx
    * @param parts.Tensor that onnxruntime's Tensor class
    * @param parts.shortlist shortlist.npz's arrays where the package searches with it, else null
+   * @param parts.beams an InferenceSession of decoder_batch.onnx, or null: beam search then runs
+   *   over it with a sentence's beams grouped in each cross-attention, as onnxruntime's BeamSearch
+   *   op in generate.onnx does (## Numbers); over decoder.onnx, one row per beam, the float sums
+   *   may part from the op's by an ulp
    */
-  constructor({ gen, tokenizer, encoder, decoder, Tensor, shortlist = null, where = "package" }) {
+  constructor({ gen, tokenizer, encoder, decoder, Tensor, shortlist = null, beams = null, where = "package" }) {
     Object.assign(this, { gen, tokenizer, encoder, decoder, Tensor });
+    this.beams = beams && beams.inputNames.includes("group") ? beams : null;
     // ## The step graphs: the first step's empty cache needs each layer's [heads, head_size],
     // which decoder.onnx's past_* input shapes give as numbers.
     this.emptyPast = {};
@@ -110,9 +115,12 @@ export class PackageSearch {
       return Object.assign(search, { b });
     });
     let live = searches.filter((s) => !s.done);
+    // ## decoder_batch.onnx: with `group` k, src_mask and cross_* hold one row per sentence.
+    const grouped = beam > 1 && this.beams !== null;
+    const feedRows = () => (grouped ? live : live.flatMap((s) => s.beams.map(() => s)));
     let rows = live.flatMap((s) => s.beams.map(() => s));  // the sentence of each row
     let parents = rows.map((_, r) => r);
-    const feeds = this.rowFeeds(encoded, rows, sources, srcLen);
+    const feeds = { ...this.rowFeeds(encoded, feedRows(), sources, srcLen), ...(grouped ? this.groupFeeds(beam) : {}) };
     for (const [name, [heads, size]] of Object.entries(this.emptyPast)) {
       feeds[name] = new Tensor("float32", new Float32Array(0), [rows.length, heads, 0, size]);
     }
@@ -120,14 +128,17 @@ export class PackageSearch {
       const tokens = live.flatMap((s) => s.beams.map((b) => BigInt(b.tokens.at(-1) ?? bos_id)));
       feeds.tokens = new Tensor("int64", BigInt64Array.from(tokens), [rows.length, 1]);
       feeds.cache_index = new Tensor("int64", BigInt64Array.from(parents, BigInt), [rows.length]);
-      const out = await this.decoder.run(feeds);
+      const out = await (grouped ? this.beams : this.decoder).run(feeds);
       for (const name of Object.keys(this.emptyPast)) feeds[name] = out[name.replace("past_", "present_")];
-      const logProbs = out.log_probs.data, vocab = out.log_probs.dims[1];
-      // Each sentence steps on its rows' log-probabilities; its next rows name their parents.
+      // A row: its log-probabilities over the vocabulary, or (grouped) its best 2k as {values, ids}.
+      const row = grouped
+        ? (r) => { const n = out.top_ids.dims[1]; return { values: out.top_log_probs.data.subarray(r * n, (r + 1) * n), ids: out.top_ids.data.subarray(r * n, (r + 1) * n) }; }
+        : (r) => out.log_probs.data.subarray(r * out.log_probs.dims[1], (r + 1) * out.log_probs.dims[1]);
+      // Each sentence steps on its rows; its next rows name their parents.
       let first = 0;
       parents = [];
       for (const s of live) {
-        const own = s.beams.map((_, j) => logProbs.subarray((first + j) * vocab, (first + j + 1) * vocab));
+        const own = s.beams.map((_, j) => row(first + j));
         const chosen = s.step(own);  // the beam each next row continues
         if (s.done) results[s.b] = s.result();
         else parents.push(...chosen.map((j) => first + j));
@@ -136,13 +147,30 @@ export class PackageSearch {
       if (live.some((s) => s.done)) {
         live = live.filter((s) => !s.done);
         rows = live.flatMap((s) => s.beams.map(() => s));
-        Object.assign(feeds, this.rowFeeds(encoded, rows, sources, srcLen));
+        Object.assign(feeds, this.rowFeeds(encoded, feedRows(), sources, srcLen));
       }
     }
     return results;
   }
 
-  /** src_mask and cross_* with one copy of the sentence's rows per search row. */
+  /** decoder_batch.onnx's other inputs for beam search: each row's best 2k, normalized, its
+   * sentence's k beams grouped; the output vocabulary, not a greedy word list (## The shortlist). */
+  groupFeeds(k) {
+    const { Tensor } = this, inputs = this.beams.inputNames;
+    const feeds = {
+      group: new Tensor("int64", BigInt64Array.from([BigInt(k)]), [1]),
+      top_k: new Tensor("int64", BigInt64Array.from([BigInt(2 * k)]), [1]),
+    };
+    if (inputs.includes("normalize")) feeds.normalize = new Tensor("bool", Uint8Array.from([1]), [1]);
+    if (inputs.includes("shortlisted")) {
+      feeds.shortlisted = new Tensor("bool", Uint8Array.from([0]), [1]);
+      feeds.shortlist_weight = new Tensor("int8", new Int8Array(0), [0, 0]);
+      feeds.shortlist_scale = new Tensor("float32", new Float32Array(0), [0]);
+    }
+    return feeds;
+  }
+
+  /** src_mask and cross_* with one copy of the sentence's rows per row of `rows` (sentences). */
   rowFeeds(encoded, rows, sources, srcLen) {
     const { Tensor } = this;
     const mask = new Uint8Array(rows.length * srcLen);  // src_ids != pad_id (a source may hold pad_id itself)
@@ -201,11 +229,14 @@ export class BeamSearch {
     const { k } = this, top = [];  // the best 2k candidates, best first: score, then beam, then word id
     const better = (score, beam, word, than) => score > than.score
       || (score === than.score && (beam < than.beam || (beam === than.beam && word < than.word)));
-    rows.forEach((logProbs, beam) => {
-      const scores = this.vocabulary ? normalizedOver(logProbs, this.vocabulary) : logProbs;
+    rows.forEach((row, beam) => {
+      // a row: log-probabilities over the vocabulary, or decoder_batch.onnx's best {values, ids}
+      const listed = row.ids !== undefined;
+      const scores = listed ? row.values : this.vocabulary ? normalizedOver(row, this.vocabulary) : row;
       const base = this.beams[beam].score;
       for (let i = 0; i < scores.length; i++) {
-        const score = Math.fround(base + scores[i]), word = this.vocabulary ? this.vocabulary[i] : i;
+        const score = Math.fround(base + scores[i]);
+        const word = listed ? Number(row.ids[i]) : this.vocabulary ? this.vocabulary[i] : i;
         if (top.length === 2 * k && !better(score, beam, word, top.at(-1))) continue;
         let at = top.length;
         while (at > 0 && better(score, beam, word, top[at - 1])) at--;

@@ -57,6 +57,8 @@ export class Translator extends PackageSearch {
       tokenizer: new Tokenizer(JSON.parse(read("tokenizer.json").toString("utf8")), { clean_up_tokenization_spaces: false }),
       encoder: await ort.InferenceSession.create(path.join(dir, "encoder.onnx"), options),
       decoder: await ort.InferenceSession.create(path.join(dir, "decoder.onnx"), options),
+      // ## decoder_batch.onnx (CPU packages): beam search gets the search op's numbers to the bit.
+      beams: "decoder_batch.onnx" in about.files ? await ort.InferenceSession.create(path.join(dir, "decoder_batch.onnx"), options) : null,
       Tensor: ort.Tensor,
       // ## The shortlist: packages that list shortlist.onnx (int8 ones made with a shortlist)
       // search with shortlist.npz; float32 packages carry shortlist.npz but search the whole vocabulary.

@@ -74,13 +74,11 @@ def test_js_client_translates_as_the_python_runtime(node, packages, variant, sho
         assert run_js(node, built[variant, shortlist], lines, beam, 16) == js  # any batch, same translation
         differ = [i for i, (a, b) in enumerate(zip(js, alone)) if a != b]
         assert not differ, [(lines[i], alone[i], js[i]) for i in differ]
-        # Where the Python runtime's batches agree with its one-sentence search, so does this
-        # client. Where they do not (seen with int8_dynamic at beam > 1: decoder_batch.onnx's
-        # `group` path gives other numbers than decoder.onnx for some rows), this client sides
-        # with the spec and onnxruntime's BeamSearch op, as tested above.
-        split = [i for i, (a, b) in enumerate(zip(alone, batched)) if a != b]
-        assert [i for i, (a, b) in enumerate(zip(js, batched)) if a != b] == split
-        assert not split or (variant, beam) == ("int8_dynamic", 4), (variant, shortlist, beam, split)
+        # The Python runtime's batches agree with its one-sentence search (the op), and so does
+        # this client: at beam > 1 it runs decoder_batch.onnx with a sentence's beams grouped in
+        # each cross-attention, as the op does (one product per beam over decoder.onnx summed
+        # otherwise by an ulp, which moved int8 activations and, here, 3 of 7 packages' beams).
+        assert batched == alone, (variant, shortlist, beam)
     # Another length penalty than generation.json's (the hypotheses' float32 t ** penalty).
     alone = translator.translate(lines, beam=4, length_penalty=0.6, max_batch=1)
     assert run_js(node, built[variant, shortlist], lines, 4, 1, "--length-penalty", "0.6") == alone
