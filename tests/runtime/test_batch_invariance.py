@@ -100,6 +100,11 @@ def test_more_threads_split_batches_and_change_no_translation(packages, variant,
         three.decoder.use_shortlist = one.decoder.use_shortlist = False
         assert three.searcher(sources[:9], gen) == one.searcher(sources[:9], gen)
         three.decoder.use_shortlist = one.decoder.use_shortlist = listed
+    # Several batches in one call: whole batches at once, one per shard (ShardPool.each).
+    texts = [one.tokenizer.decode([s[:-1]])[0] for s in sources]
+    assert three.searcher.at_once == 3 and one.searcher.at_once == 1
+    for beam in (1, 3):
+        assert three.translate(texts, beam=beam, max_batch=5) == one.translate(texts, beam=beam, max_batch=5)
     chosen = three.describe()["one_sentence_threads"]
     assert set(chosen) == {"greedy", "beam"} and set(chosen.values()) <= {1, "n"}
 

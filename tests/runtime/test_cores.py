@@ -3,6 +3,7 @@ thread counts for one sentence."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from mt_runtime.cores import TRIALS, FasterOfTwo, ShardPool, shards
@@ -21,6 +22,26 @@ def test_the_pool_runs_each_shard_on_its_own_state_and_keeps_the_order():
     assert out == ["a0", "a1", "a2", "b3", "b4"]
     assert sorted(seen) == [("a", [0, 1, 2]), ("b", [3, 4])]
     assert ShardPool(["a"])(list(range(3)), lambda state, part: [state] * len(part)) == ["a", "a", "a"]
+
+
+def test_whole_batches_run_at_once_each_on_a_state_no_state_shared():
+    pool = ShardPool(["a", "b"])
+    busy, lock, overlapped = set(), threading.Lock(), []
+
+    def run(state, batch):
+        with lock:
+            assert state not in busy  # a state serves one batch at a time
+            busy.add(state)
+            overlapped.append(len(busy))
+        time.sleep(0.02)
+        with lock:
+            busy.discard(state)
+        return [f"{state}:{x}" for x in batch]
+
+    out = pool.each([[0, 1], [2], [3, 4, 5], [6]], run)
+    assert [[x.split(":")[1] for x in b] for b in out] == [["0", "1"], ["2"], ["3", "4", "5"], ["6"]]
+    assert max(overlapped) == 2  # two batches ran at once
+    assert ShardPool(["a"]).each([[1], [2]], run) == [["a:1"], ["a:2"]]
 
 
 def test_the_faster_side_is_chosen_per_kind_after_its_trials():

@@ -465,6 +465,20 @@ class PackageSearch:
             return self.single("beam" if gen.beam > 1 else "greedy", lambda out: len(out[0]) + 1, batch, gen)
         return self.shards(batch, lambda decoder, part: self._part(decoder, part, gen))
 
+    @property
+    def at_once(self) -> int:
+        """Batches `each` runs at once: one per shard."""
+        return len(self.shards.states)
+
+    def each(self, batches: list[list[list[int]]], gen: GenerationConfig) -> list[list[list[int]]]:
+        """Several batches: each whole on a shard's decoder, as many at once as there are shards
+        (ShardPool.each); a batch of one sentence as `__call__` runs it."""
+        if len(batches) < 2:
+            return [self(batch, gen) for batch in batches]
+        return self.shards.each(
+            batches, lambda decoder, batch: self(batch, gen) if len(batch) == 1 else self._part(decoder, batch, gen)
+        )
+
     def _part(self, decoder: OnnxDecoder, part: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
         if self.which(part) == "graph":  # shards share the one-thread session; alone, the Translator's
             return (self.one_thread_graph() if self.shards.pool is not None else self.graph)(part, gen)
