@@ -20,7 +20,9 @@ product, attention included, the output layer over the whole vocabulary), what t
 in GMAC/s, and its share of one core's peak measured here at the start (the best of three fresh
 processes): onnxruntime's MatMulInteger (u8 x s8) and MatMul (fp32) at 1024^3, one thread. Int8
 engines are held against the int8 peak, fp32 against the fp32 one; at more than one thread,
-against threads x that peak.
+against threads x that peak. Above 1 thread each batch is split among the threads (a call of one
+batch); with --whole-batches a point's batches run whole instead, one per thread, as our
+`translate` runs a call of several batches and CTranslate2 its inter_threads workers.
 """
 
 from __future__ import annotations
@@ -144,8 +146,13 @@ def worker(engine: str, folder: Path, job: dict) -> dict:
     if engine == PEER:
         import ctranslate2
 
+        whole = job.get("whole") and threads > 1  # batches at once: CTranslate2's own way, a worker each
         translator = ctranslate2.Translator(
-            str(folder), device="cpu", compute_type="int8", intra_threads=threads, inter_threads=1
+            str(folder),
+            device="cpu",
+            compute_type="int8",
+            intra_threads=1 if whole else threads,
+            inter_threads=threads if whole else 1,
         )
         vocab = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
         piece = {i: p for p, i in vocab.items()}
@@ -161,6 +168,18 @@ def worker(engine: str, folder: Path, job: dict) -> dict:
             )
             return [len(r.hypotheses[0]) for r in results]
 
+        def run_all(batches: list[list[list[int]]], beam: int) -> list[int]:
+            results = translator.translate_batch(
+                [[piece[i] for i in s[:-1]] for b in batches for s in b],
+                beam_size=beam,
+                max_decoding_length=steps,
+                min_decoding_length=steps,
+                max_batch_size=len(batches[0]),
+                batch_type="examples",
+                return_scores=False,
+            )
+            return [len(r.hypotheses[0]) for r in results]
+
     else:
         import dataclasses
 
@@ -171,6 +190,10 @@ def worker(engine: str, folder: Path, job: dict) -> dict:
 
         def run(batch: list[list[int]], beam: int) -> list[int]:
             return [len(out) for out in translator.searcher(batch, dataclasses.replace(base, beam=beam))]
+
+        def run_all(batches: list[list[list[int]]], beam: int) -> list[int]:  # whole batches, one a thread
+            done = translator.searcher.each(batches, dataclasses.replace(base, beam=beam))
+            return [len(out) for outs in done for out in outs]
 
     from mt_runtime.cores import TRIALS
 
@@ -185,10 +208,12 @@ def worker(engine: str, folder: Path, job: dict) -> dict:
         for warm in batches[: 2 * (TRIALS + 1) if batch == 1 else 1]:
             run(warm, beam)
         started = time.perf_counter()
-        for b in batches:
-            lengths = run(b, beam)
-            if any(n != steps for n in lengths):
-                raise SystemExit(f"{engine} {point}: decoded {sorted(set(lengths))} tokens, not {steps}")
+        if job.get("whole") and job["threads"] > 1 and batch > 1:
+            lengths = run_all(batches, beam)
+        else:
+            lengths = [n for b in batches for n in run(b, beam)]
+        if any(n != steps for n in lengths):
+            raise SystemExit(f"{engine} {point}: decoded {sorted(set(lengths))} tokens, not {steps}")
         seconds[point] = (time.perf_counter() - started) / count
     return seconds
 
@@ -275,6 +300,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--engines", default=",".join((*OURS, PEER)))
     ap.add_argument("--json", type=Path, help="also write every figure here")
+    ap.add_argument(
+        "--whole-batches",
+        action="store_true",
+        help="above 1 thread, a point's batches run whole, one per thread (ours: Translator.translate's way; "
+        "CTranslate2: inter_threads), not each batch split among the threads",
+    )
     ap.add_argument("--keep", type=Path, help="build the packages in this folder and keep them (reused if there)")
     args = ap.parse_args()
     if args.worker:
@@ -326,6 +357,7 @@ def main() -> None:
                 "points": points,
                 "sentences": args.sentences,
                 "sentences_b1": args.sentences_b1,
+                "whole": args.whole_batches,
             }
             runs: dict[str, list[dict]] = {e: [] for e in engines}
             for r in range(args.rounds):
@@ -348,7 +380,8 @@ def report(name, spec, vocab, cfg, args, engines, points, threads, peak, results
         f"\n### {name} ({', '.join(f'{k} {v}' for k, v in spec.items())}, vocab {vocab})\n\n"
         f"{cpu_name()}, {cpu_flags()}; one core's peak: int8 {peak['int8']:.0f} GMAC/s, fp32 {peak['fp32']:.0f}; "
         f"{args.steps} decoder steps a hypothesis, {args.src_len} source tokens, {args.rounds} rounds taking "
-        f"turns, each engine in a fresh process\n"
+        f"turns, each engine in a fresh process"
+        f"{'; above 1 thread, batches whole, one per thread' if args.whole_batches else ''}\n"
     )
     print("| threads | point | engine | ms a sentence | sentences/s | GMAC/s | share of peak | ours / CT2 |")
     print("|---|---|---|---|---|---|---|---|")
