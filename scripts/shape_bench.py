@@ -142,11 +142,11 @@ def build(spec: dict, vocab: int, work: Path, sources: list[list[int]]) -> dict[
 def worker(engine: str, folder: Path, job: dict) -> dict:
     """Seconds a sentence at each point, in this process (a fresh one per engine and round)."""
     threads, steps = job["threads"], job["steps"]
+    whole = bool(job.get("whole")) and threads > 1  # a point's batches at once, one per thread
     sources = job["sources"]
     if engine == PEER:
         import ctranslate2
 
-        whole = job.get("whole") and threads > 1  # batches at once: CTranslate2's own way, a worker each
         translator = ctranslate2.Translator(
             str(folder),
             device="cpu",
@@ -208,7 +208,7 @@ def worker(engine: str, folder: Path, job: dict) -> dict:
         for warm in batches[: 2 * (TRIALS + 1) if batch == 1 else 1]:
             run(warm, beam)
         started = time.perf_counter()
-        if job.get("whole") and job["threads"] > 1 and batch > 1:
+        if whole and batch > 1:
             lengths = run_all(batches, beam)
         else:
             lengths = [n for b in batches for n in run(b, beam)]

@@ -472,12 +472,10 @@ class PackageSearch:
 
     def each(self, batches: list[list[list[int]]], gen: GenerationConfig) -> list[list[list[int]]]:
         """Several batches: each whole on a shard's decoder, as many at once as there are shards
-        (ShardPool.each); a batch of one sentence as `__call__` runs it."""
+        (ShardPool.each); a call of one batch as `__call__` runs it (split among the shards)."""
         if len(batches) < 2:
             return [self(batch, gen) for batch in batches]
-        return self.shards.each(
-            batches, lambda decoder, batch: self(batch, gen) if len(batch) == 1 else self._part(decoder, batch, gen)
-        )
+        return self.shards.each(batches, lambda decoder, batch: self._part(decoder, batch, gen))
 
     def _part(self, decoder: OnnxDecoder, part: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
         if self.which(part) == "graph":  # shards share the one-thread session; alone, the Translator's
