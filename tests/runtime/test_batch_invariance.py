@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from mt_runtime.cores import WAVE
 from mt_runtime.search import beam_search_nbest, prepare_sources
 from mt_runtime.shortlist import build_shortlist
 from mt_runtime.translator import Translator
@@ -102,7 +103,7 @@ def test_more_threads_split_batches_and_change_no_translation(packages, variant,
         three.decoder.use_shortlist = one.decoder.use_shortlist = listed
     # Several batches in one call: whole batches at once, one per shard (ShardPool.each).
     texts = [one.tokenizer.decode([s[:-1]])[0] for s in sources]
-    assert three.searcher.at_once == 3 and one.searcher.at_once == 1
+    assert three.searcher.at_once == 3 * WAVE and one.searcher.at_once == 1
     for beam in (1, 3):
         assert three.translate(texts, beam=beam, max_batch=5) == one.translate(texts, beam=beam, max_batch=5)
     chosen = three.describe()["one_sentence_threads"]

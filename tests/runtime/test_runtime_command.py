@@ -74,6 +74,15 @@ def test_flags_take_effect_and_batches_change_nothing(package):
     proc = runtime("translate", str(package), "--beam", "4", "--batch-size", "2", "--threads", "2")
     assert proc.returncode == 0 and proc.stdout == expected(package, 4), proc.stderr.decode()
     assert "threads 2, beam 4, batch 2)" in proc.stderr.decode()
+    # Batches in two child processes: the same lines.
+    proc = runtime("translate", str(package), "--beam", "4", "--batch-size", "2", "--processes", "2")
+    assert proc.returncode == 0 and proc.stdout == expected(package, 4), proc.stderr.decode()
+    assert "threads 1, processes 2, beam 4, batch 2)" in proc.stderr.decode()
+    gpu = runtime("translate", str(package), "--device", "cuda", "--processes", "2")
+    assert (
+        gpu.returncode == 2
+        and _one_error_line(gpu, 2) == "error: --processes: batches run in child processes on the CPU only\n"
+    )
     cut = runtime("translate", str(package), "--beam", "1", "--max-line-bytes", "5", input=b"A man is riding.\nA.\n")
     assert cut.returncode == 0 and len(cut.stdout.splitlines()) == 2
     assert "warning: input line 1 is longer than 5 bytes" in cut.stderr.decode()

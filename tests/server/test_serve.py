@@ -332,3 +332,23 @@ def test_the_threads_default_to_every_core_divided_among_the_workers(package, mo
         settings = serve_settings.settings_from(args, args.subparser)
         got[" ".join(argv)] = (settings.workers, settings.threads)
     assert got == {"": (1, 8), "--workers 3": (3, 2), "--workers 16": (16, 1), "--threads 1": (1, 1)}
+    args = serve_settings.parser().parse_args(["serve", str(folder), "--workers", "2", "--processes", "2"])
+    settings = serve_settings.settings_from(args, args.subparser)
+    assert (settings.workers, settings.processes, settings.threads) == (2, 2, 2)
+
+
+def test_a_worker_with_a_child_process_answers_as_the_translator_alone(package):
+    folder, sentences = package
+    alone = Translator(folder, threads=1)
+
+    async def main():
+        service = Service(settings(folder, processes=1))
+        async with served(service) as (client, _):
+            answers = await asyncio.gather(*(post(client, {"texts": sentences[i : i + 3], "beam": 1}) for i in (0, 3)))
+            for i, (status, got, _) in zip((0, 3), answers):
+                assert status == 200 and got["translations"] == alone.translate(sentences[i : i + 3], beam=1)
+            assert (await (await client.get("/info")).json())["processes"] == 1
+        translator = service.workers.translators[0]
+        assert all(child.process.poll() is not None for child in translator.searcher.children)  # closed
+
+    asyncio.run(main())

@@ -49,7 +49,15 @@ def _add_translate(commands) -> argparse.ArgumentParser:
         "--threads",
         type=positive(int),
         default=None,
-        help="onnxruntime intra-op threads (default: the cores this process may run on)",
+        help="onnxruntime intra-op threads (of each process with --processes; default: the cores this process "
+        "may run on, divided among the processes)",
+    )
+    p.add_argument(
+        "--processes",
+        type=positive(int),
+        default=None,
+        help="child processes that translate whole batches at once, one each (default: none, this process; "
+        "docs/serving.md, Using the cores)",
     )
     p.add_argument(
         "--max-line-bytes",
@@ -81,9 +89,12 @@ def _translate(args: argparse.Namespace) -> int:
     line = _ProgressLine()
     try:
         stream.check_settings(args.beam, args.batch_size, args.max_line_bytes, args.device, args.threads)
+        if args.processes and args.device != "cpu":
+            raise stream.BadInput("--processes: batches run in child processes on the CPU only")
         stdin, stdout = stream.standard_streams()
-        threads = args.threads or cores()  # all cores by default, as `pipeline translate`
-        translator = _open(args.package, args.device, threads, line.warn)
+        # all cores by default, as `pipeline translate`; with processes, divided among them
+        threads = args.threads or max(1, cores() // (args.processes or 1))
+        translator = _open(args.package, args.device, threads, line.warn, args.processes)
         counts = stream.translate_lines(
             translator, stdin, stdout, args.beam, args.batch_size, args.max_line_bytes, line.warn, line.show
         )
@@ -101,7 +112,7 @@ def _translate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open(folder: Path, device: str, threads: int, warn):
+def _open(folder: Path, device: str, threads: int, warn, processes: int | None = None):
     """The package's Translator; a folder that is not one is bad input (2), a package failing its
     checks a failure (1), as `pipeline translate` has them."""
     from .translator import PackageError, Translator
@@ -111,7 +122,7 @@ def _open(folder: Path, device: str, threads: int, warn):
     if not (folder / PACKAGE_JSON).is_file():
         raise stream.BadInput(f"{folder}: not a package folder (no {PACKAGE_JSON})")
     try:
-        return stream.opened(lambda: Translator(folder, device=device, threads=threads), warn)
+        return stream.opened(lambda: Translator(folder, device=device, threads=threads, processes=processes), warn)
     except PackageError as exc:
         raise stream.StreamError(str(exc)) from None
 

@@ -30,6 +30,7 @@ from typing import TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 
+WAVE = 4  # batches a translate call hands over at a time, per shard or child process
 TRIALS = 3  # timed calls of each session per kind before choosing (after one untimed warm-up each)
 
 

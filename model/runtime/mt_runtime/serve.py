@@ -147,7 +147,8 @@ class Service:
     def __init__(self, settings: Settings, make_translator: Callable[[], Translator] | None = None):
         self.settings, self.limits = settings, settings.limits
         self.workers = Workers(
-            make_translator or (lambda: open_translator(settings.package, threads=settings.threads)),
+            make_translator
+            or (lambda: open_translator(settings.package, threads=settings.threads, processes=settings.processes)),
             settings.workers,
             settings.batch_size,
             settings.max_wait_ms,
@@ -352,6 +353,7 @@ def make_app(service: Service) -> web.Application:
                 "queue": s.queue,
                 "workers": s.workers,
                 "threads": s.threads,
+                "processes": s.processes,
                 "requests": service.counts,
                 "batches": service.workers.batches,
                 "sentences": service.workers.sentences,
@@ -437,9 +439,10 @@ async def serve(settings: Settings, make_translator: Callable[[], Translator] | 
             stop.set()
         elif service.state == "ready":
             log.info(
-                "ready: %d worker(s) x %d onnxruntime thread(s), batches of up to %d sentences gathered "
+                "ready: %d worker(s) x %s%d onnxruntime thread(s), batches of up to %d sentences gathered "
                 "for up to %g ms, queue %d sentences; at most %d connections, %d body bytes held",
                 settings.workers,
+                f"{settings.processes} process(es) x " if settings.processes else "",
                 settings.threads,
                 settings.batch_size,
                 settings.max_wait_ms,

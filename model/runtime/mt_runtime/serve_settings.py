@@ -30,7 +30,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     workers: int = 1
-    threads: int = 1  # onnxruntime intra-op threads of each worker's Translator
+    threads: int = 1  # onnxruntime intra-op threads of each worker's Translator (of each of its processes)
     batch_size: int = 32
     max_wait_ms: float = 5.0
     queue: int = 256  # sentences accepted and not yet answered
@@ -39,6 +39,7 @@ class Settings:
     shutdown_timeout: float = 60.0
     access_log: bool = False
     http: HttpLimits = HttpLimits()  # what all clients together may hold (serve_limits.py)
+    processes: int = 0  # child processes of each worker searching its batches (0: the worker's own thread)
 
 
 def cores() -> int:
@@ -113,6 +114,13 @@ def add_serve(commands) -> argparse.ArgumentParser:
         type=positive(int),
         default=None,
         help="threads of each worker, its batches split among them (default: the cores, divided among the workers)",
+    )
+    p.add_argument(
+        "--processes",
+        type=positive(int),
+        default=None,
+        help="child processes of each worker that search its batches, each with --threads threads (default: "
+        "none, the worker's own thread); they share no interpreter lock (docs/serving.md, Using the cores)",
     )
     p.add_argument(
         "--batch-size",
@@ -205,7 +213,8 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     # Every core, divided among the workers: since threads split batches into shards, 2 threads
     # on 2 cores served 1.3-1.6x what 1 did at 8 and 64 clients and the same to one client, the
     # event loop and the load test's clients on the same cores (docs/serving.md, "Using the cores").
-    threads = args.threads or max(1, cores() // workers)
+    processes = args.processes or 0
+    threads = args.threads or max(1, cores() // (workers * max(1, processes)))
     if args.max_texts > args.queue:
         parser.error(f"--max-texts ({args.max_texts}) must not exceed --queue ({args.queue})")
     if args.max_bytes > args.max_inflight_bytes:
@@ -235,4 +244,5 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             body_timeout=args.body_timeout,
             allowed_hosts=tuple(args.allowed_host) if args.allowed_host else None,
         ),
+        processes,
     )

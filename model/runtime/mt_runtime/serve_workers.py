@@ -84,6 +84,9 @@ class Workers:
                 except Exception as exc:  # noqa: BLE001 (answered as a 500 to the requests of this batch)
                     out, error = [None] * len(group), exc
                 loop.call_soon_threadsafe(self._answer, [s.future for s in group], out, error)
+        close = getattr(translator, "close", None)  # a Translator's child processes (--processes)
+        if close is not None:
+            close()
 
     def _gather(self, wait: bool) -> list[_Sentence] | None:
         first = self.queue.get()

@@ -176,6 +176,7 @@ def summary(counts: Counts, translator: TextTranslator, threads: int, beam: int,
             ("runtime", translator.runtime),
             ("search", translator.describe().get("batch_search")),
             ("threads", threads),
+            ("processes", translator.describe().get("processes") or None),
             ("beam", beam),
             ("batch", batch_size),
         )
