@@ -2,7 +2,7 @@
 concurrent clients, what happens past the queue's bound, and SIGTERM under load.
 
     python scripts/load_test.py PACKAGE [--requests 512] [--seconds 30] [--beam 4] [--levels 1,8,64]
-        [--rounds 3] [--workers N --threads N --batch-size 32 --max-wait-ms 5 --queue 256] [--no-offline]
+        [--rounds 3] [--workers N --threads N --processes N --batch-size 32 --max-wait-ms 5 --queue 256] [--no-offline]
     python scripts/load_test.py --url http://127.0.0.1:8080 [--levels ...]   (a running server)
 
 With PACKAGE it first measures the offline figure on the same sentences and cores
@@ -316,7 +316,7 @@ async def run(args) -> None:
         base = Offline(args.package, sentences, args.beam, cores)
     flags = [
         f"--{name.replace('_', '-')}={getattr(args, name)}"
-        for name in ("workers", "threads", "batch_size", "max_wait_ms", "queue")
+        for name in ("workers", "threads", "processes", "batch_size", "max_wait_ms", "queue")
         if getattr(args, name) is not None
     ]
     server = Server(args.package, [*flags, "--drain-seconds", "0.5"]) if args.package else None
@@ -328,7 +328,8 @@ async def run(args) -> None:
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
             info = await wait_ready(session, url)
             print(
-                f"server: {info['workers']} worker(s) x {info['threads']} thread(s), batches of up to "
+                f"server: {info['workers']} worker(s) x {info.get('processes') or 'no'} child process(es) x "
+                f"{info['threads']} thread(s), batches of up to "
                 f"{info['batch_size']} within {info['max_wait_ms']} ms, queue {info['queue']} sentences; {url}"
             )
             await level(session, url, sentences[:16], args.beam, 8, 32, 10, None)  # warm the connections
@@ -444,7 +445,7 @@ def main() -> None:
     parser.add_argument("--burst-texts", type=int, default=16, help="sentences a burst request (default %(default)s)")
     parser.add_argument("--no-offline", action="store_true", help="skip the offline figure and the answer check")
     parser.add_argument("--no-sigterm", action="store_true", help="leave out SIGTERM under load")
-    for name in ("workers", "threads", "batch-size", "queue"):
+    for name in ("workers", "threads", "processes", "batch-size", "queue"):
         parser.add_argument(f"--{name}", type=int, help="passed to the server")
     parser.add_argument("--max-wait-ms", type=float, help="passed to the server")
     args = parser.parse_args()
