@@ -6,7 +6,7 @@ thread (the default student's greedy batches of 32, whole batches one per thread
 thread; the same batches in two processes 2.05x), and on 16-64 cores the lock would queue the
 shards. A child process has a lock of its own.
 
-Each child is `python -c` running child_main, not a multiprocessing start: spawn and forkserver
+Each child is `python -c` running process_child.child_main, not a multiprocessing start: spawn and forkserver
 import the parent's __main__ again, which a script without an `if __name__` guard cannot bear,
 and fork would copy onnxruntime's threads' locks mid-use. Parent and child talk over two pipes
 with multiprocessing's Connection (pickles, length-prefixed); a child holds a Translator of the
@@ -42,7 +42,7 @@ class Child:
         package_root = str(Path(__file__).resolve().parent.parent)
         code = (
             f"import sys; sys.path.insert(0, {package_root!r}); "
-            "from mt_runtime.processes import child_main; "
+            "from mt_runtime.process_child import child_main; "
             f"child_main({child_read}, {child_write})"
         )
         self.process = subprocess.Popen(
@@ -158,36 +158,3 @@ class ProcessSearch:
     def close(self) -> None:
         for child in self.children:
             child.close()
-
-
-def child_main(read_fd: int, write_fd: int) -> None:
-    """The child's loop: load the package named in the first message, then search each batch sent
-    until told to stop (None) or the parent's pipe closes."""
-    from .translator import Translator
-
-    from_parent = Connection(read_fd, writable=False)
-    to_parent = Connection(write_fd, readable=False)
-    try:
-        folder, options = from_parent.recv()
-        translator = Translator(folder, **options)
-    except BaseException as exc:  # the parent shows it as the reason; nothing else can
-        to_parent.send(("error", f"{type(exc).__name__}: {exc}"))
-        return
-    to_parent.send(("ready", os.getpid()))
-    while True:
-        try:
-            job = from_parent.recv()
-        except (EOFError, OSError):
-            return
-        if job is None:
-            return
-        batch, gen, shortlist = job
-        try:
-            translator.decoder.use_shortlist = shortlist
-            answer = ("ok", translator.searcher(batch, gen))
-        except Exception as exc:
-            answer = ("error", f"{type(exc).__name__}: {exc}")
-        try:
-            to_parent.send(answer)
-        except OSError:
-            return
