@@ -51,6 +51,10 @@ def test_a_child_that_dies_or_cannot_load_is_named_in_one_error(package, sentenc
     child.process.wait()
     with pytest.raises(ChildGone, match=rf"translation process {child.pid} ended \(exit status -9\)"):
         translator.translate(sentences[:5], beam=1)
+    # One sentence runs in this process (with the children's threads to choose from): no child needed.
+    assert translator.translate(sentences[:1], beam=1) == Translator(package, threads=1).translate(
+        sentences[:1], beam=1
+    )
     translator.close()
     with pytest.raises(ChildGone, match=r"could not load .*: PackageError: .*package\.json"):
         start_children(2, tmp_path, {"threads": 1})

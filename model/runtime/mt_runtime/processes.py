@@ -150,6 +150,8 @@ class ProcessSearch:
         return self.shards(batch, self._run(gen))
 
     def each(self, batches: list[list[list[int]]], gen) -> list[list[list[int]]]:
+        if len(batches) < 2:  # a call of one batch: as __call__ runs it (one sentence here)
+            return [self(batch, gen) for batch in batches]
         return self.shards.each(batches, self._run(gen))
 
     def describe(self) -> dict:

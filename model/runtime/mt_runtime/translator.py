@@ -529,8 +529,11 @@ class Translator:
             raise ValueError("processes: batches run in child processes on the CPU only")
         self.threads = threads
         # threads=N on the CPU: batches split into N shards on one-thread sessions (mt_runtime/cores.py).
-        shards = threads if device == "cpu" and threads and threads > 1 else 1
-        options = session_options(threads)
+        # With child processes this process searches one sentence alone, while they idle: it may
+        # use all their threads (1 or that many, whichever its first calls measure faster).
+        own = threads * processes if processes and threads else threads
+        shards = own if device == "cpu" and own and own > 1 else 1
+        options = session_options(own)
         step_options = options if shards == 1 else session_options(1)
         providers = ["CPUExecutionProvider"]
         if device == "cuda":
