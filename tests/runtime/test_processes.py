@@ -44,17 +44,30 @@ def test_batches_in_child_processes_translate_as_this_process_does(package, sent
     two.close()  # a second time: nothing left to do
 
 
-def test_a_child_that_dies_or_cannot_load_is_named_in_one_error(package, sentences, tmp_path):
+def test_a_child_that_dies_is_named_in_one_error_and_started_again(package, sentences, tmp_path):
     translator = Translator(package, threads=1, processes=1)
+    alone = Translator(package, threads=1)
     child = translator.searcher.children[0]
+    first = child.pid
+    # Dead before a call: started again, the call answered.
+    os.kill(first, signal.SIGKILL)
+    child.process.wait()
+    assert translator.translate(sentences[:5], beam=1) == alone.translate(sentences[:5], beam=1)
+    assert child.pid != first
+    # Dead during a call (as if it died after the check): that call fails, naming it; the next works.
+    second = child.pid
+    os.kill(second, signal.SIGKILL)
+    child.process.poll = lambda: None
+    with pytest.raises(ChildGone, match=rf"translation process {second} ended \(exit status -9\)"):
+        translator.translate(sentences[:5], beam=1)
+    del child.process.poll
+    assert translator.translate(sentences[:5], beam=3) == alone.translate(sentences[:5], beam=3)
+    # One sentence runs in this process (with the children's threads to choose from): no child needed.
     os.kill(child.pid, signal.SIGKILL)
     child.process.wait()
-    with pytest.raises(ChildGone, match=rf"translation process {child.pid} ended \(exit status -9\)"):
-        translator.translate(sentences[:5], beam=1)
-    # One sentence runs in this process (with the children's threads to choose from): no child needed.
-    assert translator.translate(sentences[:1], beam=1) == Translator(package, threads=1).translate(
-        sentences[:1], beam=1
-    )
+    child.process.poll = lambda: None
+    assert translator.translate(sentences[:1], beam=1) == alone.translate(sentences[:1], beam=1)
+    del child.process.poll
     translator.close()
     with pytest.raises(ChildGone, match=r"could not load .*: PackageError: .*package\.json"):
         start_children(2, tmp_path, {"threads": 1})

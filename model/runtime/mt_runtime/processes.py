@@ -6,9 +6,9 @@ thread (the default student's greedy batches of 32, whole batches one per thread
 thread; the same batches in two processes 2.05x), and on 16-64 cores the lock would queue the
 shards. A child process has a lock of its own.
 
-Each child is `python -c` running process_child.child_main, not a multiprocessing start: spawn and forkserver
-import the parent's __main__ again, which a script without an `if __name__` guard cannot bear,
-and fork would copy onnxruntime's threads' locks mid-use. Parent and child talk over two pipes
+Each child is `python -c` running process_child.child_main, not a multiprocessing start: spawn
+and forkserver import the parent's __main__ again, which a script without an `if __name__` guard
+cannot bear, and fork would copy onnxruntime's threads' locks mid-use. Parent and child talk over two pipes
 with multiprocessing's Connection (pickles, length-prefixed); a child holds a Translator of the
 same package and options, and answers one batch at a time. The child checks the package as the
 parent did; translations are the same in either, since a sentence's translation does not depend
@@ -34,9 +34,15 @@ class ChildGone(RuntimeError):
 
 
 class Child:
-    """One child process with a Translator; `run(batch, gen, shortlist)` searches a batch there."""
+    """One child process with a Translator; `run(batch, gen, shortlist)` searches a batch there. A
+    child that ended fails the call it was serving (ChildGone) and is started again for the next."""
 
     def __init__(self, folder: Path, options: dict):
+        self.folder, self.options = folder, options
+        self.lock = threading.Lock()  # one batch at a time; ShardPool gives a child to one thread anyway
+        self._spawn()
+
+    def _spawn(self) -> None:
         parent_read, child_write = os.pipe()
         child_read, parent_write = os.pipe()
         package_root = str(Path(__file__).resolve().parent.parent)
@@ -55,10 +61,8 @@ class Child:
         os.close(child_write)
         self.to_child = Connection(parent_write, readable=False)
         self.from_child = Connection(parent_read, writable=False)
-        self.lock = threading.Lock()  # one batch at a time; ShardPool gives a child to one thread anyway
-        self.folder = folder
         self.pid = self.process.pid
-        self.to_child.send((str(folder), options))
+        self.to_child.send((str(self.folder), self.options))
 
     def wait_ready(self) -> None:
         """Until the child has loaded the package; ChildGone with its reason where it could not."""
@@ -77,6 +81,10 @@ class Child:
 
     def run(self, batch: list[list[int]], gen, shortlist: bool) -> list[list[int]]:
         with self.lock:
+            if self.process.poll() is not None:  # ended since its last batch (that call said so)
+                self._close_pipes()
+                self._spawn()
+                self.wait_ready()
             try:
                 self.to_child.send((batch, gen, shortlist))
             except OSError:
@@ -87,16 +95,19 @@ class Child:
             raise ChildGone(f"translation process {self.pid} failed: {value}")
         return value
 
+    def _close_pipes(self) -> None:
+        for conn in (self.to_child, self.from_child):
+            if not conn.closed:
+                conn.close()
+
     def close(self) -> None:
         """Tell the child to end (it also ends when its pipe closes), then wait for it briefly."""
-        for conn in (getattr(self, "to_child", None), getattr(self, "from_child", None)):
-            if conn is not None and not conn.closed:
-                try:
-                    if conn is self.to_child:
-                        conn.send(None)
-                except OSError:
-                    pass
-                conn.close()
+        if not self.to_child.closed:
+            try:
+                self.to_child.send(None)
+            except OSError:
+                pass
+        self._close_pipes()
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
