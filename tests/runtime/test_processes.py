@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import time
 
 import pytest
 from mt_runtime.processes import ChildGone, start_children
@@ -54,6 +55,12 @@ def test_a_child_that_dies_is_named_in_one_error_and_started_again(package, sent
     child.process.wait()
     assert translator.translate(sentences[:5], beam=1) == alone.translate(sentences[:5], beam=1)
     assert child.pid != first
+    # Ctrl-C reaches the children too (the terminal's process group): they leave it to this process.
+    interrupted = child.pid
+    os.kill(interrupted, signal.SIGINT)
+    assert translator.translate(sentences[:5], beam=1) == alone.translate(sentences[:5], beam=1)
+    time.sleep(0.2)
+    assert child.pid == interrupted and child.process.poll() is None
     # Dead during a call (as if it died after the check): that call fails, naming it; the next works.
     second = child.pid
     os.kill(second, signal.SIGKILL)

@@ -4,6 +4,7 @@ search each batch the parent sends over its pipe."""
 from __future__ import annotations
 
 import os
+import signal
 from multiprocessing.connection import Connection
 
 from .translator import Translator
@@ -12,6 +13,10 @@ from .translator import Translator
 def child_main(read_fd: int, write_fd: int) -> None:
     """The child's loop: load the package named in the first message, then search each batch sent
     until told to stop (None) or the parent's pipe closes."""
+    # Ctrl-C reaches the whole foreground group: the parent answers it (one line, exit 130) and its
+    # exit closes the pipes, which ends this loop; a child's own KeyboardInterrupt would only print
+    # a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from_parent = Connection(read_fd, writable=False)
     to_parent = Connection(write_fd, readable=False)
     try:
