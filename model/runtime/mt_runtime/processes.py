@@ -76,8 +76,10 @@ class Child:
         try:
             return self.from_child.recv()
         except (EOFError, OSError):
-            code = self.process.wait()
-            raise ChildGone(f"translation process {self.process.pid} ended (exit status {code})") from None
+            raise self._gone() from None
+
+    def _gone(self) -> ChildGone:
+        return ChildGone(f"translation process {self.process.pid} ended (exit status {self.process.wait()})")
 
     def run(self, batch: list[list[int]], gen, shortlist: bool) -> list[list[int]]:
         with self.lock:
@@ -88,8 +90,7 @@ class Child:
             try:
                 self.to_child.send((batch, gen, shortlist))
             except OSError:
-                code = self.process.wait()
-                raise ChildGone(f"translation process {self.process.pid} ended (exit status {code})") from None
+                raise self._gone() from None
             kind, value = self._answer()
         if kind != "ok":
             raise ChildGone(f"translation process {self.pid} failed: {value}")
