@@ -1,9 +1,10 @@
 """What a measurement process is asked to do: one typed job per kind, written as JSON for
 `python -m pipeline.measure.process JOB.json` (pipeline/measure/process.py) and read back there.
 
-Three kinds: a LatencyJob (batch-1 latency, throughput, memory of one model: latency.py), a
-VersusJob (ours and CTranslate2 taking turns in one process: versus.py) and an AloneJob (one side
-of that comparison alone). The JSON is the same as when jobs were dicts (a latency job has no
+Four kinds: a LatencyJob (batch-1 latency, throughput, memory of one model: latency.py), a
+VersusJob (ours and CTranslate2 taking turns in one process: versus.py), an AloneJob (one side
+of that comparison alone) and a CoresJob (one of our packages on every core, threads against
+child processes: cores.py). The JSON is the same as when jobs were dicts (a latency job has no
 "kind", its engine's keys at the top); a key a reader does not declare, or a declared one missing,
 is an error naming it, so that the stage and the process cannot drift apart.
 """
@@ -77,8 +78,22 @@ class AloneJob:
     tokenizer: str | None
 
 
-Job = LatencyJob | VersusJob | AloneJob
-KINDS: dict[str, type] = {"versus": VersusJob, "alone": AloneJob}
+@dataclass(frozen=True)
+class CoresJob:
+    package: str  # our ONNX package's folder
+    cores: int
+    sentences: list[str]
+    beams: list[int]
+    batch: int
+    rounds: int
+
+    @property
+    def threads(self) -> int:
+        return self.cores
+
+
+Job = LatencyJob | VersusJob | AloneJob | CoresJob
+KINDS: dict[str, type] = {"versus": VersusJob, "alone": AloneJob, "cores": CoresJob}
 
 
 class JobError(ValueError):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ..engine.context import StageContext
 from . import optimum_peer
-from .jobs import AloneJob, Engine, LatencyJob, ScoreSpec, VersusJob
+from .cores import cores_line
+from .jobs import AloneJob, CoresJob, Engine, Job, LatencyJob, ScoreSpec, VersusJob
 from .process import run_process
 from .rows import BenchmarkRow
 from .versus import best_vs_best, separate_points
@@ -60,9 +61,7 @@ def measure(
     return run_job(ctx, f"{row.name}-t{threads}{'-' + tag if tag else ''}", job, threads, python)
 
 
-def run_job(
-    ctx: StageContext, tag: str, job: LatencyJob | VersusJob | AloneJob, threads: int, python: Path | None = None
-) -> dict:
+def run_job(ctx: StageContext, tag: str, job: Job, threads: int, python: Path | None = None) -> dict:
     """pipeline.measure.process on `job` in a fresh process with `threads` for the math libraries
     (run by `python`, another environment's interpreter, where given)."""
     return run_process(ctx.work / "jobs", tag, job, threads, python=python)
@@ -226,6 +225,36 @@ def versus_alone(
             }
             log_points(ctx, ours, theirs, f"{n} thread{'s' if n > 1 else ''}, each alone", by_threads[str(n)])
         out[ours.name] = {"rounds": rounds, "by_threads": by_threads}
+    return out
+
+
+def on_every_core(
+    ctx: StageContext,
+    rows: list[BenchmarkRow],
+    sample: list[str],
+    final_model: str | None,
+    beams: list[int],
+    batch: int,
+    rounds: int,
+    cores: int,
+) -> dict[str, dict]:
+    """Each of our ONNX packages of the final model on the CPU at one thread, N threads and N child
+    processes (pipeline.measure.cores), in a fresh process each: {row name: its `cores`}. Nothing
+    on one core, or with rounds 0."""
+    ours = [
+        r
+        for r in rows
+        if r.runtime == "onnxruntime" and r.device == "cpu" and not r.skipped and r.source == final_model
+    ]
+    if cores < 2 or not rounds or not ours or not sample:
+        return {}
+    out = {}
+    with ctx.progress("on every core: threads and processes", total=len(ours), unit="packages") as bar:
+        for row in ours:
+            job = CoresJob(str(Path(row.folder)), cores, sample, beams, batch, rounds)
+            out[row.name] = run_job(ctx, f"cores-{row.name}", job, cores)
+            ctx.log(f"{row.name} on {cores} cores: {cores_line(out[row.name])}")
+            bar.advance(1)
     return out
 
 

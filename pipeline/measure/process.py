@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from . import optimum_peer
-from .jobs import AloneJob, Job, VersusJob, from_json, to_json
+from .cores import measure_cores
+from .jobs import AloneJob, CoresJob, Job, VersusJob, from_json, to_json
 from .latency import measure
 from .speed import Skip
 from .versus import measure_alone, measure_versus
@@ -73,6 +74,8 @@ def run(job: Job) -> dict:
             return measure_versus(job)
         if isinstance(job, AloneJob):
             return measure_alone(job)
+        if isinstance(job, CoresJob):
+            return measure_cores(job)
         return measure(job)
     except Skip as exc:
         return {"threads": job.threads, "skipped": str(exc)}

@@ -46,6 +46,7 @@ class BenchmarkRow:
     scores: dict | None = None  # CTranslate2's BLEU / chrF: {"beam4": ..., "beam1": ...}
     paired: dict | None = None  # ours against the peer in paired rounds (peers.paired_rounds)
     versus: dict | None = None  # ours against the peer in one process and alone (peers.versus_ctranslate2)
+    cores: dict | None = None  # ours on every core: threads against processes (peers.on_every_core)
 
     @classmethod
     def of(cls, v: Variant, **changes) -> BenchmarkRow:
@@ -85,7 +86,7 @@ class BenchmarkRow:
 
 JSON_KEYS = tuple(f.name for f in fields(BenchmarkRow) if f.name != "folder")
 # Written only where a row has them (in this order, after the others), as rows always had them.
-OPTIONAL = frozenset({"heads_computed", "parity", "hypotheses", "scores", "paired", "versus"})
+OPTIONAL = frozenset({"heads_computed", "parity", "hypotheses", "scores", "paired", "versus", "cores"})
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from ..measure.cores import cores_line
 from .rows import versus_lines
 
 
@@ -181,6 +182,7 @@ def markdown(report: dict) -> str:
             if t.get("vs_ctranslate2_one_process"):
                 lines.append(f"  - {versus_target_line(t['vs_ctranslate2_one_process'])}")
     lines += versus_lines(report["rows"])
+    lines += cores_lines(report["rows"])
     lines += alone_lines(report["rows"])
     measured = [r for r in report["rows"] if not r["skipped"]]
     notes = [
@@ -226,6 +228,21 @@ def versus_target_line(summary: dict) -> str:
         f"{summary['ours_faster']} of {summary['points']} ours faster "
         f"(lowest {_f(summary['lowest_ratio'], '{:.2f}')}x)"
     )
+
+
+def cores_lines(rows: list[dict]) -> list[str]:
+    """Our packages on every core: one thread, N threads, N child processes (pipeline/measure/cores.py)."""
+    measured = [r for r in rows if r.get("cores")]
+    if not measured:
+        return []
+    return [
+        "",
+        "**On every core** (`translate`, one package three ways, taking turns in one process: one thread; "
+        "N threads, whole batches one a thread; N child processes of one thread; speed-ups over one thread, "
+        "the median of the rounds' own ratios):",
+        "",
+        *(f"- {r['name']}: {cores_line(r['cores'])}" for r in measured),
+    ]
 
 
 def alone_lines(rows: list[dict]) -> list[str]:

@@ -54,6 +54,9 @@ class ReportRow(TypedDict):
     # {rounds, by_threads: {n: {ours, ctranslate2, points}}} (each alone), best: {interleaved, separate}
     # (per point, each side at its own best thread count)
     versus: NotRequired[dict | None]
+    # Our package on every core: {cores, batch, sentences, rounds, points: [{beam, sent_per_s,
+    # speedup, same}], best} (pipeline/measure/cores.py); None on one core
+    cores: NotRequired[dict | None]
     breakdown: NotRequired[dict | None]
     peak_rss_mb: NotRequired[float | None]
     gpu_mem_mb: NotRequired[float | None]

@@ -93,6 +93,7 @@ def report_row(row: BenchmarkRow, evaluations: dict[str, EvaluateOutput]) -> Rep
         "artifact": row.artifact,
         "paired": row.paired,
         "versus": row.versus,
+        "cores": row.cores,
     }
     out.update(bleu=None, chrf=None, bleu_greedy=None, chrf_greedy=None, bleu_beam=None, bleu_source=None)
     if row.latency_ms:

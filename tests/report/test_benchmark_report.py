@@ -257,6 +257,16 @@ def test_onnx_packages_are_measured_in_onnxruntime(smoke):
     assert int8["bytes"] < fp32["bytes"] and int8["params"] == fp32["params"] == arts["student"].metrics["params"]
     assert int8["compute_type"] == "int8" and int8["runtime"] == "onnxruntime" and int8["source"] == "student"
     assert int8["latency_ms"]["greedy_b1"]["p50"] > 0 and int8["breakdown"]["steps_per_sentence"] >= 1
+    # On 2 cores or more, each package also on every core: one thread, threads, child processes.
+    cores = arts["benchmark"].metrics["machine"]["usable_cores"]
+    for name in ("student_onnx", "int8_dynamic", "int8_static"):
+        if cores < 2:
+            assert "cores" not in rows[name]
+            continue
+        measured = rows[name]["cores"]
+        assert (measured["cores"], measured["sentences"], measured["rounds"]) == (cores, 16, 1), measured
+        assert [(p["beam"], p["same"]) for p in measured["points"]] == [(1, True)]
+        assert measured["best"] in ("threads", "processes")
 
 
 def test_the_smoke_report_says_how_far_greedy_is_from_beam(built):

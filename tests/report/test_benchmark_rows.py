@@ -206,7 +206,7 @@ def test_a_versus_point_shows_the_figures_of_its_median_round():
 def test_jobs_are_typed_and_written_as_the_dicts_they_were():
     """A measurement job crosses a process boundary as JSON: the typed jobs write the keys, in the
     order, that the dicts had, and the process refuses a job with a key missing or unknown."""
-    from pipeline.measure.jobs import AloneJob, Engine, JobError, LatencyJob, ScoreSpec, from_json, to_json
+    from pipeline.measure.jobs import AloneJob, CoresJob, Engine, JobError, LatencyJob, ScoreSpec, from_json, to_json
 
     ours = Engine("onnxruntime", "cpu", "int8", "/store/q/int8_static", 2)
     theirs = Engine("ctranslate2", "cpu", "int8", "/tmp/ct2", 2)
@@ -233,7 +233,9 @@ def test_jobs_are_typed_and_written_as_the_dicts_they_were():
     assert list(to_json(versus)) == ["kind", "ours", "theirs", "threads", "sentences", "points", "rounds", "tokenizer"]
     alone = AloneJob(theirs, 2, ["a b"], [[1, 1]], 3, None)
     assert to_json(alone)["kind"] == "alone" and to_json(alone)["engine"] == {**to_json(versus)["theirs"]}
-    for job in (latency, versus, alone):
+    cores = CoresJob("/store/q/int8_static", 2, ["a b"], [1, 4], 32, 5)
+    assert to_json(cores)["kind"] == "cores" and cores.threads == 2
+    for job in (latency, versus, alone, cores):
         assert from_json(json.loads(json.dumps(to_json(job)))) == job
     with pytest.raises(JobError, match="versus job: lacks key 'rounds'"):
         from_json({k: v for k, v in to_json(versus).items() if k != "rounds"})

@@ -28,6 +28,16 @@ class VersusConfig(Strict):
     separate_rounds: NonNegInt = 3
 
 
+class CoresConfig(Strict):
+    """The final model's ONNX packages on every usable core (2 or more), three ways, taking turns
+    in one process: one thread, one Translator of N threads, N child processes of one thread; the
+    faster way is the serving advice (docs/serving.md)."""
+
+    sentences: PositiveInt = 1000  # the test set's first N: several batches for every core
+    beams: list[PositiveInt] = [1, 4]
+    rounds: NonNegInt = 5  # passes over the sample each; 0: not measured
+
+
 class BenchmarkConfig(Strict):
     test_set: str | None = None  # null: the first test set
     sentences: PositiveInt = 100
@@ -49,6 +59,7 @@ class BenchmarkConfig(Strict):
     # for the final model's rows: a ratio that machine-speed drift between rows does not move.
     paired_rounds: NonNegInt = 3
     versus: VersusConfig = VersusConfig()
+    cores: CoresConfig = CoresConfig()
 
 
 class BenchmarkNode(BenchmarkConfig):

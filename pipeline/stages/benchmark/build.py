@@ -76,7 +76,18 @@ def run(ctx: StageContext) -> dict:
         spec.separate_rounds,
         threads,
     )
-    rows = [r.but(paired=paired.get(r.name), versus=versus.get(r.name)) for r in rows]
+    spec = cfg.cores
+    cores = peers.on_every_core(
+        ctx,
+        rows,
+        [s for s in src if s.strip()][: spec.sentences],
+        cfg.final_model,
+        spec.beams,
+        cfg.batch_size,
+        spec.rounds,
+        machine["usable_cores"],
+    )
+    rows = [r.but(paired=paired.get(r.name), versus=versus.get(r.name), cores=cores.get(r.name)) for r in rows]
     for row in rows:
         ctx.log(f"{row.name}: skipped: {row.skipped}" if row.skipped else summary_line(row))
 
