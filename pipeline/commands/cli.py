@@ -304,7 +304,17 @@ def translate(
         ),
     ] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    threads: Annotated[Optional[int], typer.Option(min=1, help="Intra-op threads.")] = None,
+    threads: Annotated[
+        Optional[int], typer.Option(min=1, help="Intra-op threads (of each process with --processes).")
+    ] = None,
+    processes: Annotated[
+        Optional[int],
+        typer.Option(
+            min=1,
+            help="Child processes that translate whole batches at once, one each (ONNX packages on the CPU; "
+            "the report's 'On every core' lines say whether it is faster here).",
+        ),
+    ] = None,
     max_line_bytes: Annotated[
         int,
         typer.Option(
@@ -327,6 +337,7 @@ def translate(
         device=device,
         threads=threads,
         max_line_bytes=max_line_bytes,
+        processes=processes,
     )
 
 

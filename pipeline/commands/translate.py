@@ -22,7 +22,7 @@ from ..engine.context import console
 from ..engine.errors import IntegrityError, OutputError, ReaderGone, UserInputError
 from ..engine.machine import usable_cores
 from ..engine.store import MANIFEST, Store
-from ..measure.translators import kind_of, open_model
+from ..measure.translators import is_onnx_package, kind_of, open_model
 
 # An artifact's package when none is named: int8_static first, the faster int8 at every point
 # measured against CTranslate2 with the same BLEU (docs/results.md, issue 52).
@@ -68,16 +68,25 @@ def translate_stream(
     device: str = "cpu",
     threads: int | None = None,
     max_line_bytes: int = MAX_LINE_BYTES,
+    processes: int | None = None,
 ) -> None:
     """mt_runtime/translate_stream.py's, with a model found by artifact id, folder or package,
-    its errors as the pipeline's, and a progress bar on a terminal."""
+    its errors as the pipeline's, and a progress bar on a terminal. `processes`: an ONNX package's
+    batches in that many child processes (mt-runtime's Translator(processes=N))."""
     with _as_pipeline_errors():
-        stream.check_settings(beam, batch_size, max_line_bytes, device, threads)
+        stream.check_settings(beam, batch_size, max_line_bytes, device, threads, processes)
         stdin, stdout = stream.standard_streams()
-    threads = threads or usable_cores()  # all cores by default, as the benchmark's "all" row
+    # all cores by default, as the benchmark's "all" row; with processes, divided among them
+    threads = stream.threads_of(threads, processes, usable_cores())
     with store.reading():  # `artifacts gc` waits until this is done with the artifact
         folder = resolve_model(store, model, package)
-        translator = stream.opened(lambda: open_model(folder, device=device, threads=threads), _warn)
+        options = {}
+        if processes:
+            if not is_onnx_package(folder):
+                kind = kind_of(folder).name
+                raise UserInputError(f"--processes: ONNX packages only, and {folder} is a {kind} folder")
+            options["processes"] = processes
+        translator = stream.opened(lambda: open_model(folder, device=device, threads=threads, **options), _warn)
     progress = Progress(
         TextColumn("translating"),
         TextColumn("{task.completed} lines"),

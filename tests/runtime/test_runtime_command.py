@@ -67,6 +67,10 @@ def test_translate_gives_the_pipelines_lines_and_translators(package, tmp_path):
         assert shown == [line for line in theirs.stderr.decode().splitlines() if line.startswith("warning: ")]
         assert any("not valid UTF-8" in w for w in shown) and any("truncated" in w for w in shown)
         assert re.search(rf"^7 lines in [\d.]+ s: .*threads 1, beam {beam}, batch 32\)$", ours.stderr.decode(), re.M)
+    # The pipeline's batches in two child processes: the same lines.
+    theirs = cli("translate", "--model", str(package), "--batch-size", "2", "--processes", "2", input=TEXT, store=store)
+    assert theirs.returncode == 0 and theirs.stdout == expected(package, 4), theirs.stderr.decode()
+    assert "threads 1, processes 2, beam 4, batch 2)" in theirs.stderr.decode()
     assert expected(package, 1) != expected(package, 4)  # so the flag is seen to take effect
 
 
@@ -109,11 +113,14 @@ def test_errors_are_the_pipelines_exit_codes_in_one_line(package, tmp_path):
     (copy / "decoder.onnx").unlink()
     ours, theirs = both(copy)
     assert ours == theirs and ours.endswith("decoder.onnx: missing from the package\n")
+    ours, theirs = both(package, "--device", "cuda", "--processes", "2")
+    assert ours == "error: --processes: batches run in child processes on the CPU only\n" and ours.strip() in theirs
     for flags, message in (
         (["--beam", "0"], "--beam: must be above 0, got 0"),
         (["--beam", "x"], "--beam: must be a whole number above 0, got 'x'"),
         (["--batch-size", "0"], "--batch-size: must be above 0"),
         (["--threads", "-1"], "--threads: must be above 0"),
+        (["--processes", "0"], "--processes: must be above 0"),
         (["--max-line-bytes", "0"], "--max-line-bytes: must be above 0"),
         (["--device", "tpu"], "--device: invalid choice: 'tpu'"),
         (["--nope"], "unrecognized arguments: --nope"),

@@ -70,6 +70,9 @@ def test_translate_accepts_a_folder_and_empty_input(smoke):
     assert proc.returncode == 0 and proc.stdout == b""
     bad = cli("translate", "--model", "teacher-0000000000000000", input=b"hi\n", store=store.root)
     assert bad.returncode == 2 and "no artifact" in bad.stderr.decode()
+    torch_model = cli("translate", "--model", str(teacher.path), "--processes", "2", input=b"hi\n", store=store.root)
+    said = torch_model.stderr.decode()
+    assert torch_model.returncode == 2 and "--processes: ONNX packages only" in said and "torch" in said, said
 
 
 def test_an_artifacts_default_package_is_the_faster_int8(tmp_path):

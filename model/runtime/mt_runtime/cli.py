@@ -88,12 +88,11 @@ def _serve(args: argparse.Namespace) -> int:
 def _translate(args: argparse.Namespace) -> int:
     line = _ProgressLine()
     try:
-        stream.check_settings(args.beam, args.batch_size, args.max_line_bytes, args.device, args.threads)
-        if args.processes and args.device != "cpu":
-            raise stream.BadInput("--processes: batches run in child processes on the CPU only")
+        stream.check_settings(
+            args.beam, args.batch_size, args.max_line_bytes, args.device, args.threads, args.processes
+        )
         stdin, stdout = stream.standard_streams()
-        # all cores by default, as `pipeline translate`; with processes, divided among them
-        threads = args.threads or max(1, cores() // (args.processes or 1))
+        threads = stream.threads_of(args.threads, args.processes, cores())  # as `pipeline translate`
         translator = _open(args.package, args.device, threads, line.warn, args.processes)
         counts = stream.translate_lines(
             translator, stdin, stdout, args.beam, args.batch_size, args.max_line_bytes, line.warn, line.show

@@ -65,16 +65,27 @@ class Counts:
     cut: int = 0
 
 
-def check_settings(beam: int, batch_size: int, max_line_bytes: int, device: str, threads: int | None) -> None:
+def check_settings(
+    beam: int, batch_size: int, max_line_bytes: int, device: str, threads: int | None, processes: int | None = None
+) -> None:
     """BadInput naming the first setting out of range (the commands' parsers refuse most of them
     first; this holds for a caller that passes them in code)."""
     for name, value in (("--beam", beam), ("--batch-size", batch_size), ("--max-line-bytes", max_line_bytes)):
         if value < 1:
             raise BadInput(f"{name} must be at least 1, got {value}")
-    if threads is not None and threads < 1:
-        raise BadInput(f"--threads must be at least 1, got {threads}")
+    for name, value in (("--threads", threads), ("--processes", processes)):
+        if value is not None and value < 1:
+            raise BadInput(f"{name} must be at least 1, got {value}")
     if device not in DEVICES:
         raise BadInput(f"--device must be cpu or cuda, got {device!r}")
+    if processes and device != "cpu":
+        raise BadInput("--processes: batches run in child processes on the CPU only")
+
+
+def threads_of(threads: int | None, processes: int | None, cores: int) -> int:
+    """The intra-op threads of a translator (of each child with processes): as asked, else all
+    the cores, divided among the processes."""
+    return threads or max(1, cores // (processes or 1))
 
 
 def opened(open_model: Callable[[], TextTranslator], warn: Callable[[str], None]) -> TextTranslator:
