@@ -240,7 +240,8 @@ def on_every_core(
 ) -> dict[str, dict]:
     """Each of our ONNX packages of the final model on the CPU at one thread, N threads and N child
     processes (pipeline.measure.cores), in a fresh process each: {row name: its `cores`}. Nothing
-    on one core, or with rounds 0."""
+    on one core, or with rounds 0. The sample is repeated where it holds too few batches to keep
+    every core busy (enough_for)."""
     ours = [
         r
         for r in rows
@@ -248,6 +249,7 @@ def on_every_core(
     ]
     if cores < 2 or not rounds or not ours or not sample:
         return {}
+    sample = enough_for(sample, batch, cores)
     out = {}
     with ctx.progress("on every core: threads and processes", total=len(ours), unit="packages") as bar:
         for row in ours:
@@ -256,6 +258,18 @@ def on_every_core(
             ctx.log(f"{row.name} on {cores} cores: {cores_line(out[row.name])}")
             bar.advance(1)
     return out
+
+
+def enough_for(sample: list[str], batch: int, cores: int) -> list[str]:
+    """`sample`, repeated as far as needed for WAVE batches a core (what a translate call hands each
+    thread or child at a time): on many cores the test set's 1000 sentences would leave most of
+    them idle, and the speed-up measured would be the sample's, not the machine's."""
+    from mt_runtime.cores import WAVE
+
+    needed = WAVE * batch * cores
+    if len(sample) >= needed:
+        return sample
+    return (sample * -(-needed // len(sample)))[:needed]
 
 
 def batching_file(row: BenchmarkRow) -> str | None:

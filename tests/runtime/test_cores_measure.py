@@ -53,6 +53,15 @@ def test_the_faster_way_over_the_beams_and_its_serve_flags():
     assert cores_lines([{"name": "teacher"}]) == []
 
 
+def test_the_sample_fills_every_core():
+    from pipeline.measure.peers import enough_for
+
+    sample = [f"s{i}" for i in range(1000)]
+    assert enough_for(sample, 32, 2) is sample  # 1000 >= 4 batches of 32 for 2 cores
+    many = enough_for(sample, 32, 64)  # 64 cores: 4 x 32 x 64 sentences, the test set repeated
+    assert len(many) == 8192 and many[:1000] == sample and many[1000:2000] == sample and many[-1] == "s191"
+
+
 @pytest.mark.parametrize("bad", [{"rounds": -1}, {"beam": [1]}])
 def test_the_recipe_section_is_typed(bad):
     from pydantic import ValidationError

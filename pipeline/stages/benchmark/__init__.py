@@ -33,7 +33,7 @@ class CoresConfig(Strict):
     in one process: one thread, one Translator of N threads, N child processes of one thread; the
     faster way is the serving advice (docs/serving.md)."""
 
-    sentences: PositiveInt = 1000  # the test set's first N: several batches for every core
+    sentences: PositiveInt = 1000  # the test set's first N, repeated to 4 batches a core where fewer
     beams: list[PositiveInt] = [1, 4]
     rounds: NonNegInt = 5  # passes over the sample each; 0: not measured
 
