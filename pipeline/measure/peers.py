@@ -233,15 +233,16 @@ def on_every_core(
     rows: list[BenchmarkRow],
     sample: list[str],
     final_model: str | None,
-    beams: list[int],
+    spec,
     batch: int,
-    rounds: int,
-    cores: int,
+    machine: dict,
 ) -> dict[str, dict]:
     """Each of our ONNX packages of the final model on the CPU at one thread, N threads and N child
     processes (pipeline.measure.cores), in a fresh process each: {row name: its `cores`}. Nothing
-    on one core, or with rounds 0. The sample is repeated where it holds too few batches to keep
+    on one core, or with rounds 0. `spec`: the recipe's benchmark.cores (beams, rounds); the cores
+    are the machine's usable ones. The sample is repeated where it holds too few batches to keep
     every core busy (enough_for)."""
+    cores, beams, rounds = machine["usable_cores"], spec.beams, spec.rounds
     ours = [
         r
         for r in rows

@@ -76,17 +76,8 @@ def run(ctx: StageContext) -> dict:
         spec.separate_rounds,
         threads,
     )
-    spec = cfg.cores
-    cores = peers.on_every_core(
-        ctx,
-        rows,
-        [s for s in src if s.strip()][: spec.sentences],
-        cfg.final_model,
-        spec.beams,
-        cfg.batch_size,
-        spec.rounds,
-        machine["usable_cores"],
-    )
+    sample_cores = [s for s in src if s.strip()][: cfg.cores.sentences]
+    cores = peers.on_every_core(ctx, rows, sample_cores, cfg.final_model, cfg.cores, cfg.batch_size, machine)
     rows = [r.but(paired=paired.get(r.name), versus=versus.get(r.name), cores=cores.get(r.name)) for r in rows]
     for row in rows:
         ctx.log(f"{row.name}: skipped: {row.skipped}" if row.skipped else summary_line(row))
