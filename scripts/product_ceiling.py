@@ -93,9 +93,7 @@ def main() -> None:
     print(f"one core's int8 peak (MatMulInteger u8 x s8 at 1024^3, best of 3): {peak:.0f} GMAC/s")
     for name in [args.shape] if args.shape else list(SHAPES):
         spec, vocab = SHAPES[name]
-        model = model_config(spec, vocab)
-        keys = ("d_model", "head_dim", "vocab_size", "enc_heads", "enc_ffn", "dec_self_heads")
-        cfg = {k: getattr(model, k) for k in (*keys, "dec_cross_heads", "dec_ffn", "embed_dim")}
+        cfg = model_config(spec, vocab).to_dict()
         for beam in (1, 4):
             listed = products(cfg, args.batch, beam, args.src_len, args.steps)
             seconds = sum(product_seconds(r, k, n) * times for r, k, n, times in listed)

@@ -254,7 +254,7 @@ def on_every_core(
     out = {}
     with ctx.progress("on every core: threads and processes", total=len(ours), unit="packages") as bar:
         for row in ours:
-            job = CoresJob(str(Path(row.folder)), cores, sample, beams, batch, rounds)
+            job = CoresJob(row.folder, cores, sample, beams, batch, rounds)
             out[row.name] = run_job(ctx, f"cores-{row.name}", job, cores)
             ctx.log(f"{row.name} on {cores} cores: {cores_line(out[row.name])}")
             bar.advance(1)
