@@ -52,10 +52,10 @@ def test_greedy_steps_in_place_give_the_copying_graphs_numbers_bit_for_bit(packa
 
 
 def test_take_rows_is_numpys_take_done_in_place():
-    """Rows kept in place, a dropped one's place filled from the end, a permutation, a cache's
+    """Rows kept in place, dropped ones' places filled from the end, a permutation, a cache's
     filled positions only: the same as array[rows], in the array's own memory."""
     rng = np.random.default_rng(3)
-    for rows in ([0, 1, 2, 3, 4], [0, 4, 2, 3], [2, 3], [4, 0, 3, 1, 2], [], [1, 1, 0]):
+    for rows in ([0, 1, 2, 3, 4], [0, 4, 2, 3], [4, 1, 3], [2, 3], [4, 0, 3, 1, 2], [], [1, 1, 0], [3, 0, 4]):
         for positions in (None, 3):
             array = rng.standard_normal((5, 2, 6, 4)).astype(np.float32)
             want = array[rows].copy()

@@ -24,18 +24,31 @@ from .layout import LOGITS, PAST_SEQUENCE_LENGTH, TOKENS
 _FIRST_CAPACITY = 32  # positions; doubled when a step needs more
 
 
-def take_rows(array: np.ndarray, rows: np.ndarray, positions: int | None = None) -> np.ndarray:
+def row_moves(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The places that change when `rows` are taken, and the rows they take: computed once for
+    all of a search's arrays (take_rows's `moves`)."""
+    moved = np.flatnonzero(rows != np.arange(len(rows)))
+    return moved, rows[moved]
+
+
+def take_rows(
+    array: np.ndarray, rows: np.ndarray, positions: int | None = None, moves: tuple | None = None
+) -> np.ndarray:
     """array[:len(rows)] = array[rows] in place, copying only the rows that change place: the
     searches fill a dropped sentence's place with the last rows (search.fill_from_the_end), so
     dropping one moves one row, not every row after it. `positions`: only that many of axis 2
-    (a cache's filled part). Returns the view of the rows taken."""
+    (a cache's filled part); `moves`: row_moves(rows), if known. Returns the view of the rows taken."""
     n = len(rows)
     if n > len(array):
         raise ValueError(f"take_rows: {n} rows asked of {len(array)}")
-    moved = np.flatnonzero(rows != np.arange(n))
+    moved, sources = row_moves(rows) if moves is None else moves
     if len(moved):
         part = (slice(None), slice(0, positions)) if positions is not None else ()
-        array[(moved, *part)] = array[(rows[moved], *part)]  # the right side is a copy
+        if sources.min() >= n:  # no row is read after it is written (fill_from_the_end's moves)
+            for place, source in zip(moved.tolist(), sources.tolist()):
+                array[(place, *part)] = array[(source, *part)]  # a row's copy, no temporary
+        else:
+            array[(moved, *part)] = array[(sources, *part)]  # the right side is a copy
     return array[:n]
 
 
@@ -103,8 +116,9 @@ class InPlaceCache:
         """Row i continues row parents[i] from now on: within the same arrays, the rows that change
         place only, their filled positions only (take_rows)."""
         n = len(parents)
+        moves = row_moves(parents)
         for name, buffer in self.buffers.items():
-            take_rows(buffer, parents, self.filled)
+            take_rows(buffer, parents, self.filled, moves)
             self.buffers[name] = self._store[name][:n]
         self._tokens = self._token_store[:n]
         if self._logits is not None:

@@ -32,7 +32,7 @@ import onnxruntime as ort
 from . import graph_checks, package_checks
 from .cores import WAVE, FasterOfTwo, ShardPool
 from .files import PACKAGE_JSON, PackageError, reason, sha256_file, verify_package  # noqa: F401 (re-exported)
-from .inplace import InPlaceCache, take_rows
+from .inplace import InPlaceCache, row_moves, take_rows
 from .layout import (
     CACHE_INDEX,
     DECODER,
@@ -84,11 +84,11 @@ def session_options(threads: int | None) -> ort.SessionOptions:
     return options
 
 
-def _kept(array: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _kept(array: np.ndarray, rows: np.ndarray, moves: tuple) -> np.ndarray:
     """array[rows], in place where it can (the encoder's keys and values are the search's own
-    arrays): only the rows that change place are copied (take_rows)."""
+    arrays): only the rows that change place are copied (take_rows; `moves`: row_moves(rows))."""
     if array.flags.writeable and array.flags.c_contiguous and len(rows) <= len(array):
-        return take_rows(array, rows)
+        return take_rows(array, rows, moves=moves)
     return array[rows]
 
 
@@ -227,7 +227,8 @@ class OnnxDecoder:
             return self.no_shortlist_feed, None
         if self.shortlist_feed is None:
             self.words, allowed = self.shortlist.batch_words(self.batch_sources, self.specials, self.sentence_width)
-            self.masked = np.where(allowed, np.float32(0), np.float32(-np.inf))
+            # C order (allowed, a column gather, is not): keep copies rows of it in place
+            self.masked = np.where(np.ascontiguousarray(allowed), np.float32(0), np.float32(-np.inf))
             self.shortlist_feed = {
                 self.shortlist_flag: np.array([True]),
                 **dict(zip(self.selector_outputs, self.selector.run(self.selector_outputs, {WORDS: self.words}))),
@@ -330,11 +331,11 @@ class OnnxDecoder:
             ):
                 raise ValueError(f"keep: rows must be whole groups of {self.group} (a sentence's beams)")
             rows = groups[:, 0] // self.group
-        feed = self.feed
+        feed, moves = self.feed, row_moves(rows)
         for name in (SRC_MASK, *self.cross_names):
-            feed[name] = _kept(feed[name], rows)
+            feed[name] = _kept(feed[name], rows, moves)
         if self.masked is not None:  # greedy: a row per sentence
-            self.masked = _kept(self.masked, rows)
+            self.masked = _kept(self.masked, rows, moves)
         self.arange = np.arange(self.rows, dtype=np.int64)
 
     # ------------------------------------------------------------------ CUDA, I/O binding
