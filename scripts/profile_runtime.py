@@ -6,6 +6,14 @@ the search loop around them, and inside the decoder graph the operators ORT spen
 
 It times the same sentences as the benchmark stage (one at a time, after a warm-up pass), then
 runs them once more with onnxruntime's profiler on to split the decoder's time by operator type.
+
+    python scripts/profile_runtime.py PACKAGE_DIR SENTENCES --batch 32 [--beam 4] [--sentences 64]
+
+Batches instead, as `translate` searches them (SENTENCES: text, .gz, or a shape bench package's
+job.json, whose every hypothesis is forced to its steps): the ms a batch with and without the
+profiler, then per graph the ms a run and the operator types' and the heaviest nodes' shares of it.
+The profiler adds a few microseconds a node, so small nodes read heavier than they are; an If's
+share holds its branch's nodes, which are also listed on their own.
 """
 
 from __future__ import annotations
@@ -56,13 +64,75 @@ def sessions(folder: Path, threads: int, pad_id: int, profile: bool) -> OnnxDeco
     return OnnxDecoder(*made, pad_id=pad_id)
 
 
+def profile_batches(args) -> None:
+    """Every graph the Translator runs for batches of `args.batch` at `args.beam`, profiled."""
+    from runtime_ab import batches  # scripts/: the same batches as the A/B of two runtimes
+
+    plain = Translator(args.package, threads=args.threads)
+    work, gen = batches(plain, args.sentences, args.count, args.batch)
+    gen = dataclasses.replace(gen, beam=args.beam)
+
+    def ms_a_batch(translator) -> float:
+        for batch in work[:1]:
+            translator.searcher(batch, gen)
+        start = time.perf_counter()
+        for batch in work:
+            translator.searcher(batch, gen)
+        return 1000 * (time.perf_counter() - start) / len(work)
+
+    plain_ms = ms_a_batch(plain)
+    opened = ort.InferenceSession.__init__
+    made: list[tuple[ort.InferenceSession, str]] = []
+
+    def profiling(session, path, options=None, *rest, **named):
+        if options is not None:
+            options.enable_profiling = True
+        opened(session, path, options, *rest, **named)
+        made.append((session, Path(path).name if isinstance(path, (str, Path)) else "a graph from bytes"))
+
+    ort.InferenceSession.__init__ = profiling
+    try:
+        profiled = Translator(args.package, threads=args.threads)
+    finally:
+        ort.InferenceSession.__init__ = opened
+    profiled_ms = ms_a_batch(profiled)
+    print(
+        f"{args.package}: batches of {args.batch} ({len(work)}), beam {args.beam}, {args.threads} thread(s): "
+        f"{plain_ms:.2f} ms a batch, {profiled_ms:.2f} profiled"
+    )
+    for session, name in made:
+        trace = Path(session.end_profiling())
+        events = json.loads(trace.read_text())
+        trace.unlink()
+        runs = [e["dur"] for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
+        if not runs:
+            continue
+        by_op: dict[str, float] = collections.defaultdict(float)
+        by_node: dict[str, float] = collections.defaultdict(float)
+        for event in events:
+            if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+                by_op[event["args"]["op_name"]] += event["dur"]
+                by_node[event["name"].removesuffix("_kernel_time")] += event["dur"]
+        total = sum(runs)
+        print(f"  {name}: {len(runs)} runs, {total / 1000 / len(runs):.3f} ms a run")
+        for label, table in (("op", by_op), ("node", by_node)):
+            heaviest = sorted(table.items(), key=lambda kv: -kv[1])[: args.top]
+            print("    " + "; ".join(f"{key} {100 * us / total:.1f}%" for key, us in heaviest) + f" (by {label})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("package", type=Path)
     ap.add_argument("sentences", type=Path)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--sentences", dest="count", type=int, default=40)
+    ap.add_argument("--batch", type=int, default=1, help="above 1: batches as translate searches them")
+    ap.add_argument("--beam", type=int, default=1, help="with --batch")
+    ap.add_argument("--top", type=int, default=8, help="with --batch: operator types and nodes shown a graph")
     args = ap.parse_args()
+    if args.batch > 1:
+        profile_batches(args)
+        return
 
     translator = Translator(args.package, threads=args.threads)
     gen = dataclasses.replace(translator.generation, beam=1)
