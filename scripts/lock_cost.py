@@ -61,7 +61,7 @@ def step_loop(package: Path, rows: int):
     for value in session.get_outputs():
         if not value.name.startswith("present_"):
             binding.bind_output(value.name, "cpu")
-    return lambda: (kept, session.run_with_iobinding(binding))
+    return lambda: (kept, session.run_with_iobinding(binding))  # kept: the bound arrays must outlive the binding
 
 
 def steps_a_second(package: Path, rows: int, pause_us: float, seconds: float, threads: int, numpy: bool) -> float:
@@ -90,9 +90,10 @@ def steps_a_second(package: Path, rows: int, pause_us: float, seconds: float, th
     return sum(counts) / seconds
 
 
-def fresh(args: list[str]) -> float:
-    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True).stdout
-    return float(json.loads(out.strip().splitlines()[-1]))
+def at_once(workers: list[list[str]]) -> list[float]:
+    """Steps a second of each worker process (this script's --worker), all started together."""
+    started = [subprocess.Popen([sys.executable, __file__, *w], stdout=subprocess.PIPE, text=True) for w in workers]
+    return [float(json.loads(p.communicate()[0].strip().splitlines()[-1])) for p in started]
 
 
 def main() -> None:
@@ -120,15 +121,9 @@ def main() -> None:
         return
     print(f"{args.package / GRAPH}: {args.rows} rows, {args.seconds:g} s a configuration")
     for pause in (float(p) for p in args.pauses.split(",")):
-        one = fresh([*common, "--worker", str(pause), "1"])
-        two_threads = fresh([*common, "--worker", str(pause), "2"])
-        pair = [
-            subprocess.Popen(
-                [sys.executable, __file__, *common, "--worker", str(pause), "1"], stdout=subprocess.PIPE, text=True
-            )
-            for _ in range(2)
-        ]
-        two_processes = sum(float(json.loads(p.communicate()[0].strip().splitlines()[-1])) for p in pair)
+        single, double = [*common, "--worker", str(pause), "1"], [*common, "--worker", str(pause), "2"]
+        (one,), (two_threads,) = at_once([single]), at_once([double])
+        two_processes = sum(at_once([single, single]))
         share = pause * 1e-6 * one
         print(
             f"  pause {pause:g} us ({share:.0%} of a step): 1 worker {one:.0f} steps/s, "

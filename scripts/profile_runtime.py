@@ -64,6 +64,19 @@ def sessions(folder: Path, threads: int, pad_id: int, profile: bool) -> OnnxDeco
     return OnnxDecoder(*made, pad_id=pad_id)
 
 
+def profile_totals(trace: Path) -> tuple[list[float], dict[str, float], dict[str, float]]:
+    """From onnxruntime's profile: each run's microseconds, and the kernels' by operator type and by node."""
+    events = json.loads(trace.read_text())
+    runs = [e["dur"] for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
+    by_op: dict[str, float] = collections.defaultdict(float)
+    by_node: dict[str, float] = collections.defaultdict(float)
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            by_op[event["args"]["op_name"]] += event["dur"]
+            by_node[event["name"].removesuffix("_kernel_time")] += event["dur"]
+    return runs, by_op, by_node
+
+
 def profile_batches(args) -> None:
     """Every graph the Translator runs for batches of `args.batch` at `args.beam`, profiled."""
     from runtime_ab import batches  # scripts/: the same batches as the A/B of two runtimes
@@ -102,17 +115,10 @@ def profile_batches(args) -> None:
     )
     for session, name in made:
         trace = Path(session.end_profiling())
-        events = json.loads(trace.read_text())
+        runs, by_op, by_node = profile_totals(trace)
         trace.unlink()
-        runs = [e["dur"] for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
         if not runs:
             continue
-        by_op: dict[str, float] = collections.defaultdict(float)
-        by_node: dict[str, float] = collections.defaultdict(float)
-        for event in events:
-            if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-                by_op[event["args"]["op_name"]] += event["dur"]
-                by_node[event["name"].removesuffix("_kernel_time")] += event["dur"]
         total = sum(runs)
         print(f"  {name}: {len(runs)} runs, {total / 1000 / len(runs):.3f} ms a run")
         for label, table in (("op", by_op), ("node", by_node)):
@@ -180,13 +186,8 @@ def main() -> None:
         greedy_search(profiled, prepare_sources(translator.tokenizer, [line], gen.max_positions), gen)
     trace = Path(profiled.decoder.end_profiling())
     profiled.encoder.end_profiling()
-    by_op: dict[str, float] = collections.defaultdict(float)
-    run_us = 0.0
-    for event in json.loads(trace.read_text()):
-        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
-            by_op[event["args"]["op_name"]] += event["dur"]
-        elif event.get("cat") == "Session" and event["name"] == "model_run":
-            run_us += event["dur"]
+    runs, by_op, _ = profile_totals(trace)
+    run_us = sum(runs)
     kernels = sum(by_op.values())
     breakdown["decoder_graph"] = {
         "kernel_share_of_run": round(kernels / run_us, 3) if run_us else None,
