@@ -44,6 +44,43 @@ def test_whole_batches_run_at_once_each_on_a_state_no_state_shared():
     assert ShardPool(["a"]).each([[1], [2]], run) == [["a:1"], ["a:2"]]
 
 
+def test_a_stream_keeps_ahead_batches_handed_over_and_yields_them_in_order():
+    """No wave waits for its slowest batch: a batch is handed over as soon as one is read, never
+    more than `ahead` handed over and unread, and the results come in the batches' order."""
+    pulled = []
+
+    def batches():
+        for i in range(10):
+            pulled.append(i)
+            yield [i]
+
+    def run(state, batch):
+        time.sleep(0.03 if batch[0] % 3 == 0 else 0.001)  # a slow batch now and then
+        return [f"{state}:{batch[0]}"]
+
+    seen = []
+    for i, out in enumerate(ShardPool(["a", "b"]).stream(batches(), run, ahead=4)):
+        seen.append(int(out[0].split(":")[1]))
+        assert len(pulled) == min(10, i + 4)  # handed over: the ones read and the next 4 at most
+    assert seen == list(range(10))
+    assert list(ShardPool(["a"]).stream(([i] for i in range(3)), run, ahead=4)) == [["a:0"], ["a:1"], ["a:2"]]
+
+
+def test_a_stream_left_unread_starts_no_more_of_its_batches():
+    started = []
+
+    def run(state, batch):
+        started.append(batch[0])
+        time.sleep(0.02)
+        return batch
+
+    stream = ShardPool(["a", "b"]).stream(([i] for i in range(20)), run, ahead=3)
+    assert next(stream) == [0]
+    stream.close()  # the caller stopped reading (an error in its own work, say)
+    time.sleep(0.1)
+    assert len(started) <= 4  # the 3 handed over, and the one handed over as the first was read
+
+
 def test_the_faster_side_is_chosen_per_kind_after_its_trials():
     def sleeper(seconds):
         return lambda x: time.sleep(seconds) or [x]

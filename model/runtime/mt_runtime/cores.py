@@ -7,7 +7,8 @@ the batch's). Measured on 2 cores, int8_static, batch 32 (issue 58, docs/results
 ran 1.4-2.0x one thread, two intra-op threads 1.1-1.8x; a decoder step of 32 rows is too small
 to split well inside onnxruntime, and the search's own Python between steps is serial there.
 Where a call holds several batches (`translate` on more sentences than one batch takes), whole
-batches run at once instead, one per thread (ShardPool.each).
+batches run at once instead, one per thread, each thread taking the next batch as it finishes one
+(ShardPool.stream).
 
 One sentence cannot be split that way: it runs inside generate.onnx, whose intra-op threads
 help greedy calls on some machines and slow beam calls on others (2 cores here: greedy 1.13-1.21x
@@ -19,18 +20,19 @@ than one thread does.
 
 from __future__ import annotations
 
+import collections
 import queue
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-WAVE = 4  # batches a translate call hands over at a time, per shard or child process
+WAVE = 4  # batches a translate call keeps handed over and not yet read, per shard or child process
 TRIALS = 3  # timed calls of each session per kind before choosing (after one untimed warm-up each)
 
 
@@ -60,8 +62,20 @@ class ShardPool:
         used by one batch at a time; results in the batches' order. Whole batches on separate
         threads scale better than one batch split: a step of 16 rows costs most of what 32 do
         (the default student's greedy batches of 32 on 2 cores: 1.80x one thread, split 1.41x)."""
-        if self.pool is None or len(batches) < 2:
-            return [run(self.states[0], batch) for batch in batches]
+        return list(self.stream(batches, run, ahead=max(1, len(batches))))
+
+    def stream(
+        self, batches: Iterable[Sequence[T]], run: Callable[[object, Sequence[T]], list[R]], ahead: int
+    ) -> Iterator[list[R]]:
+        """each(), lazily: results in the batches' order as they are ready, a batch handed over
+        whenever one is yielded, at most `ahead` handed over and not yet yielded. No wave waits
+        for its longest batch, and the caller's work on a result (detokenizing) overlaps the
+        shards' search of the next ones: waves of 8 batches at 2 threads left each shard 8-10%
+        of a greedy `translate` waiting for work (py-spy, issue 58)."""
+        if self.pool is None:
+            for batch in batches:
+                yield run(self.states[0], batch)
+            return
         free: queue.SimpleQueue = queue.SimpleQueue()
         for state in self.states:
             free.put(state)
@@ -73,7 +87,17 @@ class ShardPool:
             finally:
                 free.put(state)
 
-        return list(self.pool.map(one, batches))
+        pending: collections.deque[Future] = collections.deque()
+        try:
+            for batch in batches:
+                pending.append(self.pool.submit(one, batch))
+                if len(pending) >= ahead:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:  # an error, or a caller that stopped reading: start no more of its batches
+            for future in pending:
+                future.cancel()
 
     def __call__(self, batch: Sequence[T], run: Callable[[object, Sequence[T]], list[R]]) -> list[R]:
         if self.pool is None or len(batch) < 2:

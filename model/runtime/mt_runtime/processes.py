@@ -23,6 +23,7 @@ import sys
 import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Iterable, Iterator
 
 from .cores import WAVE, ShardPool
 
@@ -165,6 +166,10 @@ class ProcessSearch:
         if len(batches) < 2:  # a call of one batch: as __call__ runs it (one sentence here)
             return [self(batch, gen) for batch in batches]
         return self.shards.each(batches, self._run(gen))
+
+    def stream(self, batches: Iterable[list[list[int]]], gen) -> Iterator[list[list[int]]]:
+        """each(), lazily, for a translate call: results in order as they are ready (ShardPool.stream)."""
+        return self.shards.stream(batches, self._run(gen), self.at_once)
 
     def describe(self) -> dict:
         return self.local.describe()

@@ -368,25 +368,23 @@ def _by_length(
     on_batch,
     run,
     run_many=None,
-    at_once: int = 1,
 ) -> dict[int, object]:
     """run(list of source ids) on length-sorted batches (less padding) of the non-empty sentences;
     its per-sentence results keyed by the sentence's position in `sentences`. With `run_many`
-    (batches -> their results) and `at_once` above 1, that many batches at a time go to it."""
+    (an iterable of batches -> their results in order, as they are ready) every batch of a call of
+    several goes to it."""
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     src = prepare_sources(tokenizer, [sentences[i] for i in todo], gen.max_positions)
     results = {}
-    waves = list(_length_sorted_batches(src, gen.beam, batch_tokens, max_batch))
-    step = at_once if run_many is not None and at_once > 1 else 1
-    for start in range(0, len(waves), step):
-        wave = waves[start : start + step]
-        batches = [[src[j] for j in rows] for rows in wave]
-        outs = run_many(batches) if step > 1 else [run(batches[0])]
-        for rows, out in zip(wave, outs):
-            for j, result in zip(rows, out):
-                results[todo[j]] = result
-            if on_batch:
-                on_batch(len(rows))
+    order = list(_length_sorted_batches(src, gen.beam, batch_tokens, max_batch))
+    batches = ([src[j] for j in rows] for rows in order)
+    # One batch goes to `run`: a searcher may split it among its threads.
+    outs = run_many(batches) if run_many is not None and len(order) > 1 else (run(batch) for batch in batches)
+    for rows, out in zip(order, outs):
+        for j, result in zip(rows, out):
+            results[todo[j]] = result
+        if on_batch:
+            on_batch(len(rows))
     return results
 
 
@@ -403,9 +401,10 @@ def translate_sentences(
     """Translate in length-sorted batches, returning results in input order. Empty inputs give
     empty outputs without touching the model. `searcher(batch, gen)`, if given, replaces
     search(decoder, batch, gen) (a search that runs inside onnxruntime; decoder may then be None);
-    a searcher with `at_once` above 1 gets that many batches at a time through `searcher.each`."""
+    a searcher with `at_once` above 1 gets the batches through `searcher.stream`, which runs
+    several at a time."""
     sentences = list(sentences)
-    at_once = getattr(searcher, "at_once", 1)
+    many = getattr(searcher, "at_once", 1) > 1
     done = _by_length(
         tokenizer,
         sentences,
@@ -414,10 +413,7 @@ def translate_sentences(
         max_batch,
         on_batch,
         lambda batch: tokenizer.decode(searcher(batch, gen) if searcher else search(decoder, batch, gen)),
-        run_many=(lambda batches: [tokenizer.decode(out) for out in searcher.each(batches, gen)])
-        if at_once > 1
-        else None,
-        at_once=at_once,
+        run_many=(lambda batches: (tokenizer.decode(out) for out in searcher.stream(batches, gen))) if many else None,
     )
     return [done.get(i, "") for i in range(len(sentences))]
 

@@ -24,7 +24,7 @@ import functools
 import warnings
 import weakref
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -470,10 +470,10 @@ class PackageSearch:
 
     @property
     def at_once(self) -> int:
-        """Batches a translate call hands `each` together: WAVE per shard. Each shard takes the
-        next as it finishes one, so a long batch leaves the other shards idle only at a call's end
-        (test_2016 in batches of 32 at 2 threads: greedy 1.52 -> 1.59x one thread, beam 4 1.71 ->
-        1.77x against waves of one batch a shard)."""
+        """Batches a translate call keeps handed over (`stream`): WAVE per shard. Each shard takes
+        the next as it finishes one, so a long batch leaves the other shards idle only at a call's
+        end (test_2016 in batches of 32 at 2 threads: greedy 1.52 -> 1.59x one thread, beam 4 1.71
+        -> 1.77x against one batch a shard at a time)."""
         return WAVE * len(self.shards.states) if len(self.shards.states) > 1 else 1
 
     def each(self, batches: list[list[list[int]]], gen: GenerationConfig) -> list[list[list[int]]]:
@@ -482,6 +482,10 @@ class PackageSearch:
         if len(batches) < 2:
             return [self(batch, gen) for batch in batches]
         return self.shards.each(batches, lambda decoder, batch: self._part(decoder, batch, gen))
+
+    def stream(self, batches: Iterable[list[list[int]]], gen: GenerationConfig) -> Iterator[list[list[int]]]:
+        """each(), lazily, for a translate call: results in order as they are ready (ShardPool.stream)."""
+        return self.shards.stream(batches, lambda decoder, batch: self._part(decoder, batch, gen), self.at_once)
 
     def _part(self, decoder: OnnxDecoder, part: list[list[int]], gen: GenerationConfig) -> list[list[int]]:
         if self.which(part) == "graph":  # shards share the one-thread session; alone, the Translator's
