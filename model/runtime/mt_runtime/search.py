@@ -377,9 +377,13 @@ def _by_length(
     src = prepare_sources(tokenizer, [sentences[i] for i in todo], gen.max_positions)
     results = {}
     order = list(_length_sorted_batches(src, gen.beam, batch_tokens, max_batch))
+    many = run_many is not None and len(order) > 1  # one batch goes to `run`: a searcher may split it
+    if many:
+        # Longest first, so the batch that leaves the other threads idle at the call's end is the
+        # shortest (longest-processing-time-first scheduling); each batch is the same batch.
+        order.reverse()
     batches = ([src[j] for j in rows] for rows in order)
-    # One batch goes to `run`: a searcher may split it among its threads.
-    outs = run_many(batches) if run_many is not None and len(order) > 1 else (run(batch) for batch in batches)
+    outs = run_many(batches) if many else (run(batch) for batch in batches)
     for rows, out in zip(order, outs):
         for j, result in zip(rows, out):
             results[todo[j]] = result
