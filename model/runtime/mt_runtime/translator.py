@@ -70,7 +70,8 @@ _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 _ARRAY_TYPES = {**_DTYPES, "tensor(int8)": np.int8, "tensor(bool)": np.bool_}
 
 
-def session_options(threads: int | None) -> ort.SessionOptions:
+def session_options(threads: int | None, shared: bool = False) -> ort.SessionOptions:
+    """`shared`: the session is run by several threads at once (shards, mt_runtime/cores.py)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -81,6 +82,11 @@ def session_options(threads: int | None) -> ort.SessionOptions:
         # Idle pool threads spin after each run, taking the cores from the search loop's own
         # Python between steps: at 2 threads, batch 32 greedy ran 348 sent/s spinning, 651 not.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if shared:
+        # Threads running one session at once queue on its memory arena's lock (py-spy: 2-4% of
+        # each shard's time at 2 threads); malloc serves each thread from its own arena. With one
+        # thread the session's arena is the faster (test_2016 greedy b32: 2-2.5%), so only here.
+        options.enable_cpu_mem_arena = False
     return options
 
 
@@ -539,7 +545,7 @@ class Translator:
         own = threads * processes if processes and threads else threads
         shards = own if device == "cpu" and own and own > 1 else 1
         options = session_options(own)
-        step_options = options if shards == 1 else session_options(1)
+        step_options = options if shards == 1 else session_options(1, shared=True)
         providers = ["CPUExecutionProvider"]
         if device == "cuda":
             providers = [("CUDAExecutionProvider", {"device_id": device_id}), "CPUExecutionProvider"]
@@ -606,7 +612,8 @@ class Translator:
             self.graph_search,
             search,
             shards if self.device == "cpu" else 1,
-            functools.cache(lambda: GraphSearch.load(self.folder, step_options, listed, shortlist, self.layers)),
+            # A sentence alone, mostly one at a time: the arena's one-thread speed (session_options).
+            functools.cache(lambda: GraphSearch.load(self.folder, session_options(1), listed, shortlist, self.layers)),
         )
         if processes:
             # Batches of several sentences in child processes of `threads` threads each, one
