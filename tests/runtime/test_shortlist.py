@@ -163,7 +163,9 @@ def test_a_rows_best_word_is_the_best_of_its_own_sentences_words():
         masked = np.where(allowed, np.float32(0), np.float32(-np.inf))
         words = rng.permutation(1000)[:width]
         want = (logits + masked).argmax(axis=1)
-        step = dataclasses.make_dataclass("Step", ["masked"])(masked)  # what _best_words reads of a decoder
+        # What _best_words reads of a decoder: the mask, and its rows' arange (stale half the time).
+        arange = np.arange(rows if rng.random() < 0.5 else rows + 1)
+        step = dataclasses.make_dataclass("Step", ["masked", "arange"])(masked, arange)
         values, ids = OnnxDecoder._best_words(step, logits.copy(), words, 1)
         assert ids[:, 0].tolist() == words[want].tolist()
         assert values[:, 0].tolist() == logits[np.arange(rows), want].tolist()

@@ -309,7 +309,7 @@ class OnnxDecoder:
         if m != 1:
             values, ids = best_of(np.add(logits, self.masked, out=logits), m)
             return values, words[ids]
-        rows = np.arange(len(logits))
+        rows = self.arange if len(self.arange) == len(logits) else np.arange(len(logits))  # arange releases the GIL
         ids = logits.argmax(axis=-1)
         outside = np.flatnonzero(self.masked[rows, ids])  # -inf where the word is not the row's
         if len(outside):
