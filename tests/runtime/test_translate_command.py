@@ -238,3 +238,28 @@ def test_a_decoder_that_emits_line_breaks_still_gives_one_line_per_line(smoke, t
     assert proc.returncode == 0, proc.stderr.decode()
     out = proc.stdout.decode()
     assert out.count("\n") == 4 and len(out.splitlines()) == 4 and "\r" not in out and "\u2028" not in out
+
+
+def test_a_translator_of_several_threads_gets_enough_lines_a_call_to_keep_them_busy(package):
+    """translate_lines hands each translate call 8 batches, or twice the batches a translator of
+    several threads keeps at work: with N threads, a call of 8 batches would leave the rest idle.
+    The translations are those of one thread, line for line."""
+    import io
+
+    from mt_runtime import translate_stream as stream
+    from mt_runtime.translator import Translator
+
+    lines = [f"A man number {i} is riding a bicycle." for i in range(100)]
+    text = ("\n".join(lines) + "\n").encode()
+    outputs, sizes = {}, {}
+    for threads in (1, 3):
+        translator = Translator(package, threads=threads)
+        calls = []
+        translate = translator.translate
+        translator.translate = lambda block, **kw: calls.append(len(block)) or translate(block, **kw)
+        out = io.BytesIO()
+        stream.translate_lines(translator, io.BytesIO(text), out, 1, 2, 10**6, print)  # batches of 2
+        outputs[threads], sizes[threads] = out.getvalue(), calls
+    assert sizes[1] == [16] * 6 + [4]  # 8 batches
+    assert sizes[3] == [48, 48, 4]  # 3 threads keep 12 batches at work (cores.WAVE each): twice that
+    assert outputs[3] == outputs[1] and outputs[1].count(b"\n") == 100

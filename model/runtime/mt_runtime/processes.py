@@ -149,7 +149,7 @@ class ProcessSearch:
 
     @property
     def at_once(self) -> int:
-        # Batches handed over together: each child takes the next as it finishes one (ShardPool.each),
+        # Batches kept handed over: each child takes the next as it finishes one (ShardPool.stream),
         # so a long batch does not hold the others' children idle until a wave ends.
         return WAVE * len(self.children)
 

@@ -683,6 +683,11 @@ class Translator:
             searcher=self.searcher,
         )
 
+    @property
+    def at_once(self) -> int:
+        """Batches a translate call keeps at work at a time (1 without threads or processes)."""
+        return self.searcher.at_once
+
     def describe(self) -> dict:
         return {
             "runtime": self.runtime,
