@@ -5,6 +5,7 @@ a shortlist (the package format's promise: no tolerance on the CPU)."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 import onnx
@@ -108,6 +109,28 @@ def test_more_threads_split_batches_and_change_no_translation(packages, variant,
         assert three.translate(texts, beam=beam, max_batch=5) == one.translate(texts, beam=beam, max_batch=5)
     chosen = three.describe()["one_sentence_threads"]
     assert set(chosen) == {"greedy", "beam"} and set(chosen.values()) <= {1, "n"}
+
+
+def test_calls_from_several_threads_on_one_translator_each_get_their_own_translations(packages):
+    """A Translator's decoders hold one search each: calls made at once from several threads take
+    turns (a web app's request threads sharing one), each answered as if alone."""
+    built, sources = packages
+    texts = [Translator(built["int8_static", True], threads=1).tokenizer.decode([s[:-1]])[0] for s in sources]
+    for threads in (1, 2):
+        shared = Translator(built["int8_static", True], threads=threads)
+        parts = [texts[i::3] for i in range(3)]
+        alone = [shared.translate(part, beam=beam, max_batch=4) for part in parts for beam in (1, 3)]
+        together: dict[int, list[str]] = {}
+
+        def call(i: int) -> None:
+            together[i] = shared.translate(parts[i // 2], beam=(1, 3)[i % 2], max_batch=4)
+
+        callers = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join()
+        assert [together[i] for i in range(6)] == alone
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from mt_runtime.cores import TRIALS, FasterOfTwo, ShardPool, shards
 
 
@@ -79,6 +80,26 @@ def test_a_stream_left_unread_starts_no_more_of_its_batches():
     stream.close()  # the caller stopped reading (an error in its own work, say)
     time.sleep(0.1)
     assert len(started) <= 4  # the 3 handed over, and the one handed over as the first was read
+
+
+def test_a_stream_that_fails_returns_only_once_none_of_its_batches_runs():
+    """An error in one batch: the others handed over finish (or never start) before the error
+    reaches the caller, so the caller's next call finds every state free."""
+    running = set()
+
+    def run(state, batch):
+        running.add(batch[0])
+        try:
+            if batch[0] == 0:
+                raise RuntimeError("batch 0 failed")
+            time.sleep(0.1)
+            return batch
+        finally:
+            running.discard(batch[0])
+
+    with pytest.raises(RuntimeError, match="batch 0"):
+        list(ShardPool(["a", "b"]).stream(([i] for i in range(6)), run, ahead=4))
+    assert not running
 
 
 def test_the_faster_side_is_chosen_per_kind_after_its_trials():

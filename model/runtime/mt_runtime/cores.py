@@ -26,7 +26,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -95,9 +95,10 @@ class ShardPool:
                     yield pending.popleft().result()
             while pending:
                 yield pending.popleft().result()
-        finally:  # an error, or a caller that stopped reading: start no more of its batches
-            for future in pending:
+        finally:  # an error, or a caller that stopped reading: start no more of its batches,
+            for future in pending:  # and return only once none runs (their states are free again)
                 future.cancel()
+            wait(pending)
 
     def __call__(self, batch: Sequence[T], run: Callable[[object, Sequence[T]], list[R]]) -> list[R]:
         if self.pool is None or len(batch) < 2:

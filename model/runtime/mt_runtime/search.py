@@ -7,6 +7,7 @@ so the shipped runtime stays free of torch.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass, replace
 from typing import Protocol, Sequence
@@ -371,8 +372,8 @@ def _by_length(
 ) -> dict[int, object]:
     """run(list of source ids) on length-sorted batches (less padding) of the non-empty sentences;
     its per-sentence results keyed by the sentence's position in `sentences`. With `run_many`
-    (an iterable of batches -> their results in order, as they are ready) every batch of a call of
-    several goes to it."""
+    (an iterable of batches -> a generator of their results in order, as they are ready) every
+    batch of a call of several goes to it."""
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     src = prepare_sources(tokenizer, [sentences[i] for i in todo], gen.max_positions)
     results = {}
@@ -384,11 +385,14 @@ def _by_length(
         order.reverse()
     batches = ([src[j] for j in rows] for rows in order)
     outs = run_many(batches) if many else (run(batch) for batch in batches)
-    for rows, out in zip(order, outs):
-        for j, result in zip(rows, out):
-            results[todo[j]] = result
-        if on_batch:
-            on_batch(len(rows))
+    try:
+        for rows, out in zip(order, outs):
+            for j, result in zip(rows, out):
+                results[todo[j]] = result
+            if on_batch:
+                on_batch(len(rows))
+    finally:
+        outs.close()  # on an error, the batches still running end before the call does
     return results
 
 
@@ -409,6 +413,12 @@ def translate_sentences(
     several at a time."""
     sentences = list(sentences)
     many = getattr(searcher, "at_once", 1) > 1
+
+    def decoded(batches):
+        with contextlib.closing(searcher.stream(batches, gen)) as outs:
+            for out in outs:
+                yield tokenizer.decode(out)
+
     done = _by_length(
         tokenizer,
         sentences,
@@ -417,7 +427,7 @@ def translate_sentences(
         max_batch,
         on_batch,
         lambda batch: tokenizer.decode(searcher(batch, gen) if searcher else search(decoder, batch, gen)),
-        run_many=(lambda batches: (tokenizer.decode(out) for out in searcher.stream(batches, gen))) if many else None,
+        run_many=decoded if many else None,
     )
     return [done.get(i, "") for i in range(len(sentences))]
 

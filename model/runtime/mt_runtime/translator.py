@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import warnings
 import weakref
 from pathlib import Path
@@ -539,6 +540,7 @@ class Translator:
         if processes and device != "cpu":
             raise ValueError("processes: batches run in child processes on the CPU only")
         self.threads = threads
+        self._one_call = threading.Lock()  # translate: its decoders hold one search each
         # threads=N on the CPU: batches split into N shards on one-thread sessions (mt_runtime/cores.py).
         # With child processes this process searches one sentence alone, while they idle: it may
         # use all their threads (1 or that many, whichever its first calls measure faster).
@@ -672,16 +674,19 @@ class Translator:
         on_batch=None,
     ) -> list[str]:
         gen = dataclasses.replace(self.generation, beam=beam, length_penalty=length_penalty)
-        return translate_sentences(
-            self.decoder,
-            self.tokenizer,
-            sentences,
-            gen,
-            batch_tokens=batch_tokens,
-            max_batch=max_batch,
-            on_batch=on_batch,
-            searcher=self.searcher,
-        )
+        # Calls from several threads take turns: each decoder (a shard's, a child's pipe) holds
+        # one search at a time. A server runs a Translator a worker thread (mt_runtime/serve_workers.py).
+        with self._one_call:
+            return translate_sentences(
+                self.decoder,
+                self.tokenizer,
+                sentences,
+                gen,
+                batch_tokens=batch_tokens,
+                max_batch=max_batch,
+                on_batch=on_batch,
+                searcher=self.searcher,
+            )
 
     @property
     def at_once(self) -> int:
