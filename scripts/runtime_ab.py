@@ -3,7 +3,7 @@ batch: the runtime at a git revision against the working tree's. Every translati
 same (a runtime change that is only faster changes no output).
 
     python scripts/runtime_ab.py REVISION PACKAGE SENTENCES [--beam 1] [--batch 32] [--rounds 5]
-                                 [--count 1000] [--threads 1]
+                                 [--count 1000] [--threads 1] [--calls [--processes N]]
 
 SENTENCES is a text file (.gz too), one sentence a line, sorted by length into batches as a
 server's length-sorted batches are, or a shape bench package's job.json (`scripts/shape_bench.py
@@ -12,6 +12,11 @@ is imported as another package beside the working tree's (its imports are relati
 searches run on the same onnxruntime, in the same process, on the same machine state. Prints ms a
 batch for each side, each round's, and the speed of the working tree over REVISION (above 1:
 faster); exits 1 if any batch translates differently.
+
+`--calls` times whole `translate` calls of the sentences instead (a text file): how a call hands
+its batches to `--threads` threads (or `--processes` child processes), each side also at one
+thread; prints sentences a second, each side's speed-up over its own one thread (the median of
+the rounds' ratios) and the working tree's over REVISION at N.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import gzip
 import importlib
 import io
 import json
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -71,7 +77,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--count", type=int, default=1000, help="sentences (at most)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--calls", action="store_true", help="time whole translate calls, at N and at one thread")
+    ap.add_argument("--processes", type=int, default=0, help="with --calls: N child processes instead of threads")
     args = ap.parse_args()
+    if args.calls:
+        return compare_calls(args)
     with tempfile.TemporaryDirectory() as tmp:
         before = runtime_at(args.revision, Path(tmp)).Translator(args.package, threads=args.threads)
         after = working.Translator(args.package, threads=args.threads)
@@ -92,6 +102,47 @@ def main() -> None:
         f"the same translations in {same}/{len(work)} batches"
     )
     if same != len(work):
+        raise SystemExit(1)
+
+
+def compare_calls(args) -> None:
+    """Whole translate calls, each runtime at one thread and at N threads or processes, taking turns."""
+    with (gzip.open if args.sentences.suffix == ".gz" else open)(args.sentences, "rt", encoding="utf-8") as f:
+        lines = [line.strip() for line in f if line.strip()][: args.count]
+    n = args.processes or args.threads
+    many = dict(threads=1, processes=n) if args.processes else dict(threads=n)
+    how = f"{n} processes" if args.processes else f"{n} threads"
+    with tempfile.TemporaryDirectory() as tmp:
+        before = runtime_at(args.revision, Path(tmp))
+        sides = {}
+        for name, runtime in ((args.revision, before), ("working tree", working)):
+            sides[f"{name} 1"] = runtime.Translator(args.package, threads=1)
+            sides[f"{name} N"] = runtime.Translator(args.package, **many)
+        kw = dict(beam=args.beam, max_batch=args.batch, batch_tokens=10**9)
+        timed = interleaved(
+            {name: (lambda s, t=t: t.translate(s, **kw)) for name, t in sides.items()},
+            [lines],
+            repeats=args.rounds,
+            warmup=1,
+        )
+        for translator in sides.values():
+            getattr(translator, "close", lambda: None)()
+    seconds = timed.seconds
+
+    def speedup(slow: str, fast: str) -> float:
+        return statistics.median(s / f for s, f in zip(seconds[slow], seconds[fast]))
+
+    same = all(timed.outputs[name] == timed.outputs[f"{args.revision} 1"] for name in sides)
+    print(f"{args.package}: {len(lines)} sentences, beam {args.beam}, batches of {args.batch}, {how}")
+    for name in (args.revision, "working tree"):
+        one, at_n = (len(lines) / statistics.median(seconds[f"{name} {k}"]) for k in "1N")
+        print(f"  {name}: one thread {one:.0f} sent/s, {how} {at_n:.0f} ({speedup(f'{name} 1', f'{name} N'):.3f}x)")
+    rounds = " ".join(f"{b / a:.3f}" for a, b in zip(seconds["working tree N"], seconds[f"{args.revision} N"]))
+    print(
+        f"  {how}, working tree over {args.revision}: {speedup(f'{args.revision} N', 'working tree N'):.3f}x "
+        f"(rounds {rounds}); the same translations: {same}"
+    )
+    if not same:
         raise SystemExit(1)
 
 
