@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from ..measure.cores import cores_line
+from ..measure.host_speed import host_line
 from .rows import versus_lines
 
 
@@ -75,6 +76,7 @@ def markdown(report: dict) -> str:
         f"**Machine**: {m.get('cpu')} ({m.get('isa') or 'instruction level not recorded'}), {m.get('cores')} "
         f"cores ({m.get('usable_cores')} usable), GPU: {m.get('gpu') or 'none'}. {versions}.",
         "",
+        *([host_line(m["host_speed"]), ""] if m.get("host_speed") else []),
         *(
             [
                 "**Training** (as this machine ran it):",

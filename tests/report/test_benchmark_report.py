@@ -73,6 +73,9 @@ def test_every_benchmark_row_has_numbers_or_a_reason(built):
     assert bench["threads"] == [1] and bench["sentences"] == 4
     machine = bench["machine"]
     assert machine["cpu"] and machine["cores"] >= 1 and "torch" in machine["versions"]
+    # The host probed between measurements: the start, after each row's, and after the stage's three comparisons.
+    measured = sum(1 for r in rows.values() if not r["skipped"]) * len(bench["threads"])
+    assert machine["host_speed"]["probes"] == 1 + measured + 3
     for row in rows.values():
         if row["skipped"]:
             assert isinstance(row["skipped"], str) and row["skipped"]
@@ -195,6 +198,7 @@ def test_report_files(built):
     assert "| variant | runtime |" in md and "![BLEU against latency](bleu_vs_latency.png)" in md
     assert report["recommendation"] in md
     assert report["machine"]["gpu"] or "skipped: no CUDA device" in md
+    assert "**Host speed** over the benchmark (" in md
     # sacrebleu's signatures, as evaluate recorded them, in both files.
     signature = report["scoring"]["bleu_signature"]
     assert signature == arts["evaluate.teacher"].metrics["bleu_signature"] and signature.startswith("nrefs:1|")

@@ -298,3 +298,34 @@ def test_the_report_reads_benchmark_rows_typed_and_a_renamed_key_is_an_error_nam
         BenchmarkRow.from_json({**data, "latency": 1})
     with pytest.raises(RowError, match="holds undeclared key 'folder'"):  # a store path is never written
         BenchmarkRow.from_json({**data, "folder": "/x"})
+
+
+def test_the_report_says_when_the_host_slowed_between_measurements():
+    """The benchmark probes the host between its measurements; a slowest probe under 0.9 of the
+    fastest is called out, naming where it fell, and a steady host is said to be steady."""
+    from pipeline.measure.host_speed import HostSpeed, probe
+
+    speeds = iter([(20.0, 15.0), (19.5, 14.8), (9.0, 14.0), (19.8, 15.0)])
+    host = HostSpeed(measure=lambda: dict(zip(("python", "memory"), next(speeds))))
+    for point in ("the start", "teacher at 1 thread", "int8_static at 1 thread", "the end"):
+        host.after(point)
+    summary = host.summary()
+    assert summary["python"] == {"lowest_share": 0.45, "lowest_after": "int8_static at 1 thread", "median": 19.65}
+    assert summary["memory"]["lowest_share"] == 0.933 and summary["steady"] is False
+    page = markdown(
+        {
+            "recipe": "r",
+            "machine": {"host_speed": summary},
+            "rows": [],
+            "recommendation": "-",
+            "recommendations": {},
+            "benchmark": {"sentences": 4, "test_set": "t", "batch_size": 2, "throughput_beam": 4, "threads": [1]},
+            "targets": {},
+        }
+    )
+    assert "the slowest at 0.45 and 0.93 of the fastest (after int8_static at 1 thread; after" in page
+    assert "**not steady**" in page
+    steady = HostSpeed()  # the real probe: both figures, each time
+    steady.after("a")
+    steady.after("b")
+    assert steady.summary()["probes"] == 2 and set(probe()) == {"python", "memory"}

@@ -32,6 +32,7 @@ from ...engine.errors import UserInputError
 from ...engine.stage import Variant
 from ...measure import optimum_peer, peers
 from ...measure.facts import describe_machine, model_bytes, model_facts
+from ...measure.host_speed import HostSpeed, host_line
 from ...measure.jobs import ScoreSpec
 from ...measure.rows import BenchmarkRow, pick_best, summary_line, thread_counts
 from . import BenchmarkInputs, BenchmarkNode
@@ -63,8 +64,11 @@ def run(ctx: StageContext) -> dict:
     )
 
     how = peers.Measuring(cfg.batch_size, cfg.throughput_beam, cfg.min_repeats, cfg.max_repeats, cfg.stable_within)
-    rows = measure_rows(ctx, rows, threads, sample, how, test_set, machine)
+    host = HostSpeed()
+    host.after("the start")
+    rows = measure_rows(ctx, rows, threads, sample, how, test_set, machine, host)
     paired = peers.paired_rounds(ctx, rows, sample, how, cfg.final_model, cfg.paired_rounds)
+    host.after("the paired rounds")
     spec = cfg.versus
     versus = peers.versus_ctranslate2(
         ctx,
@@ -76,8 +80,12 @@ def run(ctx: StageContext) -> dict:
         spec.separate_rounds,
         threads,
     )
+    host.after("the comparison with CTranslate2")
     sample_cores = [s for s in src if s.strip()][: cfg.cores.sentences]
     cores = peers.on_every_core(ctx, rows, sample_cores, cfg.final_model, cfg.cores, cfg.batch_size, machine)
+    host.after("the cores' measurement")
+    machine["host_speed"] = host.summary()
+    ctx.log(host_line(machine["host_speed"]).replace("**", ""))
     rows = [r.but(paired=paired.get(r.name), versus=versus.get(r.name), cores=cores.get(r.name)) for r in rows]
     for row in rows:
         ctx.log(f"{row.name}: skipped: {row.skipped}" if row.skipped else summary_line(row))
@@ -110,10 +118,11 @@ def measure_rows(
     how: peers.Measuring,
     test_set: str,
     machine: dict,
+    host: HostSpeed | None = None,
 ) -> list[BenchmarkRow]:
     """Every row not skipped measured at every thread count, each in a fresh process, showing its
     fastest; the peers' rows (CTranslate2, Optimum) also translate and score the whole test set (once). The runtimes'
-    versions go to `machine` (once per runtime is enough)."""
+    versions go to `machine` (once per runtime is enough); `host` is probed after each."""
     data = ctx.inputs.data
     jobs = [(row, n) for row in rows if not row.skipped for n in threads]
     by_threads: dict[str, dict] = {row.name: {} for row in rows}
@@ -135,6 +144,8 @@ def measure_rows(
             if versions:
                 machine["runtimes"][row.runtime] = versions
             bar.advance(1, postfix=f"{row.name} ({n} thread{'s' if n > 1 else ''})")
+            if host is not None:  # between two measurements, never during one
+                host.after(f"{row.name} at {n} thread{'s' if n > 1 else ''}")
     return [
         row if row.skipped else pick_best(row.but(by_threads=by_threads[row.name], hypotheses=hypotheses.get(row.name)))
         for row in rows
