@@ -26,7 +26,9 @@ batch); with --whole-batches a point's batches run whole instead, one per thread
 --processes ours runs that many child processes of one thread instead of threads
 (Translator(processes=N): no interpreter lock shared); CTranslate2 is unchanged. The header also
 gives the int8 peak with the weight a constant (prepacked once, as a model's weights are), which
-reads higher than the issue's definition, both operands inputs.
+reads higher than the issue's definition, both operands inputs, and how steady the host was: a
+fixed Python loop and a 32 MB copy timed after the peak and after every round
+(pipeline/measure/host_speed.py), the slowest as a share of the fastest.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from pipeline.measure.host_speed import HostSpeed, host_line
 
 SHAPES = {  # issue 58's shapes: the default student (unpruned), a base student, Transformer-base
     "default-student": (
@@ -368,6 +372,8 @@ def main() -> None:
         # The best of three fresh processes: a busy machine only ever lowers a peak.
         tries = [in_process("peak", ["peak", "-"], {"threads": 1}, work) for _ in range(3)]
         peak = {kind: max(t[kind] for t in tries) for kind in tries[0]}
+        host = HostSpeed()
+        host.after("the peak")
         results: dict = {}
         for t in threads:
             job = {
@@ -384,13 +390,23 @@ def main() -> None:
             for r in range(args.rounds):
                 for engine in engines if r % 2 == 0 else engines[::-1]:
                     runs[engine].append(in_process(engine, [engine, str(folders[engine])], job, work))
+                host.after(f"round {r + 1} at {t} thread{'s' if t > 1 else ''}")
                 print(f"threads {t}: round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
             results[t] = {e: {p: statistics.median(run[p] for run in runs[e]) for p in points} for e in engines}
     report(name, spec, vocab, cfg, args, engines, points, threads, peak, results)
+    unsteady = "the engines took turns round by round, so each met the host's changes alike; the medians are less sure"
+    print("\n" + host_line(host.summary(), "the rounds", unsteady))
     if args.json:
         args.json.write_text(
             json.dumps(
-                {"shape": name, "spec": spec, "vocab": vocab, "peak_gmacs": peak, "seconds_a_sentence": results},
+                {
+                    "shape": name,
+                    "spec": spec,
+                    "vocab": vocab,
+                    "peak_gmacs": peak,
+                    "seconds_a_sentence": results,
+                    "host_speed": host.summary(),
+                },
                 indent=2,
             )
         )

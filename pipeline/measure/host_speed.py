@@ -65,19 +65,19 @@ class HostSpeed:
         return out
 
 
-def host_line(summary: dict) -> str | None:
-    """The report's line on the host's speed over the benchmark (None without probes)."""
+def host_line(
+    summary: dict,
+    over: str = "the benchmark",
+    unsteady: str = "figures of rows measured minutes apart differ by the host as well as by the models; "
+    "comparisons taking turns in one process (below) hold better",
+) -> str | None:
+    """The line on the host's speed over `over` (None without probes); `unsteady`: what that means there."""
     if not summary:
         return None
     python, memory = summary["python"], summary["memory"]
-    verdict = (
-        "steady: rows measured minutes apart compare"
-        if summary["steady"]
-        else "**not steady**: figures of rows measured minutes apart differ by the host as well as by "
-        "the models; comparisons taking turns in one process (below) hold better"
-    )
+    verdict = "steady: figures measured minutes apart compare" if summary["steady"] else f"**not steady**: {unsteady}"
     return (
-        f"**Host speed** over the benchmark ({summary['probes']} probes between its measurements: a fixed "
+        f"**Host speed** over {over} ({summary['probes']} probes between its measurements: a fixed "
         f"Python loop, a 32 MB copy): the slowest at {python['lowest_share']:.2f} and {memory['lowest_share']:.2f} "
         f"of the fastest (after {python['lowest_after']}; after {memory['lowest_after']}); {verdict}."
     )
