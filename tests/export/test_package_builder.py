@@ -4,10 +4,12 @@ into a finished package, and the interleaved timer every in-process comparison u
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -57,7 +59,7 @@ def built(tmp_path_factory, data_dir):
     return model, tokenizer, packages, en[:12]
 
 
-def test_fp32_package_decodes_as_pytorch_does(built):
+def test_fp32_package_decodes_as_pytorch_does(built, tmp_path):
     model, tokenizer, packages, sentences = built
     translator = Translator(packages["fp32"], threads=1)  # verifies every file's digest
     sources = [ids + [model.cfg.eos_id] for ids in tokenizer.encode(sentences)]
@@ -69,26 +71,19 @@ def test_fp32_package_decodes_as_pytorch_does(built):
     # finished sentences dropped) gives what PyTorch gives, greedy and beam.
     assert translator.batch_search == "python" and translator.decoder.many_rows is not None
     # Greedy steps run decoder_greedy_inplace.onnx (the cache written in place, rows of ended
-    # sentences gathered in NumPy): neither decoder_greedy.onnx nor decoder_batch.onnx is needed.
-    calls = {"greedy": 0, "batch": 0, "inplace": 0}
-    for name, session, method in (
-        ("greedy", translator.decoder.greedy, "run"),
-        ("batch", translator.decoder.many_rows, "run"),
-        ("inplace", translator.decoder.inplace.session, "run_with_iobinding"),
-    ):
-
-        def counted(*args, _run=getattr(session, method), _name=name, **kwargs):
-            calls[_name] += 1
-            return _run(*args, **kwargs)
-
-        setattr(session, method, counted)
-    assert translator.searcher(sources, gen) == greedy_search(TorchDecoder(model), sources, gen)
-    assert calls["inplace"] > 0 and calls["greedy"] == calls["batch"] == 0, calls
-    # Without it (a package of format 2.0): decoder_greedy.onnx, and decoder_batch.onnx to reorder
+    # sentences gathered in NumPy): decoder_greedy.onnx is not even opened, and decoder.onnx is let
+    # go until something runs it (each session holds a copy of the weights).
+    decoder = translator.decoder
+    assert decoder.greedy is None and not decoder.decoder.opened
+    counts = _counted(decoder, sources, gen, translator.searcher, TorchDecoder(model))
+    assert counts["inplace"] > 0 and counts["batch"] == counts["greedy"] == 0, counts
+    assert not decoder.decoder.opened
+    # A package without it (format 2.0): decoder_greedy.onnx, and decoder_batch.onnx to reorder
     # after a sentence has ended.
-    translator.decoder.inplace = None
-    assert translator.searcher(sources, gen) == greedy_search(TorchDecoder(model), sources, gen)
-    assert calls["greedy"] > 0 and calls["batch"] > 0, calls
+    older = Translator(_without_inplace(packages["fp32"], tmp_path / "older"), threads=1)
+    assert older.decoder.inplace is None and older.decoder.greedy is not None
+    counts = _counted(older.decoder, sources, gen, older.searcher, TorchDecoder(model))
+    assert counts["greedy"] > 0 and counts["batch"] > 0, counts
     beam = dataclasses.replace(gen, beam=4)
     assert translator.searcher(sources, beam) == beam_search(TorchDecoder(model), sources, beam)
 
@@ -278,3 +273,38 @@ def test_onnxruntime_fuses_no_residual_norm_of_an_int8_package(tmp_path, built):
         assert "SkipLayerNormalization" not in ops, name
         norms = {"encoder": 2 * cfg.encoder_layers, "decoder": 3 * cfg.decoder_layers}[name]
         assert ops.count("LayerNormalization") == norms, name
+
+
+def _counted(decoder, sources, gen, searcher, reference) -> dict:
+    """Runs of decoder_batch.onnx, decoder_greedy.onnx and decoder_greedy_inplace.onnx while
+    `searcher` translates `sources` as `reference` does."""
+    calls = {"batch": 0, "greedy": 0, "inplace": 0}
+    inplace = decoder.inplace.session if decoder.inplace is not None else None
+    methods = {"batch": (decoder.many_rows, "run"), "greedy": (decoder.greedy, "run")}
+    methods["inplace"] = (inplace, "run_with_iobinding")
+    for name, (session, method) in methods.items():
+        if session is not None:
+            setattr(session, method, functools.partial(_count, calls, name, getattr(session, method)))
+    try:
+        assert searcher(sources, gen) == greedy_search(reference, sources, gen)
+    finally:
+        for session, method in methods.values():
+            if session is not None:
+                delattr(session, method)
+    return calls
+
+
+def _count(calls: dict, name: str, run, *args, **kwargs):
+    calls[name] += 1
+    return run(*args, **kwargs)
+
+
+def _without_inplace(package: Path, dest: Path) -> Path:
+    """A copy of `package` as format 2.0 wrote it: no decoder_greedy_inplace.onnx."""
+    shutil.copytree(package, dest)
+    (dest / "decoder_greedy_inplace.onnx").unlink()
+    meta = json.loads((dest / "package.json").read_text())
+    del meta["files"]["decoder_greedy_inplace.onnx"]
+    meta["format"] = "mt-onnx-package/2.0"
+    (dest / "package.json").write_text(json.dumps(meta, indent=2))
+    return dest

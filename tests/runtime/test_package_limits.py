@@ -165,7 +165,7 @@ def _rename(copy: Path, graph: str, old: str, new: str) -> None:
     [
         ("encoder.onnx", "src_ids", "ids", "has no input 'src_ids' (it has 'ids' instead)"),
         ("decoder.onnx", "log_probs", "scores", "has no output 'log_probs' (it has 'scores' instead)"),
-        ("decoder_greedy.onnx", "tokens", "previous", "has no input 'tokens' (it has 'previous' instead)"),
+        ("decoder_greedy_inplace.onnx", "tokens", "previous", "has no input 'tokens' (it has 'previous' instead)"),
         ("shortlist.onnx", "words", "ids", "has no input 'words' (it has 'ids' instead)"),
     ],
 )

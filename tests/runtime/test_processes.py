@@ -39,6 +39,10 @@ def test_batches_in_child_processes_translate_as_this_process_does(package, sent
         # The shortlist switch reaches the children.
         one.decoder.use_shortlist = two.decoder.use_shortlist = False
         assert two.translate(sentences, beam=1, max_batch=4) == one.translate(sentences, beam=1, max_batch=4)
+        # Here generate.onnx searched the single sentences: the step graphs, whose weights would
+        # be a copy beside each child's, were checked and let go (mt_runtime/lazy_session.py).
+        mine = two.decoder
+        assert not any(s.opened for s in (mine.encoder, mine.decoder, mine.many_rows, mine.inplace.session))
     finally:
         two.close()
     assert all(c.process.poll() is not None for c in children)

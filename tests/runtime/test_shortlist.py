@@ -9,6 +9,7 @@ import shutil
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from mt_runtime.files import sha256_file
@@ -142,10 +143,11 @@ def test_the_shortlisted_projection_gives_the_whole_ones_columns_exactly(package
     union, allowed = tables["narrow"].batch_words(src, SPECIALS, sentence_width(tables["narrow"]))
     assert words.tolist() == union.tolist() and 20 <= len(words) < vocab
     np.testing.assert_array_equal(decoder.masked == 0, allowed)
-    feed = {n: decoder.feed[n] for n in decoder.greedy_inputs if n in decoder.feed}
+    greedy = ort.InferenceSession(str(built["int8_dynamic", "narrow"] / "decoder_greedy.onnx"))
+    feed = {i.name: decoder.feed[i.name] for i in greedy.get_inputs() if i.name in decoder.feed}
     feed["tokens"] = np.full((6, 1), translator.generation.bos_id, np.int64)
-    shortlisted = decoder.greedy.run(["logits"], {**feed, **shortlist_feed})[0]
-    whole = decoder.greedy.run(["logits"], {**feed, **decoder.no_shortlist_feed})[0]
+    shortlisted = greedy.run(["logits"], {**feed, **shortlist_feed})[0]
+    whole = greedy.run(["logits"], {**feed, **decoder.no_shortlist_feed})[0]
     assert whole.shape == (6, vocab) and shortlisted.shape == (6, len(words))
     np.testing.assert_array_equal(shortlisted, whole[:, words])
 

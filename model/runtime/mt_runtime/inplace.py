@@ -63,7 +63,7 @@ class InPlaceCache:
         self.buffers: dict[str, np.ndarray] = {}  # the search's rows of _store's arrays
         self._store: dict[str, np.ndarray] = {}
         self.filled = 0  # positions of the cache that hold keys and values
-        self._binding = session.io_binding()
+        self._binding: ort.IOBinding | None = None  # made at the first step: the session may not be open yet
         self._position = np.zeros(1, np.int32)  # past_sequence_length, bound once
         self._tokens = np.zeros((0, 1), np.int64)  # the step's tokens: rows of _token_store
         self._token_store = self._tokens
@@ -73,7 +73,6 @@ class InPlaceCache:
         # name -> (the feed's array, what is bound): a binding holds a pointer, not a reference
         self._bound: dict[str, tuple] = {}
         self._bound[PAST_SEQUENCE_LENGTH] = (self._position, ort.OrtValue.ortvalue_from_numpy(self._position))
-        self._binding.bind_ortvalue_input(PAST_SEQUENCE_LENGTH, self._bound[PAST_SEQUENCE_LENGTH][1])
 
     def load(self, past: dict[str, np.ndarray]) -> None:
         """Start from a cache given as arrays [rows, heads, filled, head_size] (decoder.onnx's form)."""
@@ -126,6 +125,9 @@ class InPlaceCache:
         self._stale = True
 
     def _bind_buffers(self) -> None:
+        if self._binding is None:
+            self._binding = self.session.io_binding()
+            self._binding.bind_ortvalue_input(PAST_SEQUENCE_LENGTH, self._bound[PAST_SEQUENCE_LENGTH][1])
         binding = self._binding
         for name, buffer in self.buffers.items():
             # One OrtValue over the NumPy buffer as both input and output: the step writes
@@ -150,9 +152,9 @@ class InPlaceCache:
         if self.filled + 1 > self._capacity():
             rows = len(next(iter(self.buffers.values())))
             self._hold(rows, 2 * self._capacity(), {name: b.shape for name, b in self.buffers.items()}, grow=True)
-        binding = self._binding
         if self._stale:
             self._bind_buffers()
+        binding = self._binding
         for name in self.inputs:  # rebound only when the feed holds another array (keep, a new list)
             value = feed[name]
             if self._bound.get(name, (None,))[0] is not value:

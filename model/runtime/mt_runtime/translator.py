@@ -62,6 +62,7 @@ from .layout import (
     TOP_K,
     WORDS,
 )
+from .lazy_session import LazySession
 from .processes import ProcessSearch, start_children
 from .search import GenerationConfig, best_of, greedy_search_top_k, search, source_width, translate_sentences
 from .shortlist import Shortlist, ShortlistError, sentence_width
@@ -161,7 +162,7 @@ class OnnxDecoder:
         # decoder_greedy_inplace.onnx (format 2.1): the greedy steps with the cache written in
         # place (mt_runtime/inplace.py); `cache_in_buffers`: the live cache is there, not in feed.
         self.inplace = None
-        if self.greedy is not None and greedy_inplace is not None:
+        if self.many_rows is not None and greedy_inplace is not None:
             self.inplace = InPlaceCache(greedy_inplace, self.past_names)
         self.cache_in_buffers = False
 
@@ -560,9 +561,26 @@ class Translator:
             warnings.warn(f"{self.folder}: CUDA execution provider unavailable; running on the CPU", stacklevel=2)
         self.tokenizer, self.generation = self._check_content(decoder)
         listed = self.package["files"]
+        # decoder_greedy.onnx serves greedy batches only where the package has no in-place twin.
+        greedy_copying = DECODER_GREEDY if DECODER_GREEDY_INPLACE not in listed else None
+        wanted = (DECODER_BATCH, greedy_copying, DECODER_GREEDY_INPLACE)
         many_rows, greedy, greedy_inplace = (
-            self._open(name, step_options) if self.device == "cpu" and name in listed else None
-            for name in (DECODER_BATCH, DECODER_GREEDY, DECODER_GREEDY_INPLACE)
+            self._open(name, step_options) if self.device == "cpu" and name in listed else None for name in wanted
+        )
+        # What this process will seldom or never search with waits on disk (lazy_session.py): decoder.onnx
+        # where the step graphs serve every search; and the step graphs of a parent whose child
+        # processes search its batches while generate.onnx searches its single sentences.
+        seldom = {DECODER} if many_rows is not None else set()
+        if processes and search != "python" and GENERATE in listed:
+            seldom |= {ENCODER, DECODER_BATCH, DECODER_GREEDY_INPLACE}
+        encoder, decoder, many_rows, greedy_inplace = (
+            self._seldom(session, name, step_options, providers) if session is not None and name in seldom else session
+            for session, name in (
+                (encoder, ENCODER),
+                (decoder, DECODER),
+                (many_rows, DECODER_BATCH),
+                (greedy_inplace, DECODER_GREEDY_INPLACE),
+            )
         )
         lexical = None
         if shortlist and many_rows is not None and SHORTLIST_FILE in listed and SHORTLIST_GRAPH in listed:
@@ -620,8 +638,11 @@ class Translator:
         if processes:
             # Batches of several sentences in child processes of `threads` threads each, one
             # sentence here (mt_runtime/processes.py); closed by close() or when collected.
+            # A child searches batches over the step graphs; generate.onnx would only hold memory
+            # there (its weights, a copy per session), unless every batch is to run in it.
+            child_search = "graph" if search == "graph" else "python"
             children = start_children(
-                processes, self.folder, {"threads": threads, "search": search, "shortlist": shortlist}
+                processes, self.folder, {"threads": threads, "search": child_search, "shortlist": shortlist}
             )
             self.searcher = ProcessSearch(self.searcher, self.decoder, children)
             self._finalizer = weakref.finalize(self, self.searcher.close)
@@ -646,6 +667,10 @@ class Translator:
             self.layers = graph_checks.decoder_layers(session.get_outputs(), path)
         graph_checks.check_graph(path, session.get_inputs(), session.get_outputs(), self.layers)
         return session
+
+    def _seldom(self, session: ort.InferenceSession, name: str, options: ort.SessionOptions, providers) -> LazySession:
+        """`session`, checked, let go: opened again the first time something runs it."""
+        return LazySession(session, lambda: self._open(name, options, providers))
 
     def _check_content(self, decoder: ort.InferenceSession) -> tuple[SubwordTokenizer, GenerationConfig]:
         """The tokenizer and generation.json, checked against the graphs (mt_runtime/package_checks.py)
