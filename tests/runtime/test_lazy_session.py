@@ -46,12 +46,13 @@ def test_a_let_go_session_is_freed_and_opened_again_once_when_run(package):
 def test_a_translator_opens_decoder_onnx_only_for_what_runs_it(package):
     """decoder.onnx (one row's whole distribution) is no search's graph on the CPU where the step
     graphs are: translating leaves it closed; driving the Translator step by step opens it."""
-    translator = Translator(package, threads=1)
     sentences = ["a man is walking .", "two dogs play in the snow .", "a girl ."]
-    for beam in (1, 3):
-        translator.translate(sentences, beam=beam)
-        translator.translate(sentences[:1], beam=beam)
-    assert not translator.decoder.decoder.opened and translator.decoder.greedy is None
+    for search in ("python", "auto"):  # a sentence alone over the step graphs, or generate.onnx
+        translator = Translator(package, threads=1, search=search)
+        for beam in (1, 3):
+            translator.translate(sentences, beam=beam)
+            translator.translate(sentences[:1], beam=beam)
+        assert not translator.decoder.decoder.opened and translator.decoder.greedy is None
     translator.encode([[5, 6, 2]], 1)
     scores = translator.step(np.array([translator.generation.bos_id]), None)
     assert translator.decoder.decoder.opened and scores.shape == (1, translator.vocab)
