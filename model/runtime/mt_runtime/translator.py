@@ -669,8 +669,10 @@ class Translator:
         return session
 
     def _seldom(self, session: ort.InferenceSession, name: str, options: ort.SessionOptions, providers) -> LazySession:
-        """`session`, checked, let go: opened again the first time something runs it."""
-        return LazySession(session, lambda: self._open(name, options, providers))
+        """`session`, checked, let go: opened again the first time something runs it (as it was
+        opened; the reopening holds no reference to this Translator)."""
+        path, providers = str(self.folder / name), list(providers)
+        return LazySession(session, lambda: ort.InferenceSession(path, options, providers=providers))
 
     def _check_content(self, decoder: ort.InferenceSession) -> tuple[SubwordTokenizer, GenerationConfig]:
         """The tokenizer and generation.json, checked against the graphs (mt_runtime/package_checks.py)
