@@ -174,10 +174,10 @@ def _step_queries(model: Transformer) -> list[tuple[Tensor, int, float]]:
     there onnxruntime's CPU kernel multiplies Q by K' with MLAS's one-row product instead of
     packing K first (MLAS takes that path only at alpha 1), 1.1-1.3x faster at 32 rows
     (docs/decisions.md). Every path runs it one row at a time, so all sum alike. Not the
-    cross-attention: decoder_batch.onnx runs a sentence's beams there as one product of several
-    rows (model/onnx_passes/many_rows.py), which MLAS sums in another order than one row's, so a
-    sentence's beams would score differently alone and in a batch. The encoder keeps the op's own
-    scale: its products have many rows either way."""
+    cross-attention: it was tried, and its one-row gain, large with its keys in cache, was lost
+    among a step's cache misses (whole searches 0.95-1.02x); a sentence's beams there are one
+    product of several rows anyway (model/onnx_passes/many_rows.py). The encoder keeps the op's
+    own scale: its products have many rows either way."""
     out = []
     for layer in model.decoder:
         attention = layer.self_attn
