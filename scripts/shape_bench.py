@@ -395,7 +395,8 @@ def main() -> None:
             results[t] = {e: {p: statistics.median(run[p] for run in runs[e]) for p in points} for e in engines}
     report(name, spec, vocab, cfg, args, engines, points, threads, peak, results)
     unsteady = "the engines took turns round by round, so each met the host's changes alike; the medians are less sure"
-    print("\n" + host_line(host.summary(), "the rounds", unsteady))
+    steadiness = host.summary()
+    print("\n" + host_line(steadiness, "the rounds", unsteady))
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -405,7 +406,7 @@ def main() -> None:
                     "vocab": vocab,
                     "peak_gmacs": peak,
                     "seconds_a_sentence": results,
-                    "host_speed": host.summary(),
+                    "host_speed": steadiness,
                 },
                 indent=2,
             )

@@ -118,7 +118,7 @@ def measure_rows(
     how: peers.Measuring,
     test_set: str,
     machine: dict,
-    host: HostSpeed | None = None,
+    host: HostSpeed,
 ) -> list[BenchmarkRow]:
     """Every row not skipped measured at every thread count, each in a fresh process, showing its
     fastest; the peers' rows (CTranslate2, Optimum) also translate and score the whole test set (once). The runtimes'
@@ -143,9 +143,9 @@ def measure_rows(
             versions = result.pop("versions", None)
             if versions:
                 machine["runtimes"][row.runtime] = versions
-            bar.advance(1, postfix=f"{row.name} ({n} thread{'s' if n > 1 else ''})")
-            if host is not None:  # between two measurements, never during one
-                host.after(f"{row.name} at {n} thread{'s' if n > 1 else ''}")
+            at = f"{n} thread{'s' if n > 1 else ''}"
+            bar.advance(1, postfix=f"{row.name} ({at})")
+            host.after(f"{row.name} at {at}")  # between two measurements, never during one
     return [
         row if row.skipped else pick_best(row.but(by_threads=by_threads[row.name], hypotheses=hypotheses.get(row.name)))
         for row in rows
