@@ -99,13 +99,17 @@ class Source:
     def search(self) -> SearchGraphs:
         """The search op's subgraphs, shared by generate.onnx and generate_batch.onnx."""
         enc = encoder_subgraph(self.encoder, self.layers)
-        dec = decoder_subgraph(self.decoder, self.layers, shape(self.encoder.graph.output[0])[1])
+        first_cache_heads = shape(self.encoder.graph.output[0])[1]
+        dec = decoder_subgraph(self.decoder, self.layers, first_cache_heads)
         share_weights(enc, ENCODER, self.blobs[ENCODER])
         share_weights(dec, DECODER, self.blobs[DECODER])
         many_rows = one_row = listed = words = None
         shortlist = self.shortlist_table(shape(dec.output[0])[-1])
         if shortlist is not None:
-            one_row = copy.deepcopy(dec)  # greedy: each sentence's list, whether or not beams have a vocabulary
+            # greedy: each sentence's list, whether or not beams have a vocabulary; the branch that
+            # runs it takes one row only (beam_search.py's If), so nothing to group
+            one_row = decoder_subgraph(self.decoder, self.layers, first_cache_heads, beams=False)
+            share_weights(one_row, DECODER, self.blobs[DECODER])
             listed = sentence_word_list(one_row, shortlist, self.generation)
             many_rows = copy.deepcopy(dec)
             words = search_vocabulary(many_rows, output_vocabulary(shortlist, special_ids(self.generation)))

@@ -95,7 +95,12 @@ def encoder_subgraph(encoder: onnx.ModelProto, layers: int) -> onnx.GraphProto:
     return g
 
 
-def decoder_subgraph(decoder: onnx.ModelProto, layers: int, first_cache_heads: int) -> onnx.GraphProto:
+def decoder_subgraph(
+    decoder: onnx.ModelProto, layers: int, first_cache_heads: int, beams: bool = True
+) -> onnx.GraphProto:
+    """The op's decoder. `beams` false: for an op that only ever runs one row (generate.onnx's
+    one-sentence branch), whose cross-attentions need no grouping: each group Slice would copy the
+    keys whole every step (4% of a greedy sentence on the default run's int8_static, the same bits)."""
     expect(
         decoder.graph,
         "the search op's decoder",
@@ -123,7 +128,8 @@ def decoder_subgraph(decoder: onnx.ModelProto, layers: int, first_cache_heads: i
             name = producer[name].input[0]
         if name == SRC_MASK:
             node.input[KEY_PADDING_SLOT] = "encoder_attention_mask"
-    group_cross_attention(g, beams=NUM_BEAMS)
+    if beams:
+        group_cross_attention(g, beams=NUM_BEAMS)
     # The op takes logits and applies its own log-softmax: ours would be done twice.
     logits = LOG_PROBS
     if logits in producer and producer[logits].op_type == "LogSoftmax":

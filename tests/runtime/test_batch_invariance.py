@@ -183,3 +183,36 @@ def test_the_search_op_scores_a_sentence_to_the_bit_as_beam_batches_do(packages,
         feed |= {"num_beams": np.array([3], np.int32), "length_penalty": np.array([gen.length_penalty], np.float32)}
         sequences, [[op_score]] = op.run(None, feed)
         assert np.float32(op_score) == np.float32(loop_score), (variant, len(source))
+
+
+def _op_decoders(path) -> dict[str, onnx.GraphProto]:
+    """generate.onnx's BeamSearch decoders by the If branch that holds them ("" outside an If)."""
+    found = {}
+
+    def walk(graph: onnx.GraphProto, branch: str) -> None:
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.name == "decoder":
+                    found[branch] = attribute.g
+                elif attribute.type == onnx.AttributeProto.GRAPH:
+                    walk(attribute.g, attribute.name)
+
+    walk(onnx.load(str(path)).graph, "")
+    return found
+
+
+def test_the_one_sentence_branch_reads_the_cross_keys_in_place(packages):
+    """generate.onnx's one-row branch (a listed package's greedy sentence alone) runs one row only,
+    so its cross-attentions take the op's keys as they come: the beam groups' Slices would copy
+    every key and value each step (4% of a greedy sentence on the default run's int8_static). The
+    branch for beams still groups them, as decoder_batch.onnx does (the test above)."""
+    built, _ = packages
+
+    def slices(graph: onnx.GraphProto) -> int:
+        cross = ("past_key_cross", "past_value_cross")
+        return sum(n.op_type == "Slice" and n.input[0].startswith(cross) for n in graph.node)
+
+    decoders = _op_decoders(built["int8_static", True] / "generate.onnx")
+    assert set(decoders) == {"then_branch", "else_branch"}
+    assert slices(decoders["then_branch"]) == 0
+    assert slices(decoders["else_branch"]) > 0
