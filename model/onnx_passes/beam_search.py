@@ -100,7 +100,7 @@ def decoder_subgraph(
 ) -> onnx.GraphProto:
     """The op's decoder. `beams` false: for an op that only ever runs one row (generate.onnx's
     one-sentence branch), whose cross-attentions need no grouping: each group Slice would copy the
-    keys whole every step (4% of a greedy sentence on the default run's int8_static, the same bits)."""
+    keys whole every step (2.5% of a greedy sentence on the default run's int8_static, the same bits)."""
     expect(
         decoder.graph,
         "the search op's decoder",

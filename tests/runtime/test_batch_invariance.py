@@ -204,7 +204,7 @@ def _op_decoders(path) -> dict[str, onnx.GraphProto]:
 def test_the_one_sentence_branch_reads_the_cross_keys_in_place(packages):
     """generate.onnx's one-row branch (a listed package's greedy sentence alone) runs one row only,
     so its cross-attentions take the op's keys as they come: the beam groups' Slices would copy
-    every key and value each step (4% of a greedy sentence on the default run's int8_static). The
+    every key and value each step (2.5% of a greedy sentence on the default run's int8_static). The
     branch for beams still groups them, as decoder_batch.onnx does (the test above)."""
     built, _ = packages
 
